@@ -1,0 +1,98 @@
+"""Engines: everything that turns a Request into Rounds. No Qt here (tests enforce it).
+
+The flow of one run: a `Request` goes to `load_engine(...)`'s engine, whose
+`generate(request)` yields one `Round` per target forward (see engines.speculative.rounds).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Iterator, Literal, Protocol
+
+from engines.speculative.rounds import Round
+
+SpecMethod = Literal["off", "ngram", "draft", "mtp"]
+
+
+class EngineError(Exception):
+    """A user-facing problem (bad model path, bad input...). Its message is one clear line."""
+
+
+@dataclass
+class SpecConfig:
+    """How to speculate. steps = drafts proposed per round (B - 1); 0 means plain decoding."""
+
+    method: SpecMethod = "off"
+    steps: int = 3
+    adaptive: bool = False
+    min_steps: int = 1  # adaptive lower bound
+    max_steps: int = 7  # adaptive upper bound
+    skip_streak: int = 0  # after this many zero-accept rounds skip drafting once; 0 = off
+    draft_model: str | None = None  # path, for method "draft" (and the assistant for "mtp")
+    ngram_min: int = 1
+    ngram_max: int = 4
+
+    @property
+    def enabled(self) -> bool:
+        return self.method != "off" and self.steps > 0
+
+
+@dataclass
+class Sampling:
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+@dataclass
+class Request:
+    """One run. `kind` picks the engine; chat uses prompt/system/history, OCR uses image/task."""
+
+    kind: Literal["chat", "ocr"] = "chat"
+    prompt: str = ""
+    system: str | None = None
+    history: list[dict] = field(default_factory=list)  # earlier {"role", "content"} turns
+    image: str | None = None
+    task: Literal["text", "table", "formula"] = "text"
+    max_tokens: int = 256
+    ignore_chat_template: bool = False
+    spec: SpecConfig = field(default_factory=SpecConfig)
+    sampling: Sampling = field(default_factory=Sampling)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+ShouldStop = Callable[[], bool]
+
+
+class Engine(Protocol):
+    """What the worker thread and the CLI drive. `generate` is a generator of Rounds; the
+    caller may stop iterating between rounds (cancel), and `should_stop` is polled between
+    rounds so the last Round says finish="cancelled"."""
+
+    model_path: str
+
+    def generate(self, request: Request, should_stop: ShouldStop | None = None) -> Iterator[Round]: ...
+
+    def decode(self, token_ids: list[int]) -> str: ...
+
+    def model_info(self) -> dict: ...
+
+
+def load_engine(kind: str, model_path: str, **options) -> Engine:
+    """Import lazily: the GUI starts without MLX or torch loaded."""
+    if kind == "chat":
+        from engines.mlx_chat.engine import ChatEngine
+
+        return ChatEngine.load(model_path, **options)
+    if kind == "ocr":
+        from engines.glm_ocr.engine import OcrEngine
+
+        return OcrEngine.load(model_path, **options)
+    raise EngineError(f"unknown engine kind: {kind!r} (expected 'chat' or 'ocr')")

@@ -1,0 +1,102 @@
+"""The Round record (one target forward) and the statistics of a session of rounds."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+FinishReason = Literal["stop", "length", "cancelled", "repetition", "error"]
+
+
+@dataclass
+class Round:
+    """One target forward and what it emitted.
+
+    The prefill forward is a Round too (prefill=True, proposed=0): it emits the first token,
+    and its wall time is the time to first token. `tokens` are the ids emitted this round,
+    `from_draft[i]` says whether tokens[i] came from an accepted draft (False for the target's
+    own token), and `accept_flags[j]` is the verdict on the j-th drafted position (so
+    len(accept_flags) == proposed and sum(accept_flags) == accepted).
+    """
+
+    index: int
+    proposed: int
+    accepted: int
+    tokens: list[int]
+    from_draft: list[bool]
+    text: str
+    accept_flags: list[bool]
+    draft_s: float
+    verify_s: float
+    wall_s: float
+    t_s: float = 0.0  # seconds since the run started, at the end of this round
+    prefill: bool = False
+    steps: int = 0  # drafts asked for this round (the controller's choice)
+    finish: FinishReason | None = None
+    note: str | None = None  # e.g. "speculation stopped: drafter raised ValueError(...)"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Round":
+        names = cls.__dataclass_fields__.keys()
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+@dataclass
+class SessionStats:
+    rounds: int
+    decode_rounds: int
+    tokens: int
+    proposed: int
+    accepted: int
+    acceptance_rate: float  # accepted / proposed
+    tau: float  # mean tokens emitted per decode round, counting the target's own token
+    decode_tok_s: float  # decode tokens / decode wall time; prefill excluded
+    ttft_s: float  # wall time of the prefill round
+    mean_round_s: float
+    mtpc_throughput: float  # tau / mean round latency (tokens per second, the MtPC ratio)
+    per_position_acceptance: list[float] = field(default_factory=list)
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    wall_s: float = 0.0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def session_stats(rounds: list[Round]) -> SessionStats:
+    decode = [r for r in rounds if not r.prefill]
+    prefill = [r for r in rounds if r.prefill]
+    proposed = sum(r.proposed for r in rounds)
+    accepted = sum(r.accepted for r in rounds)
+    decode_tokens = sum(len(r.tokens) for r in decode)
+    decode_wall = sum(r.wall_s for r in decode)
+    mean_round = statistics.fmean(r.wall_s for r in decode) if decode else 0.0
+    tau = decode_tokens / len(decode) if decode else 0.0
+
+    depth = max((len(r.accept_flags) for r in rounds), default=0)
+    per_position = []
+    for j in range(depth):
+        offered = [r.accept_flags[j] for r in rounds if len(r.accept_flags) > j]
+        per_position.append(sum(offered) / len(offered))
+
+    return SessionStats(
+        rounds=len(rounds),
+        decode_rounds=len(decode),
+        tokens=sum(len(r.tokens) for r in rounds),
+        proposed=proposed,
+        accepted=accepted,
+        acceptance_rate=accepted / proposed if proposed else 0.0,
+        tau=tau,
+        decode_tok_s=decode_tokens / decode_wall if decode_wall > 0 else 0.0,
+        ttft_s=sum(r.wall_s for r in prefill),
+        mean_round_s=mean_round,
+        mtpc_throughput=tau / mean_round if mean_round > 0 else 0.0,
+        per_position_acceptance=per_position,
+        draft_s=sum(r.draft_s for r in rounds),
+        verify_s=sum(r.verify_s for r in rounds),
+        wall_s=sum(r.wall_s for r in rounds),
+    )
