@@ -22,7 +22,11 @@ class TraceWriter:
         except OSError as e:
             raise TraceError(f"cannot write trace file {self.path}: {e.strerror or e}") from e
         if header is not None:
-            self._write({"event": "run", **header})
+            self.write_header(header)
+
+    def write_header(self, header: dict) -> None:
+        """A "run" line: the request and model, before the rounds that follow it."""
+        self._write({"event": "run", **header})
 
     def _write(self, obj: dict) -> None:
         self.file.write(json.dumps(obj, ensure_ascii=False) + "\n")

