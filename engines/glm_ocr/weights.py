@@ -1,0 +1,152 @@
+"""Loading a GLM-OCR checkpoint: transformers' own loader for the main model, and the MTP
+layer read from the safetensors ourselves (transformers drops `layers.{N}.*` at load).
+
+`load_modules(hf_dir, cache_length)` returns the channels-first modules (modules.py) that the
+converter converts and the PyTorch runtime runs. `load_reference(hf_dir)` returns the
+unpatched transformers model plus an MTP built from transformers' decoder layer, for
+parity checks."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from engines import EngineError
+from engines.glm_ocr.config import GlmOcrConfig
+from engines.glm_ocr.modules import LMHead, MtpLayer, TextDecoder, VisionEncoder
+
+MTP_PARTS = ("enorm", "hnorm", "eh_proj", "shared_head.norm")
+
+
+@dataclass
+class GlmOcrModules:
+    config: GlmOcrConfig
+    vision: VisionEncoder
+    decoder: TextDecoder
+    lm_head: LMHead
+    mtp: MtpLayer | None  # None when the checkpoint has no MTP layer
+    embeddings: np.ndarray  # (vocab, hidden) float32: the host-side embedding table
+    mtp_missing_reason: str | None = None
+
+
+@dataclass
+class Reference:
+    """transformers' modules, unpatched: the ground truth for every parity check."""
+
+    model: nn.Module  # GlmOcrForConditionalGeneration
+    mtp: dict | None  # {"layer": GlmOcrTextDecoderLayer, "enorm", "hnorm", "eh_proj", "shared_head_norm"}
+
+
+def safetensors_files(model_dir: Path) -> list[Path]:
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [model_dir / n for n in names]
+    return sorted(model_dir.glob("*.safetensors"))
+
+
+def read_mtp_tensors(model_dir: str | os.PathLike, layer_index: int) -> dict[str, torch.Tensor]:
+    """All tensors under model.language_model.layers.{layer_index}., with the prefix removed."""
+    from safetensors import safe_open
+
+    prefix = f"model.language_model.layers.{layer_index}."
+    tensors = {}
+    for path in safetensors_files(Path(model_dir)):
+        with safe_open(path, "pt") as f:
+            for key in f.keys():
+                if key.startswith(prefix):
+                    tensors[key[len(prefix):]] = f.get_tensor(key)
+    return tensors
+
+
+def build_mtp_reference(text_config, tensors: dict[str, torch.Tensor]) -> dict:
+    """The MTP layer from transformers' GlmOcrTextDecoderLayer plus the MTP-only parts."""
+    from transformers.models.glm_ocr.modeling_glm_ocr import GlmOcrRMSNorm, GlmOcrTextDecoderLayer
+
+    h, eps = text_config.hidden_size, text_config.rms_norm_eps
+    layer = GlmOcrTextDecoderLayer(text_config, text_config.num_hidden_layers)
+    layer_state = {k: v for k, v in tensors.items() if k.split(".")[0] not in
+                   ("enorm", "hnorm", "eh_proj", "shared_head", "embed_tokens")}
+    layer.load_state_dict({k: v.float() for k, v in layer_state.items()}, strict=True)
+    parts = {"layer": layer.eval()}
+    for name in ("enorm", "hnorm", "shared_head.norm"):
+        norm = GlmOcrRMSNorm(h, eps=eps)
+        norm.weight.data.copy_(tensors[f"{name}.weight"].float())
+        parts[name.replace(".", "_")] = norm
+    eh_proj = nn.Linear(2 * h, h, bias=False)
+    eh_proj.weight.data.copy_(tensors["eh_proj.weight"].float())
+    parts["eh_proj"] = eh_proj
+    return parts
+
+
+def load_reference(model_dir: str | os.PathLike) -> Reference:
+    from transformers import GlmOcrForConditionalGeneration
+    from transformers.utils import logging as hf_logging
+
+    config = GlmOcrConfig.load(model_dir)
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # the MTP keys are "unexpected" to transformers, by design
+    try:
+        model = GlmOcrForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
+    except Exception as e:  # noqa: BLE001 -- any load failure is a user-facing one-liner
+        raise EngineError(f"cannot load GLM-OCR weights from {model_dir}: {e}") from e
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    tensors = read_mtp_tensors(model_dir, config.text.mtp_layer_index)
+    mtp = None
+    if all(f"{p}.weight" in tensors for p in MTP_PARTS):
+        mtp = build_mtp_reference(model.config.text_config, tensors)
+    return Reference(model, mtp)
+
+
+def mtp_missing_reason(model_dir, config: GlmOcrConfig, tensors_present: bool) -> str | None:
+    if tensors_present:
+        return None
+    return (f"MTP unavailable: {model_dir} has no MTP layer "
+            f"(model.language_model.layers.{config.text.mtp_layer_index}.* not in its safetensors)")
+
+
+@torch.no_grad()
+def modules_from_reference(ref: Reference, config: GlmOcrConfig, cache_length: int,
+                           model_dir: str | os.PathLike = "") -> GlmOcrModules:
+    lm = ref.model.model.language_model
+    rotary_dim = config.text.rotary_dim
+    modules = GlmOcrModules(
+        config=config,
+        vision=VisionEncoder(ref.model.model.visual).eval(),
+        decoder=TextDecoder(lm, rotary_dim, cache_length).eval(),
+        lm_head=LMHead(ref.model.lm_head).eval(),
+        mtp=MtpLayer(ref.mtp, rotary_dim, cache_length).eval() if ref.mtp else None,
+        embeddings=lm.embed_tokens.weight.detach().float().numpy().copy(),
+    )
+    modules.mtp_missing_reason = mtp_missing_reason(model_dir, config, ref.mtp is not None)
+    return modules
+
+
+def load_modules(model_dir: str | os.PathLike, cache_length: int = 2048) -> GlmOcrModules:
+    config = GlmOcrConfig.load(model_dir)
+    return modules_from_reference(load_reference(model_dir), config, cache_length, model_dir)
+
+
+@torch.no_grad()
+def reference_mtp_forward(ref: Reference, previous_hidden: torch.Tensor, input_embeds: torch.Tensor,
+                          position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The MTP layer over a whole sequence with transformers' modules (no cache): row i takes
+    previous_hidden[i] (1, S, C) and input_embeds[i] (the next token's embedding) at mRoPE
+    positions position_ids (3, 1, S); embeddings at sequence index 0 are zeroed. Returns
+    (raw hidden, shared_head-normed hidden), each (1, S, C)."""
+    parts, lm = ref.mtp, ref.model.model.language_model
+    s = input_embeds.shape[1]
+    input_embeds = input_embeds.clone()
+    input_embeds[:, 0] = 0.0
+    x = parts["eh_proj"](torch.cat([parts["enorm"](input_embeds), parts["hnorm"](previous_hidden)], dim=-1))
+    position_embeddings = lm.rotary_emb(x, position_ids)
+    mask = torch.full((s, s), float("-inf")).triu(1)[None, None]
+    hidden = parts["layer"](x, position_embeddings=position_embeddings, attention_mask=mask)
+    return hidden, parts["shared_head_norm"](hidden)
