@@ -1,0 +1,255 @@
+"""Tiny Gemma 4 checkpoints in the real on-disk format, built with transformers' own classes.
+
+`build_target(dir)` writes a tiny Gemma 4 text model (`gemma4_text`, Gemma4ForCausalLM) and
+`build_assistant(dir, target_dir, centroid=...)` a tiny Gemma 4 assistant drafter
+(`gemma4_assistant`, Gemma4AssistantForCausalLM) trained for nothing but shaped like the real
+ones: 4 query-only layers reading the target's KV, pre/post projections to the backbone width,
+and either a dense tied LM head (26B/31B style) or the centroid head (E2B/E4B style).
+
+Both directories get a small word-level tokenizer with a chat template so the product's
+loaders can open them like a downloaded model. The builders are plain functions so other test
+folders (the app tests) can reuse them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+# Sizes: small enough that a generation of a few hundred tokens runs in well under a second
+# on the CPU, big enough to have GQA, both attention types and several sliding windows.
+VOCAB = 512
+HIDDEN = 64
+SLIDING_WINDOW = 8
+EOS_ID = 1  # "<eos>"; the target's random weights almost never pick it
+SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
+
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<start_of_turn> {{ m['role'] }} {{ m['content'] }} "
+    "<end_of_turn> {% endfor %}{% if add_generation_prompt %}<start_of_turn> model {% endif %}"
+)
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    vocab_size: int = VOCAB
+    hidden_size: int = HIDDEN
+    intermediate_size: int = 128
+    # sliding, full, sliding, full: the assistant reads layer 2 (last sliding) and 3 (last full)
+    layer_types: tuple[str, ...] = ("sliding_attention", "full_attention", "sliding_attention", "full_attention")
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int = 16
+    global_head_dim: int = 32
+    attention_k_eq_v: bool = False  # the 26B/31B targets share K and V on full layers
+    num_global_key_value_heads: int | None = None
+    hidden_size_per_layer_input: int = 0  # per-layer embeddings (E2B/E4B); 0 = off
+    num_kv_shared_layers: int = 0  # E2B/E4B: the last layers reuse earlier layers' K/V
+    sliding_window: int = SLIDING_WINDOW
+    final_logit_softcapping: float | None = 30.0
+    # Random init at the default 0.02 gives nearly flat logits, and a near-tie can flip an
+    # argmax between torch and MLX by rounding alone; a wider init gives peaked distributions.
+    initializer_range: float = 0.2
+    seed: int = 0
+
+
+# The 26B/31B shape: no KV sharing, K = V on full-attention layers with their own kv-head count.
+DENSE_TARGET = TargetSpec(attention_k_eq_v=True, num_global_key_value_heads=1)
+# The E2B/E4B shape: per-layer embeddings, the last two layers reuse the K/V of layers 2 and 3
+# (which are then also what the assistant reads).
+EDGE_TARGET = TargetSpec(
+    layer_types=("sliding_attention", "full_attention", "sliding_attention", "full_attention",
+                 "sliding_attention", "full_attention"),
+    hidden_size_per_layer_input=8,
+    num_kv_shared_layers=2,
+)
+
+
+def write_tokenizer(path: str | Path, vocab_size: int = VOCAB) -> None:
+    """A word-level tokenizer "w6 w7 ..." over the whole vocabulary, saved as tokenizer.json."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(SPECIALS)}
+    vocab.update({f"w{i}": i for i in range(len(SPECIALS), vocab_size)})
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>", unk_token="<unk>",
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(str(path))
+
+
+def _text_config(spec: TargetSpec, **overrides):
+    from transformers import Gemma4TextConfig
+
+    kwargs = dict(
+        vocab_size=spec.vocab_size,
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=len(spec.layer_types),
+        layer_types=list(spec.layer_types),
+        num_attention_heads=spec.num_attention_heads,
+        num_key_value_heads=spec.num_key_value_heads,
+        head_dim=spec.head_dim,
+        global_head_dim=spec.global_head_dim,
+        attention_k_eq_v=spec.attention_k_eq_v,
+        num_global_key_value_heads=spec.num_global_key_value_heads,
+        hidden_size_per_layer_input=spec.hidden_size_per_layer_input,
+        vocab_size_per_layer_input=spec.vocab_size if spec.hidden_size_per_layer_input else 0,
+        num_kv_shared_layers=spec.num_kv_shared_layers,
+        sliding_window=spec.sliding_window,
+        final_logit_softcapping=spec.final_logit_softcapping,
+        initializer_range=spec.initializer_range,
+        max_position_embeddings=4096,
+        eos_token_id=EOS_ID,
+        bos_token_id=2,
+        pad_token_id=0,
+        tie_word_embeddings=True,
+    )
+    kwargs.update(overrides)
+    return Gemma4TextConfig(**kwargs)
+
+
+def _officialize(text_cfg: dict, spec_global_head_dim: int, num_global_kv: int | None) -> dict:
+    """transformers 5.23 serialises the full-attention head size as `per_layer_config`; the
+    published Gemma 4 configs (and mlx-lm) use `global_head_dim` / `num_global_key_value_heads`.
+    Write the published form (transformers reads it back into per_layer_config on load)."""
+    text_cfg.pop("per_layer_config", None)
+    text_cfg["global_head_dim"] = spec_global_head_dim
+    if num_global_kv is not None:
+        text_cfg["num_global_key_value_heads"] = num_global_kv
+    return text_cfg
+
+
+def build_target(path: str | Path, spec: TargetSpec = TargetSpec()) -> Path:
+    """A tiny Gemma4ForCausalLM (model_type gemma4_text) saved in HF format + tokenizer."""
+    import torch
+    from transformers import Gemma4ForCausalLM
+
+    path = Path(path)
+    torch.manual_seed(spec.seed)
+    model = Gemma4ForCausalLM(_text_config(spec)).eval()
+    model.save_pretrained(str(path))
+    cfg_path = path / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg_path.write_text(json.dumps(_officialize(cfg, spec.global_head_dim, spec.num_global_key_value_heads), indent=1))
+    write_tokenizer(path, spec.vocab_size)
+    return path
+
+
+@dataclass(frozen=True)
+class AssistantSpec:
+    hidden_size: int = 32  # the assistant is narrower than its backbone, as the real ones are
+    intermediate_size: int = 64
+    layer_types: tuple[str, ...] = ("sliding_attention", "sliding_attention", "sliding_attention", "full_attention")
+    num_attention_heads: int = 2
+    centroid: bool = False  # use_ordered_embeddings: the E2B/E4B centroid LM head
+    num_centroids: int = 16
+    centroid_intermediate_top_k: int = 4
+    initializer_range: float = 0.2
+    seed: int = 1
+
+
+def _patch_all_shared_kv_modes():
+    """transformers 5.23 cannot *build* an assistant whose layers all reuse KV: its
+    `Gemma4TextConfig.kv_sharing_modes` looks for a producer layer of each type among the
+    unshared layers, finds none, and raises. Every assistant layer is a consumer ("reuse");
+    the producers live in the target. Patch the property for the test builder only (the
+    published checkpoints load in transformers the same way, it is the config class that
+    lacks the all-shared case). Returns an undo function."""
+    from transformers import Gemma4TextConfig
+
+    original = Gemma4TextConfig.kv_sharing_modes
+
+    def kv_sharing_modes(self):
+        if self.num_kv_shared_layers == self.num_hidden_layers:
+            return ["reuse"] * self.num_hidden_layers
+        return original.fget(self)
+
+    Gemma4TextConfig.kv_sharing_modes = property(kv_sharing_modes)
+    return lambda: setattr(Gemma4TextConfig, "kv_sharing_modes", original)
+
+
+def assistant_model(target_dir: str | Path, spec: AssistantSpec = AssistantSpec()):
+    """A random Gemma4AssistantForCausalLM matching the target at `target_dir` (in memory)."""
+    import torch
+    from transformers import Gemma4AssistantConfig, Gemma4AssistantForCausalLM, Gemma4TextConfig
+
+    target_cfg = json.loads((Path(target_dir) / "config.json").read_text())  # the published form
+    undo = _patch_all_shared_kv_modes()
+    try:
+        text = Gemma4TextConfig(
+            vocab_size=target_cfg["vocab_size"],
+            hidden_size=spec.hidden_size,
+            intermediate_size=spec.intermediate_size,
+            num_hidden_layers=len(spec.layer_types),
+            layer_types=list(spec.layer_types),
+            num_attention_heads=spec.num_attention_heads,
+            # K/V come from the target, so their head counts and sizes must be the target's
+            num_key_value_heads=target_cfg["num_key_value_heads"],
+            num_global_key_value_heads=target_cfg.get("num_global_key_value_heads"),
+            attention_k_eq_v=target_cfg.get("attention_k_eq_v", False),
+            head_dim=target_cfg["head_dim"],
+            global_head_dim=target_cfg["global_head_dim"],
+            hidden_size_per_layer_input=0,
+            vocab_size_per_layer_input=0,
+            num_kv_shared_layers=len(spec.layer_types),
+            sliding_window=target_cfg["sliding_window"],
+            rope_parameters=target_cfg["rope_parameters"],
+            final_logit_softcapping=None,
+            initializer_range=spec.initializer_range,
+            max_position_embeddings=target_cfg["max_position_embeddings"],
+            eos_token_id=EOS_ID,
+            bos_token_id=2,
+            pad_token_id=0,
+        )
+        config = Gemma4AssistantConfig(
+            text_config=text,
+            backbone_hidden_size=target_cfg["hidden_size"],
+            use_ordered_embeddings=spec.centroid,
+            num_centroids=spec.num_centroids,
+            centroid_intermediate_top_k=spec.centroid_intermediate_top_k,
+            tie_word_embeddings=True,
+        )
+        torch.manual_seed(spec.seed)
+        model = Gemma4AssistantForCausalLM(config).eval()
+        if spec.centroid:
+            # A published token_ordering is a permutation of the vocabulary grouped by centroid.
+            g = torch.Generator().manual_seed(spec.seed)
+            model.masked_embedding.token_ordering.copy_(torch.randperm(target_cfg["vocab_size"], generator=g))
+    finally:
+        undo()
+    return model
+
+
+def build_assistant(path: str | Path, target_dir: str | Path, spec: AssistantSpec = AssistantSpec()) -> Path:
+    """A tiny Gemma4AssistantForCausalLM (model_type gemma4_assistant) saved in HF format."""
+    path = Path(path)
+    undo = _patch_all_shared_kv_modes()
+    try:
+        model = assistant_model(target_dir, spec)
+        model.save_pretrained(str(path))
+    finally:
+        undo()
+    cfg_path = path / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    target_cfg = json.loads((Path(target_dir) / "config.json").read_text())
+    _officialize(cfg["text_config"], target_cfg["global_head_dim"], None)
+    cfg_path.write_text(json.dumps(cfg, indent=1))
+    write_tokenizer(path, VOCAB)
+    return path
+
+
+def load_assistant_hf(path: str | Path):
+    """transformers' own assistant class on a saved checkpoint (needs the same patch)."""
+    from transformers import Gemma4AssistantForCausalLM
+
+    undo = _patch_all_shared_kv_modes()
+    try:
+        return Gemma4AssistantForCausalLM.from_pretrained(str(path)).eval()
+    finally:
+        undo()
