@@ -1,0 +1,400 @@
+"""The chat engine: an mlx-lm target, a proposer, and THE round loop (`ChatEngine.generate`).
+
+One round = one target forward:
+
+    launch   the schedule picks k; the proposer drafts k tokens (propose);
+             the target reads [last token, drafts] in one forward (verify), and the per-position
+             results -- argmax ids at T=0, accept flags + residual samples + bonus at T>0 --
+             are computed in the graph and evaluated asynchronously.
+    settle   wait for those few ints; accept the longest agreeing prefix plus one target token
+             (verify_greedy / verify_sampled); roll the caches back over the rejected drafts;
+             clip at EOS and max_tokens; tell the proposer what was accepted (commit).
+    report   detokenize, cut at stop strings, build the Round -- while the next round's forward
+             is already running (it was launched right after settle).
+
+Plain decoding (spec off) is the same loop with k = 0, and it launches the next forward on the
+still-lazy token before settling the current one, as mlx-lm's generate_step does, so the
+device never waits for the host.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import mlx.core as mx
+from mlx_lm.models.cache import make_prompt_cache
+
+from engines import EngineError, Request, ShouldStop
+from engines.mlx_chat import sampling as mxs
+from engines.mlx_chat.cache import cache_arrays, make_rollback_cache, rollback
+from engines.mlx_chat.loading import Head, LoadedModel, check_same_tokenizer, load_model
+from engines.mlx_chat.proposers import (
+    EMPTY,
+    Draft,
+    DraftModelProposer,
+    NGramProposer,
+    Proposer,
+    ProposerContext,
+)
+from engines.speculative.rounds import Round
+from engines.speculative.schedule import DraftSchedule
+from engines.speculative.verify import Verdict, clip_emitted, clip_stop_strings, verify_greedy, verify_sampled
+
+PREFILL_CHUNK = 2048
+
+
+@dataclass
+class Run:
+    """The state of one generate() call."""
+
+    request: Request
+    ctx: ProposerContext  # tokens (prompt + accepted), caches, sampling, hidden state
+    proposer: Proposer | None
+    schedule: DraftSchedule
+    detokenizer: Any
+    eos: set[int]
+    stop: list[str]
+    remaining: int
+    started: float
+    text: str = ""
+    index: int = 0
+    last_settled: float = 0.0  # end of the previous round's settle: rounds tile the timeline
+    note: str | None = None  # said once, by the next Round
+
+    @property
+    def cache(self) -> list[Any]:
+        return self.ctx.target_cache
+
+    @property
+    def needs_hidden(self) -> bool:
+        return self.proposer is not None and self.proposer.needs_hidden
+
+
+@dataclass
+class Step:
+    """A launched round: its drafts and the lazy results of its verify forward."""
+
+    steps: int  # drafts asked for
+    draft: Draft
+    draft_s: float
+    launched: float
+    build_s: float  # host time spent building the verify graph
+    argmax: mx.array | None = None  # [k+1] at T=0
+    sampled: mxs.SampledVerdict | None = None  # T>0 with drafts
+    token: mx.array | None = None  # [1] T>0 plain sample
+    hidden: mx.array | None = None  # [k+1, D] when the proposer needs it
+
+    @property
+    def k(self) -> int:
+        return self.draft.size
+
+    @property
+    def next_token(self) -> mx.array:
+        """The target's own token after the last input, lazily (plain rounds only)."""
+        return self.argmax[-1:] if self.argmax is not None else self.token
+
+
+@dataclass
+class Settled:
+    verdict: Verdict
+    tokens: list[int]  # after clipping at EOS / max_tokens
+    finish: str | None
+    verify_s: float
+    wall_s: float
+
+
+@dataclass
+class ChatEngine:
+    target: LoadedModel
+    draft_path: str | None = None
+    accept_rule: Callable = mxs.lossless_accept  # rejection test; tests swap in a lossy one
+    _drafts: dict[str, LoadedModel] = field(default_factory=dict)
+    _head: Head | None = None
+
+    # -- construction ------------------------------------------------------------------------
+    @classmethod
+    def load(cls, model_path: str, draft_model: str | None = None, **_options) -> "ChatEngine":
+        engine = cls(load_model(model_path), draft_path=draft_model)
+        if draft_model:
+            engine._draft(draft_model)
+        return engine
+
+    @property
+    def model_path(self) -> str:
+        return self.target.path
+
+    @property
+    def model(self):
+        return self.target.model
+
+    @property
+    def tokenizer(self):
+        return self.target.tokenizer
+
+    def _draft(self, path: str) -> LoadedModel:
+        """Draft models are loaded once and kept; the tokenizer must be the target's."""
+        if path not in self._drafts:
+            draft = load_model(path)
+            check_same_tokenizer(self.target, draft)
+            self._drafts[path] = draft
+        return self._drafts[path]
+
+    @property
+    def head(self) -> Head:
+        if self._head is None:
+            self._head = Head(self.model)
+        return self._head
+
+    def decode(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids)
+
+    def model_info(self) -> dict:
+        from engines.speculative.session import model_hash
+
+        return {
+            "path": self.target.path,
+            "model_type": self.target.model_type,
+            "hash": model_hash(self.target.path),
+            "vocab_size": self.target.vocab_size,
+            "draft_model": self.draft_path,
+        }
+
+    # -- THE round loop ------------------------------------------------------------------------
+    def generate(self, request: Request, should_stop: ShouldStop | None = None) -> Iterator[Round]:
+        should_stop = should_stop or (lambda: False)
+        run = self._start(request)
+        first = self._prefill(run)
+        if not first.finish and should_stop():
+            first.finish = "cancelled"
+        yield first
+        if first.finish:
+            return
+
+        step = self._launch(run)
+        while step is not None:
+            # Plain decoding needs no verdict to start the next forward: feed it the lazy token.
+            ahead = self._launch(run, after=step) if not run.schedule.enabled and run.remaining > 1 else None
+            settled = self._settle(run, step)
+            finish = settled.finish or ("cancelled" if should_stop() else None)
+            if not finish and ahead is None:
+                ahead = self._launch(run)  # the next round runs while this one is reported
+            rnd = self._report(run, step, settled, finish)
+            yield rnd
+            step = None if rnd.finish else ahead
+
+    # -- the loop's helpers, in the order they run ------------------------------------------------
+    def _start(self, request: Request) -> Run:
+        if request.max_tokens < 1:
+            raise EngineError(f"max_tokens must be at least 1, got {request.max_tokens}")
+        if request.sampling.seed is not None:
+            mx.random.seed(request.sampling.seed)
+        spec = request.spec
+        proposer, note = None, None
+        schedule = DraftSchedule(0)
+        cache = None
+        if spec.enabled:
+            try:
+                proposer = self._make_proposer(request)
+                cache = make_rollback_cache(self.model)
+                schedule = DraftSchedule(spec.steps, spec.adaptive, spec.min_steps, spec.max_steps, spec.skip_streak)
+            except EngineError as e:
+                if spec.method == "draft" and "tokenizer" in str(e):
+                    raise  # a wrong draft model is the user's to fix, not to paper over
+                proposer, note = None, f"speculation unavailable: {e}"
+        if cache is None:
+            cache = make_prompt_cache(self.model)  # plain: the model's own caches, as mlx-lm
+        ctx = ProposerContext(self._prompt_ids(request), request.sampling, self.model, cache)
+        return Run(
+            request=request,
+            ctx=ctx,
+            proposer=proposer,
+            schedule=schedule,
+            detokenizer=self.tokenizer.detokenizer,
+            eos=set(self.tokenizer.eos_token_ids),
+            stop=list(getattr(request, "stop", None) or []),
+            remaining=request.max_tokens,
+            started=time.perf_counter(),
+            note=note,
+        )
+
+    def _make_proposer(self, request: Request) -> Proposer:
+        spec = request.spec
+        if spec.method == "ngram":
+            return NGramProposer(spec.ngram_min, spec.ngram_max)
+        if spec.method == "draft":
+            path = spec.draft_model or self.draft_path
+            if not path:
+                raise EngineError("spec method 'draft' needs a draft model (--draft-model PATH)")
+            return DraftModelProposer(self._draft(path).model)
+        if spec.method == "mtp":
+            try:
+                from engines.mlx_chat.mtp import make_mtp_proposer
+            except ImportError as e:
+                raise EngineError(f"MTP drafting is not available ({e})") from e
+            proposer = make_mtp_proposer(self, request)
+            if proposer.needs_hidden and not self.head.available:
+                raise EngineError("this model's head could not be separated from its hidden states")
+            return proposer
+        raise EngineError(f"unknown spec method {spec.method!r}")
+
+    def _prompt_ids(self, request: Request) -> list[int]:
+        tok = self.tokenizer
+        if request.ignore_chat_template or not getattr(tok, "has_chat_template", False):
+            return list(tok.encode(request.prompt))
+        messages = []
+        if request.system:
+            messages.append({"role": "system", "content": request.system})
+        messages += list(request.history)
+        messages.append({"role": "user", "content": request.prompt})
+        return list(tok.apply_chat_template(messages, add_generation_prompt=True))
+
+    def _forward(self, run: Run, inputs: mx.array) -> tuple[mx.array, mx.array | None]:
+        """One target forward over `inputs` [n]: logits [n, V] and, if the proposer reads
+        them, final hidden states [n, D]."""
+        if run.needs_hidden:
+            hidden = self.model.model(inputs[None], cache=run.cache)[0]
+            return self.head.apply(hidden), hidden
+        return self.model(inputs[None], cache=run.cache)[0], None
+
+    def _prefill(self, run: Run) -> Round:
+        t0 = time.perf_counter()
+        prompt = mx.array(run.ctx.tokens, dtype=mx.uint32)
+        if prompt.size == 0:
+            raise EngineError("empty prompt")
+        while prompt.size > 1:  # all but the last prompt token, in chunks
+            n = min(PREFILL_CHUNK, prompt.size - 1)
+            self.model(prompt[:n][None], cache=run.cache)
+            mx.eval(cache_arrays(run.cache))
+            prompt = prompt[n:]
+        logits, hidden = self._forward(run, prompt)
+        first = mxs.pick(logits[-1:], run.ctx.sampling)
+        mx.eval(first)
+        token = int(first.item())
+        run.ctx.hidden = hidden[-1] if hidden is not None else None
+        kept, finish = clip_emitted([token], run.eos, run.remaining)
+        run.ctx.tokens.append(token)
+        run.remaining -= 1
+        if run.proposer is not None:
+            try:
+                run.proposer.start(run.ctx)
+            except Exception as e:  # graceful degradation: plain decoding from here on
+                self._stop_speculating(run, e)
+        run.last_settled = time.perf_counter()
+        settled = Settled(Verdict(0, kept), kept, finish, run.last_settled - t0, run.last_settled - t0)
+        return self._report(run, None, settled, finish, prefill=True)
+
+    def _launch(self, run: Run, after: Step | None = None) -> Step:
+        """Draft, then issue the verify forward without waiting for it. `after` = a plain
+        step not settled yet whose lazy token is this step's input."""
+        steps = 0 if after is not None else run.schedule.next_steps(run.remaining)
+        t0 = time.perf_counter()
+        draft = EMPTY
+        if steps:
+            try:
+                draft = run.proposer.propose(run.ctx, steps)
+                mx.eval(draft.tokens)  # drafting time is its own telemetry
+            except Exception as e:
+                self._stop_speculating(run, e)
+                draft = EMPTY
+        t1 = time.perf_counter()
+        if run.proposer is not None:
+            run.proposer.drain()  # the verify forward is about to write the target's cache
+        last = after.next_token if after is not None else mx.array(run.ctx.tokens[-1:], dtype=mx.uint32)
+        inputs = mx.concatenate([last.astype(mx.uint32), draft.tokens]) if draft.size else last.astype(mx.uint32)
+        logits, hidden = self._forward(run, inputs)
+        step = Step(steps, draft, t1 - t0, t1, 0.0, hidden=hidden)
+        sampling = run.ctx.sampling
+        if sampling.greedy:
+            step.argmax = mx.argmax(logits, axis=-1)
+            outputs = [step.argmax]
+        elif draft.size:
+            p = mxs.target_probs(logits, sampling)
+            step.sampled = mxs.rejection_verify(p, draft.q, draft.tokens, self.accept_rule)
+            outputs = [step.sampled.accept, step.sampled.residual, step.sampled.bonus]
+        else:
+            step.token = mxs.pick(logits, sampling)
+            outputs = [step.token]
+        mx.async_eval(*outputs, *([hidden] if hidden is not None else []))
+        step.build_s = time.perf_counter() - t1
+        return step
+
+    def _settle(self, run: Run, step: Step) -> Settled:
+        """Wait for the verify results; accept a prefix + one target token; roll back."""
+        t0 = time.perf_counter()
+        drafts = step.draft.tokens.tolist() if step.k else []
+        if step.sampled is None:
+            target = (step.argmax if step.argmax is not None else step.token).tolist()
+            verdict = verify_greedy(drafts, target)
+        else:
+            s = step.sampled
+            verdict = verify_sampled(drafts, s.accept.tolist(), s.residual.tolist(), s.bonus.item())
+        t1 = time.perf_counter()
+        if run.proposer is not None:
+            run.proposer.drain()
+        rollback(run.cache, step.k - verdict.accepted)  # drop the rejected drafts
+        kept, finish = clip_emitted(verdict.tokens, run.eos, run.remaining)
+        run.ctx.tokens.extend(kept)
+        run.remaining -= len(kept)
+        if step.hidden is not None:
+            run.ctx.hidden = step.hidden[verdict.accepted]
+        run.schedule.record(step.k, verdict.accepted)
+        if run.proposer is not None and run.schedule.enabled and not finish:
+            try:
+                run.proposer.commit(run.ctx)
+            except Exception as e:
+                self._stop_speculating(run, e)
+        wall = t1 - run.last_settled
+        run.last_settled = t1
+        return Settled(verdict, kept, finish, step.build_s + (t1 - t0), wall)
+
+    def _report(self, run: Run, step: Step | None, settled: Settled, finish: str | None,
+                prefill: bool = False) -> Round:
+        """Detokenize and build the Round (overlapping the next round's forward)."""
+        tokens = settled.tokens
+        text, stopped = "", False
+        for i, t in enumerate(tokens):
+            if t in run.eos:
+                continue
+            run.detokenizer.add_token(t)
+            piece, stopped = clip_stop_strings(run.text + text, run.detokenizer.last_segment, run.stop)
+            text += piece
+            if stopped:  # a stop string inside the burst: nothing after it is emitted
+                tokens, finish = tokens[: i + 1], "stop"
+                break
+        if finish and not stopped:
+            run.detokenizer.finalize()
+            piece, _ = clip_stop_strings(run.text + text, run.detokenizer.last_segment, run.stop)
+            text += piece
+        run.text += text
+        accepted = min(settled.verdict.accepted, len(tokens))
+        proposed = step.k if step else 0
+        flags = [True] * settled.verdict.accepted + [False] * (proposed - settled.verdict.accepted)
+        rnd = Round(
+            index=run.index,
+            proposed=proposed,
+            accepted=settled.verdict.accepted,
+            tokens=tokens,
+            from_draft=[i < accepted for i in range(len(tokens))],
+            text=text,
+            accept_flags=flags,
+            draft_s=step.draft_s if step else 0.0,
+            verify_s=settled.verify_s,
+            wall_s=settled.wall_s,
+            t_s=time.perf_counter() - run.started,
+            prefill=prefill,
+            steps=step.steps if step else 0,
+            finish=finish,
+            note=run.note,
+        )
+        run.note = None
+        run.index += 1
+        if (run.index % 256) == 0:
+            mx.clear_cache()
+        return rnd
+
+    def _stop_speculating(self, run: Run, error: BaseException) -> None:
+        """Graceful degradation: the drafter failed; decode plainly from here on, say so once."""
+        run.schedule.disable()
+        run.note = f"speculation stopped: {type(error).__name__}: {error}"

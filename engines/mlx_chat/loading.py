@@ -1,0 +1,175 @@
+"""Loading chat models: an mlx-lm HF-layout directory or a GGUF file, with its tokenizer and
+chat template, and one-line EngineErrors for everything a user can get wrong.
+
+Also: the tokenizer check for draft models (a draft must share the target's vocabulary,
+token for token), and `Head`, which splits a target forward into final hidden states and
+logits for drafters that read the target's hidden state (Gemma 4 MTP).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for a model hub
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from engines import EngineError
+
+
+@dataclass
+class LoadedModel:
+    model: nn.Module
+    tokenizer: Any  # mlx_lm.tokenizer_utils.TokenizerWrapper
+    path: str
+    model_type: str
+    vocab_size: int
+
+
+def load_model(path: str) -> LoadedModel:
+    """An HF-layout directory (config.json + model*.safetensors + tokenizer files) or a .gguf."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise EngineError(f"model not found: {path}")
+    if p.is_file():
+        if p.suffix.lower() != ".gguf":
+            raise EngineError(f"not a model: {path} (expected a model directory or a .gguf file)")
+        return _load_gguf(p)
+    return _load_hf_dir(p)
+
+
+def _load_gguf(p: Path) -> LoadedModel:
+    try:
+        from engines.mlx_chat.gguf import load_gguf
+    except ImportError as e:
+        raise EngineError(f"GGUF loading is not available yet ({e})") from e
+    model, tokenizer = load_gguf(str(p))
+    model_type = getattr(getattr(model, "args", None), "model_type", None) or getattr(model, "model_type", "gguf")
+    return LoadedModel(model, tokenizer, str(p), str(model_type), _vocab_size(model, tokenizer))
+
+
+def _read_config(p: Path) -> dict:
+    cfg_file = p / "config.json"
+    if not cfg_file.is_file():
+        raise EngineError(f"not a model directory: {p} has no config.json")
+    try:
+        config = json.loads(cfg_file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise EngineError(f"corrupt config.json in {p}: {e}") from e
+    if not isinstance(config, dict) or "model_type" not in config:
+        raise EngineError(f"config.json in {p} has no model_type")
+    return config
+
+
+def _check_architecture(config: dict, p: Path) -> None:
+    from mlx_lm.utils import _get_classes
+
+    try:
+        _get_classes(config)
+    except ValueError as e:
+        raise EngineError(
+            f"unsupported architecture {config['model_type']!r} in {p}: mlx-lm has no module for it"
+        ) from e
+
+
+def _load_hf_dir(p: Path) -> LoadedModel:
+    from mlx_lm.utils import load_model as mlx_load_model
+    from mlx_lm.utils import load_tokenizer
+
+    config = _read_config(p)
+    if not list(p.glob("model*.safetensors")):
+        raise EngineError(f"not a model directory: {p} has no model*.safetensors weights")
+    _check_architecture(config, p)
+    try:
+        model, config = mlx_load_model(p)
+    except (ValueError, RuntimeError, OSError, KeyError) as e:
+        raise EngineError(f"corrupt or mismatched weights in {p}: {_one_line(e)}") from e
+    try:
+        tokenizer = load_tokenizer(p, eos_token_ids=config.get("eos_token_id"))
+    except Exception as e:  # transformers raises many kinds for a broken tokenizer
+        raise EngineError(f"cannot load the tokenizer in {p}: {_one_line(e)}") from e
+    return LoadedModel(model, tokenizer, str(p), config["model_type"], _vocab_size(model, tokenizer))
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0][:300] if text else type(e).__name__
+
+
+def _vocab_size(model, tokenizer) -> int:
+    args = getattr(model, "args", None)
+    size = getattr(args, "vocab_size", None)
+    return int(size) if size else len(tokenizer.get_vocab())
+
+
+def check_same_tokenizer(target: LoadedModel, draft: LoadedModel) -> None:
+    """A draft model proposes token ids; they only mean the same text if both tokenizers map
+    every token to the same id. Compare the mappings, not just their sizes."""
+    t_vocab = target.tokenizer.get_vocab()
+    d_vocab = draft.tokenizer.get_vocab()
+    where = f"draft model {draft.path} does not share the target's tokenizer"
+    if len(t_vocab) != len(d_vocab):
+        raise EngineError(f"{where}: {len(d_vocab)} tokens vs {len(t_vocab)}")
+    differ = [tok for tok, i in t_vocab.items() if d_vocab.get(tok) != i]
+    if differ:
+        raise EngineError(
+            f"{where}: {len(differ)} tokens map to different ids (e.g. {differ[0]!r})"
+        )
+
+
+# -- the target's head: final hidden states -> logits -------------------------------------------
+
+
+class Head:
+    """model(x) == head(model.model(x)): found once per model by trying the heads mlx-lm models
+    use (lm_head, tied embeddings, each with or without final logit soft-capping) on a probe
+    input, so the round loop can get hidden states and logits from one forward."""
+
+    def __init__(self, model: nn.Module):
+        self.apply = _find_head(model)
+
+    @property
+    def available(self) -> bool:
+        return self.apply is not None
+
+
+def _find_head(model: nn.Module):
+    inner = getattr(model, "model", None)
+    if inner is None:
+        return None
+    candidates = []
+    if "lm_head" in model:
+        candidates.append(lambda h: model.lm_head(h))
+    embed = getattr(inner, "embed_tokens", None)
+    if embed is not None and hasattr(embed, "as_linear"):
+        candidates.append(lambda h: embed.as_linear(h))
+    cap = getattr(getattr(model, "args", None), "final_logit_softcapping", None)
+    if cap:
+        candidates += [lambda h, f=f: mx.tanh(f(h) / cap) * cap for f in list(candidates)]
+    probe = mx.array([[1, 2, 3]])
+    try:
+        want = model(probe)
+        hidden = inner(probe)
+    except Exception:
+        return None
+    for head in candidates:
+        try:
+            if mx.allclose(head(hidden), want, atol=1e-4, rtol=1e-3).item():
+                return head
+        except Exception:
+            continue
+    return None
+
+
+def has_model_module(model_type: str) -> bool:
+    try:
+        importlib.import_module(f"mlx_lm.models.{model_type}")
+        return True
+    except ImportError:
+        return False

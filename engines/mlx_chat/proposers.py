@@ -1,0 +1,155 @@
+"""Proposers: who drafts the tokens the target verifies.
+
+The protocol (what the round loop in engine.py calls, in order):
+
+    start(ctx)          once, after prefill. ctx.tokens = prompt + first token.
+    propose(ctx, k)     -> Draft: up to k token ids (an mx.array, may stay lazy) and, when the
+                        drafts were sampled, the drafter's distributions q [k, V] for rejection
+                        sampling (None = a point-mass proposal: n-gram, greedy drafting).
+                        Returning fewer than k (or none) is fine: the round verifies what it got.
+    commit(ctx)         after every round (plain rounds too), once the target's cache has been
+                        rolled back: ctx.tokens holds every accepted token, the last of which
+                        is not yet in the target's cache; ctx.hidden is the target's final
+                        hidden state at the position that produced it (if needs_hidden).
+    drain()             before the round loop changes the target's cache destructively
+                        (verify writes, rollback): a proposer that drafts asynchronously
+                        (depth-2 overlap) must finish or cancel reads of that cache here.
+
+`needs_hidden = True` asks the loop to run the target as model.model(...) + head, so ctx.hidden
+is set (Gemma 4 MTP reads it, with ctx.target_cache for the K/V of the last full and sliding
+layers, ctx.position for RoPE). The context object is `ProposerContext` below.
+
+Every proposer only proposes (vLLM v1's split): the verifier in the round loop decides, and
+the caches are rolled back by the loop (the target's) and by the proposer itself (its own).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import mlx.core as mx
+
+from engines import Sampling
+from engines.mlx_chat.cache import make_rollback_cache, rollback
+from engines.mlx_chat.sampling import target_probs
+from engines.speculative.ngram import NGramProposer as NGramIndex
+
+
+@dataclass
+class ProposerContext:
+    tokens: list[int]  # prompt + accepted tokens; tokens[-1] is not yet in the target's cache
+    sampling: Sampling
+    target_model: Any
+    target_cache: list[Any]
+    hidden: mx.array | None = None  # [hidden_size], see module docstring
+
+    @property
+    def position(self) -> int:
+        """Position of tokens[-1] (the next token the target will read)."""
+        return len(self.tokens) - 1
+
+
+@dataclass
+class Draft:
+    tokens: mx.array  # [k] int
+    q: mx.array | None = None  # [k, V] drafter probabilities, or None (point mass)
+
+    @property
+    def size(self) -> int:
+        return int(self.tokens.shape[0])
+
+
+EMPTY = Draft(mx.array([], dtype=mx.uint32))
+
+
+class Proposer(Protocol):
+    name: str
+    needs_hidden: bool
+
+    def start(self, ctx: ProposerContext) -> None: ...
+
+    def propose(self, ctx: ProposerContext, k: int) -> Draft: ...
+
+    def commit(self, ctx: ProposerContext) -> None: ...
+
+    def drain(self) -> None: ...
+
+
+@dataclass
+class NGramProposer:
+    """Prompt lookup: the tokens that followed the latest earlier occurrence of the context's
+    longest recurring suffix. Drafts are a point mass (q = None)."""
+
+    n_min: int = 1
+    n_max: int = 4
+    name: str = "ngram"
+    needs_hidden: bool = False
+    index: NGramIndex = field(init=False)
+
+    def __post_init__(self):
+        self.index = NGramIndex(self.n_min, self.n_max)
+
+    def start(self, ctx: ProposerContext) -> None:
+        self.index.reset(ctx.tokens)
+
+    def propose(self, ctx: ProposerContext, k: int) -> Draft:
+        drafts = self.index.propose(k)
+        return Draft(mx.array(drafts, dtype=mx.uint32)) if drafts else EMPTY
+
+    def commit(self, ctx: ProposerContext) -> None:
+        self.index.extend(ctx.tokens[len(self.index.tokens):])  # only accepted tokens enter
+
+    def drain(self) -> None:
+        pass
+
+
+class DraftModelProposer:
+    """A smaller model with the same tokenizer drafts k tokens autoregressively: argmax at
+    T=0 (a point mass), a sample of its own target_probs at T>0 (q returned for rejection
+    sampling). Its cache rolls back exactly like the target's.
+
+    The whole draft chain stays lazy: draft i+1 reads draft i as an mx.array, so k draft
+    steps are one graph and the host waits once."""
+
+    name = "draft"
+    needs_hidden = False
+
+    def __init__(self, model: Any):
+        self.model = model
+        self.cache: list[Any] = []
+        self.cached = 0  # how many of ctx.tokens the draft cache holds
+
+    def start(self, ctx: ProposerContext) -> None:
+        self.cache = make_rollback_cache(self.model)
+        self.cached = 0
+
+    def propose(self, ctx: ProposerContext, k: int) -> Draft:
+        # Feed what the cache lacks (the last token, plus the last draft when all were accepted
+        # or tokens decoded in plain rounds), then draft k tokens.
+        pending = mx.array(ctx.tokens[self.cached:], dtype=mx.uint32)
+        logits = self.model(pending[None], cache=self.cache)[0, -1]
+        self.cached = len(ctx.tokens)
+        tokens, qs = [], []
+        for i in range(k):
+            if ctx.sampling.greedy:
+                y = mx.argmax(logits, axis=-1)
+            else:
+                q = target_probs(logits, ctx.sampling)
+                y = mx.random.categorical(mx.log(q))
+                qs.append(q)
+            tokens.append(y)
+            if i < k - 1:  # the last draft is fed next round, only if it is accepted
+                logits = self.model(y.reshape(1, 1), cache=self.cache)[0, -1]
+                self.cached += 1
+        return Draft(mx.stack(tokens).astype(mx.uint32), mx.stack(qs) if qs else None)
+
+    def commit(self, ctx: ProposerContext) -> None:
+        # Keep exactly the accepted prefix: the cache may hold rejected drafts past it.
+        committed = len(ctx.tokens) - 1  # tokens[-1] is fed next round
+        if self.cached > committed:
+            rollback(self.cache, self.cached - committed)
+            self.cached = committed
+
+    def drain(self) -> None:
+        pass

@@ -1,0 +1,94 @@
+"""Sampling and lossless rejection sampling inside the MLX graph.
+
+The MLX twin of engines/speculative/sampling.py (the NumPy specification; tests compare the
+two on random logits). Everything here stays lazy: the round loop evaluates a handful of
+ints per round (argmax ids, or accept flags + residual samples + bonus), never a
+full-vocabulary row on the host.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+from engines import Sampling
+
+
+def target_probs(logits: mx.array, sampling: Sampling) -> mx.array:
+    """Probabilities over the last axis after temperature, then top-k, then top-p (the
+    reference's order and tie rules), in float32."""
+    x = logits.astype(mx.float32) / max(sampling.temperature, 1e-6)
+    vocab = x.shape[-1]
+    if sampling.top_k and 0 < sampling.top_k < vocab:
+        kth = mx.sort(x, axis=-1)[..., vocab - sampling.top_k][..., None]
+        x = mx.where(x >= kth, x, -mx.inf)
+    p = mx.softmax(x, axis=-1)
+    if sampling.top_p < 1.0:
+        order = mx.argsort(-p, axis=-1)
+        sorted_p = mx.take_along_axis(p, order, axis=-1)
+        before = mx.cumsum(sorted_p, axis=-1) - sorted_p  # mass strictly before each token
+        keep_sorted = before < sampling.top_p
+        inverse = mx.argsort(order, axis=-1)  # scatter back: keep[i] = keep_sorted[rank of i]
+        keep = mx.take_along_axis(keep_sorted, inverse, axis=-1)
+        p = mx.where(keep, p, 0.0)
+        p = p / p.sum(axis=-1, keepdims=True)
+    return p
+
+
+def sample(probs: mx.array) -> mx.array:
+    """One sample per row of `probs` (zeros are never drawn)."""
+    return mx.random.categorical(mx.log(probs), axis=-1)
+
+
+def pick(logits: mx.array, sampling: Sampling) -> mx.array:
+    """The next token(s) for plain decoding: argmax at T=0, a sample of target_probs else."""
+    if sampling.greedy:
+        return mx.argmax(logits, axis=-1)
+    return sample(target_probs(logits, sampling))
+
+
+@dataclass
+class SampledVerdict:
+    """Lazy per-round results of rejection sampling (k drafts): accept[i] is u_i < p_i/q_i,
+    residual[i] a sample from normalise(max(p_i - q_i, 0)), bonus a sample from p_k."""
+
+    accept: mx.array  # [k] bool
+    residual: mx.array  # [k] int
+    bonus: mx.array  # [] int
+
+
+def lossless_accept(p_draft: mx.array, q_draft: mx.array, u: mx.array) -> mx.array:
+    """The rejection test of speculative sampling: accept x with probability
+    min(1, p(x) / q(x)), written u * q < p so that q(x) = 0 never divides."""
+    return u * q_draft < p_draft
+
+
+def rejection_verify(
+    p: mx.array,
+    q: mx.array | None,
+    drafts: mx.array,
+    accept_rule=lossless_accept,
+) -> SampledVerdict:
+    """p: [k+1, V] target probabilities at each drafted position and after the last draft;
+    q: [k, V] the drafter's probabilities, or None for a point-mass proposal (n-gram,
+    greedy draft): then q(x) = 1 and the residual is p with x removed.
+    `accept_rule` is a parameter so tests can show a lossy rule fails the statistics."""
+    k = drafts.shape[0]
+    rows = mx.arange(k)
+    p_k = p[:k]
+    p_draft = p_k[rows, drafts]
+    if q is None:
+        q_draft = mx.ones_like(p_draft)
+        residual = mx.where(mx.arange(p.shape[-1])[None] == drafts[:, None], 0.0, p_k)
+    else:
+        q_draft = q[rows, drafts]
+        residual = mx.maximum(p_k - q, 0.0)
+    total = residual.sum(axis=-1, keepdims=True)
+    residual = mx.where(total > 0, residual / mx.maximum(total, 1e-30), p_k)  # p == q: never used
+    u = mx.random.uniform(shape=(k,))
+    return SampledVerdict(
+        accept=accept_rule(p_draft, q_draft, u),
+        residual=sample(residual),
+        bonus=sample(p[k]),
+    )
