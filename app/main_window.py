@@ -9,7 +9,9 @@ appears before pyqtgraph is imported."""
 from __future__ import annotations
 
 import base64
+import sys
 import time
+from collections import deque
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -34,6 +36,11 @@ from app.views.transcript import TranscriptView
 from app.worker import EngineCache, EngineLoader, RunSpec, RunWorker, start_worker
 from engines import EngineError, Request, SpecConfig
 from engines.speculative.session import Session
+
+
+GIL_SWITCH_INTERVAL_S = 0.0005
+SHOW_INTERVAL_MS = 15  # how often buffered rounds are drawn
+SHOW_BUDGET_S = 0.012  # and for how long at most, so the event loop always gets its turn
 
 
 @dataclass
@@ -108,6 +115,8 @@ class SessionsDialog(QDialog):
 
 
 class MainWindow(QMainWindow):
+    run_started = Signal(object)  # the RunSpec
+    round_shown = Signal(object)  # a Burst, after the panes have taken it
     run_ended = Signal(str)  # finished | cancelled | errored, after the pane updates
     compare_finished = Signal(object)  # CompareResult
     telemetry_ready = Signal()
@@ -129,6 +138,16 @@ class MainWindow(QMainWindow):
         self.compare: dict | None = None  # {"phase": "off" | "on", "off": Session}
         self.last_compare: CompareResult | None = None
         self.telemetry = None
+        self.pending: deque[Burst] = deque()  # rounds received but not drawn yet
+        self.pending_end = None  # (handler, payload) of a run end that waits for them
+        self.flush_timer = QTimer(self)
+        self.flush_timer.setInterval(SHOW_INTERVAL_MS)
+        self.flush_timer.timeout.connect(self._show_pending)
+
+        # The worker thread runs Python between model calls. Every time the GUI thread calls into
+        # Qt it releases the GIL, and getting it back waits for the worker's switch interval
+        # (5 ms by default); a few dozen such calls per frame add up to visible stutter.
+        sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
 
         self.setWindowTitle(APP_NAME)
         self.setAcceptDrops(True)
@@ -319,15 +338,17 @@ class MainWindow(QMainWindow):
         self.worker = RunWorker(run, self.engines)
         self.worker.engine_loaded.connect(self._on_engine_loaded)
         self.worker.round_finished.connect(self._on_round)
-        self.worker.finished.connect(self._on_finished)
-        self.worker.cancelled.connect(self._on_cancelled)
-        self.worker.errored.connect(self._on_errored)
+        # bound methods of this window, never lambdas: a lambda would run on the worker thread
+        self.worker.finished.connect(self._on_worker_finished)
+        self.worker.cancelled.connect(self._on_worker_cancelled)
+        self.worker.errored.connect(self._on_worker_errored)
         self.thread = start_worker(self.worker)
         self.thread.finished.connect(self._on_thread_finished)
         self.threads.append((self.thread, self.worker))  # both live until the thread has finished
         self.controls.set_running(True)
         self.send_button.setEnabled(False)
         self.status.setText("Loading the model\u2026")
+        self.run_started.emit(run)
         return True
 
     def _begin_panes(self, request: Request, label: str) -> None:
@@ -361,14 +382,53 @@ class MainWindow(QMainWindow):
         self.status.setText("Running\u2026")
 
     def _on_round(self, burst: Burst) -> None:
-        rnd = burst.round
+        """Queued from the worker. Only buffers: a fast engine can emit rounds faster than the
+        panes draw them, and Qt delivers all queued events in one batch, so drawing here would
+        starve the event loop. `_show_pending` drains the buffer within a time budget."""
         if self.session is not None:
-            self.session.add(rnd)
+            self.session.add(burst.round)
+        self.pending.append(burst)
+        if not self.flush_timer.isActive():
+            self.flush_timer.start()
+
+    def _show_pending(self) -> None:
+        deadline = time.perf_counter() + SHOW_BUDGET_S
+        last = None
+        while self.pending and time.perf_counter() < deadline:
+            last = self.pending.popleft()
+            self._show_burst(last)
+        if last is not None and not last.round.prefill and last.round.wall_s > 0:
+            rnd = last.round
+            self.status.setText(f"Round {rnd.index} \u00b7 {len(rnd.tokens) / rnd.wall_s:.1f} tok/s")
+        if not self.pending:
+            self.flush_timer.stop()
+            if self.pending_end is not None:
+                handler, payload = self.pending_end
+                self.pending_end = None
+                handler(payload)
+
+    def _show_burst(self, burst: Burst) -> None:
+        rnd = burst.round
         self.transcript.append_burst(burst)
         if self.telemetry is not None:
             self.telemetry.append(rnd)
-        if not rnd.prefill and rnd.wall_s > 0:
-            self.status.setText(f"Round {rnd.index} \u00b7 {len(rnd.tokens) / rnd.wall_s:.1f} tok/s")
+        self.round_shown.emit(burst)
+
+    def _on_worker_finished(self, session: Session) -> None:
+        self._after_pending(self._on_finished, session)
+
+    def _on_worker_cancelled(self, session: Session) -> None:
+        self._after_pending(self._on_cancelled, session)
+
+    def _on_worker_errored(self, message: str) -> None:
+        self._after_pending(self._on_errored, message)
+
+    def _after_pending(self, handler, payload) -> None:
+        """Run-end handling waits until every round has been shown."""
+        if self.pending:
+            self.pending_end = (handler, payload)
+        else:
+            handler(payload)
 
     def _end_run(self) -> None:
         self.worker = None

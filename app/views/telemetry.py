@@ -4,7 +4,8 @@ time to first token, rounds).
 
 Appending a round is O(1) (growable NumPy arrays and running sums); the plots redraw on a
 timer at most REDRAW_HZ times a second, clipped to the view and peak-downsampled, so 10,000
-rounds stay responsive. Hovering names a round; clicking selects it (the transcript then
+rounds stay responsive. One plot is redrawn per tick, in turn, because painting all three at
+once can keep the event loop busy for tens of milliseconds on a slow CPU. Hovering names a round; clicking selects it (the transcript then
 highlights its burst)."""
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from PySide6.QtWidgets import QGridLayout, QHBoxLayout, QLabel, QVBoxLayout, QWi
 
 from engines.speculative.rounds import Round
 
-REDRAW_HZ = 10
+REDRAW_HZ = 20  # timer ticks per second; each tick redraws one plot (see refresh)
 ROLLING = 16  # rounds in the tok/s moving average
 
 GREEN, GREY, BLUE, AMBER, BASELINE = "#1f9d55", "#a1a1a6", "#0a84ff", "#ff9f0a", "#c7c7cc"
@@ -165,10 +166,12 @@ class TelemetryView(QWidget):
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
         self.setObjectName("telemetry")
-        pg.setConfigOptions(antialias=True, background="w", foreground="#6e6e73")
+        pg.setConfigOptions(antialias=False, background="w", foreground="#6e6e73")
         self.series = RoundSeries()
         self.baseline: RoundSeries | None = None
         self.dirty = False
+        self.stale: set[int] = set()  # plots (0 drafts, 1 speed, 2 positions) not yet redrawn
+        self.turn = 0
         self.redraws = 0
         self.selected: int | None = None
 
@@ -187,8 +190,8 @@ class TelemetryView(QWidget):
         figures.setFixedWidth(270)
 
         self.drafts_plot = make_plot("Drafts per round", "round", "tokens")
-        self.proposed_curve = self.drafts_plot.plot(pen=pg.mkPen(GREY, width=1.2), name="drafted")
-        self.accepted_curve = self.drafts_plot.plot(pen=pg.mkPen(GREEN, width=1.2), fillLevel=0,
+        self.proposed_curve = self.drafts_plot.plot(pen=pg.mkPen(GREY, width=1), name="drafted")
+        self.accepted_curve = self.drafts_plot.plot(pen=pg.mkPen(GREEN, width=1), fillLevel=0,
                                                     brush=pg.mkBrush(QColor(31, 157, 85, 90)), name="accepted")
         self.drafts_plot.setYRange(0, 4)
         self.speed_plot = make_plot("Speed", "seconds", "tok/s")
@@ -265,27 +268,45 @@ class TelemetryView(QWidget):
 
     # --- drawing --------------------------------------------------------------------------
     def refresh(self, force: bool = False) -> None:
-        if not (self.dirty or force):
+        """force redraws everything now (exports, the end of a run); otherwise redraw the
+        next plot in turn if anything changed since it was last drawn."""
+        if force:
+            self.stale = {0, 1, 2}
+            for part in (0, 1, 2):
+                self._redraw(part)
+            self._update_figures()
             return
-        self.dirty = False
+        if self.dirty:
+            self.dirty = False
+            self.stale = {0, 1, 2}
+            self._update_figures()
+        if self.stale:
+            part = min(self.stale, key=lambda p: (p - self.turn) % 3)
+            self.turn = (part + 1) % 3
+            self._redraw(part)
+
+    def _redraw(self, part: int) -> None:
+        self.stale.discard(part)
         self.redraws += 1
         s = self.series
-        x = s.column("index")
-        self.proposed_curve.setData(x, s.column("proposed"))
-        self.accepted_curve.setData(x, s.column("accepted"))
-        top = max(4.0, float(s.column("proposed").max()) + 1 if s.n else 4.0)
-        self.drafts_plot.setYRange(0, top, padding=0)
-        self.speed_dots.setData(s.column("t"), np.nan_to_num(s.tok_s(), nan=0.0) if s.n else [])
-        self._set_finite(self.speed_curve, s.column("t"), s.rolling_tok_s())
-        if self.baseline is not None and self.baseline.n:
-            self._set_finite(self.baseline_curve, self.baseline.column("t"), self.baseline.rolling_tok_s())
+        if part == 0:
+            x = s.column("index")
+            self.proposed_curve.setData(x, s.column("proposed"))
+            self.accepted_curve.setData(x, s.column("accepted"))
+            top = max(4.0, float(s.column("proposed").max()) + 1 if s.n else 4.0)
+            self.drafts_plot.setYRange(0, top, padding=0)
+        elif part == 1:
+            self.speed_dots.setData(s.column("t"), np.nan_to_num(s.tok_s(), nan=0.0) if s.n else [])
+            self._set_finite(self.speed_curve, s.column("t"), s.rolling_tok_s())
+            if self.baseline is not None and self.baseline.n:
+                self._set_finite(self.baseline_curve, self.baseline.column("t"), self.baseline.rolling_tok_s())
+            else:
+                self.baseline_curve.setData([], [])
         else:
-            self.baseline_curve.setData([], [])
-        rates = s.per_position() * 100
-        positions = np.arange(1, len(rates) + 1)
-        self.bars.setOpts(x=positions, height=rates, width=0.7)
-        self.position_plot.setXRange(0.4, max(3, len(rates)) + 0.6, padding=0)
-        self._update_figures()
+            rates = s.per_position() * 100
+            positions = np.arange(1, len(rates) + 1)
+            self.bars.setOpts(x=positions, height=rates, width=0.7)
+            self.position_plot.setXRange(0.4, max(3, len(rates)) + 0.6, padding=0)
 
     @staticmethod
     def _set_finite(curve, x: np.ndarray, y: np.ndarray) -> None:
