@@ -134,7 +134,6 @@ def load_modules(model_dir: str | os.PathLike, cache_length: int = 2048) -> GlmO
     return modules_from_reference(load_reference(model_dir), config, cache_length, model_dir)
 
 
-@torch.no_grad()
 def reference_mtp_forward(ref: Reference, previous_hidden: torch.Tensor, input_embeds: torch.Tensor,
                           position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The MTP layer over a whole sequence with transformers' modules (no cache): row i takes

@@ -191,14 +191,108 @@ def make_tiny_glm_ocr(out, with_mtp: bool = True, seed: int = 0, **text_override
 def _widen_random_init(model, seed: int) -> None:
     """transformers initialises with std 0.02, which at hidden 64 makes every logit nearly
     equal and greedy output a constant token. Larger weights give a tiny model varied,
-    image-dependent output, so token-for-token comparisons mean something."""
+    image-dependent output, so token-for-token comparisons mean something. Norm weights vary
+    too: with all-ones weights a final norm followed by the MTP's hnorm would be invisible."""
     gen = torch.Generator().manual_seed(seed + 100)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.ndim >= 2:
                 fan_in = p[0].numel()
                 p.copy_(torch.randn(p.shape, generator=gen) / fan_in ** 0.5)
+            elif "norm" in name and name.endswith("weight"):  # not all ones, as in a trained model
+                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=gen))
 
 
 def read_config(path) -> dict:
     return json.loads((Path(path) / "config.json").read_text())
+
+
+def test_images(count: int, seed: int = 0):
+    """Random RGB images of assorted sizes (each gives a different prompt and output)."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    sizes = [(90, 160), (120, 120), (64, 200), (150, 100), (100, 140), (80, 80), (110, 170), (70, 130)]
+    return [Image.fromarray(rng.integers(0, 255, sizes[i % len(sizes)] + (3,), dtype=np.uint8))
+            for i in range(count)]
+
+
+def reference_prompt(model_dir, image, task: str = "text"):
+    """Input tensors for transformers' GlmOcrForConditionalGeneration: ids from the engine's
+    prompt builder, pixels from transformers' own Glm46V image processor."""
+    from transformers import Glm46VImageProcessorPil
+
+    from engines.glm_ocr.config import GlmOcrConfig
+    from engines.glm_ocr.prompts import GlmTokenizer, prompt_ids
+
+    config = GlmOcrConfig.load(model_dir)
+    feats = Glm46VImageProcessorPil.from_pretrained(model_dir)(images=[image], return_tensors="pt")
+    grid = feats["image_grid_thw"]
+    ids = prompt_ids(GlmTokenizer(model_dir), task, int(grid.prod()) // 4, config.image_token_id)
+    input_ids = torch.tensor([ids])
+    return dict(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
+                mm_token_type_ids=(input_ids == config.image_token_id).int(),
+                pixel_values=feats["pixel_values"], image_grid_thw=grid)
+
+
+def hf_greedy(model, inputs: dict, max_new_tokens: int, stop_at_eos: bool = True) -> list[int]:
+    """transformers' own greedy generate; the new tokens only."""
+    kwargs = {} if stop_at_eos else {"eos_token_id": None, "suppress_tokens": None}
+    out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False, **kwargs)
+    return out[0, inputs["input_ids"].shape[1]:].tolist()
+
+
+def train_mtp_on_target(model_dir, images, steps: int = 150, max_new_tokens: int = 96, lr: float = 3e-3,
+                        seed: int = 0) -> float:
+    """Train the checkpoint's MTP layer to predict the target's own greedy continuation, then
+    save it back under the real tensor names (so it still goes through the real loader).
+    Data: the target's greedy outputs on `images` (teacher forcing: MTP row i gets the target's
+    final-normed hidden at i and the embedding of token i+1; label = the target's argmax at
+    row i+1). Only the first chained step is trained, so deeper drafts are accepted less
+    often: a drafter "accepted often but not always". Returns the final training accuracy."""
+    from engines.glm_ocr.weights import load_reference, reference_mtp_forward
+
+    torch.manual_seed(seed)
+    ref = load_reference(model_dir)
+    model = ref.model
+    data = []
+    with torch.no_grad():
+        for image in images:
+            inputs = reference_prompt(model_dir, image)
+            new = hf_greedy(model, inputs, max_new_tokens, stop_at_eos=False)
+            seq = torch.cat([inputs["input_ids"], torch.tensor([new])], dim=1)
+            full = dict(inputs, input_ids=seq, attention_mask=torch.ones_like(seq),
+                        mm_token_type_ids=torch.cat([inputs["mm_token_type_ids"], torch.zeros(1, len(new), dtype=torch.int32)], 1))
+            model.model.rope_deltas = None
+            position_ids, _ = model.model.get_rope_index(seq, full["mm_token_type_ids"], full["image_grid_thw"])
+            out = model(**full, position_ids=position_ids)
+            lm_out = model.model(**full, position_ids=position_ids)
+            hidden = lm_out.last_hidden_state  # final-normed, what the LM head and the MTP see
+            labels = out.logits[0].argmax(-1)
+            embeds = model.model.language_model.embed_tokens(seq)
+            data.append((hidden[:, :-1], embeds[:, 1:], position_ids[:, :, :-1], labels[1:]))
+    params = [p for part in ref.mtp.values() for p in part.parameters()]
+    opt = torch.optim.Adam(params, lr=lr)
+    lm_head = model.lm_head
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = 0.0
+        for prev, nxt, pos, labels in data:
+            _, head = reference_mtp_forward(ref, prev, nxt, pos)
+            loss = loss + torch.nn.functional.cross_entropy(lm_head(head[0]), labels)
+        loss.backward()
+        opt.step()
+    with torch.no_grad():
+        correct = total = 0
+        for prev, nxt, pos, labels in data:
+            _, head = reference_mtp_forward(ref, prev, nxt, pos)
+            correct += int((lm_head(head[0]).argmax(-1) == labels).sum())
+            total += len(labels)
+    prefix = mtp_prefix(model.config)
+    tensors = {prefix + k: v for k, v in ref.mtp["layer"].state_dict().items()}
+    for name, key in (("enorm", "enorm"), ("hnorm", "hnorm"), ("shared_head.norm", "shared_head_norm")):
+        tensors[prefix + name + ".weight"] = ref.mtp[key].weight.detach()
+    tensors[prefix + "eh_proj.weight"] = ref.mtp["eh_proj"].weight.detach()
+    write_mtp_weights(model_dir, {k: v.detach().clone().contiguous() for k, v in tensors.items()})
+    return correct / total

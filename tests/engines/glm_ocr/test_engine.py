@@ -1,0 +1,186 @@
+"""The OCR round loop on the PyTorch runtime: plain decoding equals transformers' greedy
+generate; MTP speculation at every depth 1..7 emits exactly the same tokens, with drafts
+accepted often but not always (asserted on counts); the MTP layer consumes the target's
+final-normed hidden state; the aligned MTP cache beats the notes' rollback rule."""
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from engines import EngineError, Request, Sampling, SpecConfig
+from engines.glm_ocr.engine import MtpDrafter, OcrEngine
+from engines.glm_ocr.weights import load_reference, reference_mtp_forward
+from engines.speculative.rounds import session_stats
+from tests.engines.glm_ocr.checkpoints import hf_greedy, reference_prompt
+
+MAX_TOKENS = 48
+
+
+@pytest.fixture(scope="module")
+def engine(trained_glm_ocr):
+    e = OcrEngine.load(trained_glm_ocr[0], runtime="torch", cache_length=320)
+    e.repetition = None  # random tiny models loop; the guard has its own test
+    return e
+
+
+def run(engine, image, steps=0, max_tokens=MAX_TOKENS, drafter=None, **kw):
+    spec = SpecConfig(method="mtp" if steps else "off", steps=steps)
+    req = Request(kind="ocr", image=str(image), max_tokens=max_tokens, spec=spec, **kw)
+    rounds = list(engine.generate(req, drafter=drafter))
+    return [t for r in rounds for t in r.tokens], rounds
+
+
+@pytest.fixture(scope="module")
+def plain(engine, trained_glm_ocr):
+    return {str(p): run(engine, p)[0] for p in trained_glm_ocr[1][:2]}
+
+
+def test_plain_decoding_equals_transformers_greedy_generate(trained_glm_ocr, plain):
+    path, images = trained_glm_ocr
+    model = load_reference(path).model
+    for image in images[:2]:
+        expected = hf_greedy(model, reference_prompt(path, Image.open(image)), MAX_TOKENS)
+        assert plain[str(image)] == expected
+        assert len(expected) >= 8  # a real sequence, not an immediate EOS
+
+
+@pytest.mark.parametrize("steps", range(1, 8))
+def test_mtp_is_lossless_at_every_depth(engine, trained_glm_ocr, plain, steps):
+    proposed = accepted = 0
+    for image in trained_glm_ocr[1][:2]:
+        tokens, rounds = run(engine, image, steps)
+        assert tokens == plain[str(image)]
+        for r in rounds[1:]:
+            assert len(r.accept_flags) == r.proposed <= steps and sum(r.accept_flags) == r.accepted
+            if r.finish is None:
+                assert len(r.tokens) == r.accepted + 1  # accepted drafts + the target's own token
+        assert rounds[0].prefill and len(rounds) < len(tokens) + 1 or steps == 0
+        proposed += sum(r.proposed for r in rounds)
+        accepted += sum(r.accepted for r in rounds)
+    # the trained MTP layer is accepted often; chained steps (trained only at depth 1 and on
+    # these images) are not always accepted, so rejections and rollbacks happen from depth 2
+    assert accepted > 0.2 * proposed, (accepted, proposed)
+    if steps >= 2:
+        assert accepted < proposed, (accepted, proposed)
+
+
+class ReplayDrafter:
+    """Test drafter: replays the target's own greedy output with errors injected at a known
+    rate, through the same Drafter interface as the MTP layer."""
+
+    def __init__(self, reference: list[int], error_rate: float, vocab: int, seed: int = 0):
+        self.reference, self.error_rate, self.vocab = reference, error_rate, vocab
+        self.rng = np.random.default_rng(seed)
+        self.cursor = 0  # index in `reference` of the newest emitted token
+
+    def start(self, hiddens, ids):
+        self.cursor = 0
+
+    def propose(self, hidden, token, k):
+        assert token == self.reference[self.cursor]
+        drafts = list(self.reference[self.cursor + 1 : self.cursor + 1 + k])
+        return [(t + 1 + int(self.rng.integers(self.vocab - 1))) % self.vocab
+                if self.rng.random() < self.error_rate else t for t in drafts]
+
+    def accept(self, hiddens, tokens):
+        self.cursor += len(tokens) + 1
+
+
+@pytest.mark.parametrize("steps", [1, 4, 7])
+def test_replay_drafter_with_errors_is_lossless_and_accepted_as_injected(engine, trained_glm_ocr, plain, steps):
+    image = trained_glm_ocr[1][0]
+    reference = plain[str(image)]
+    drafter = ReplayDrafter(reference, 0.25, engine.config.text.vocab_size, seed=steps)
+    tokens, rounds = run(engine, image, steps, drafter=drafter)
+    assert tokens == reference
+    stats = session_stats(rounds)
+    # first-position acceptance ~ 0.75 (an injected error is always rejected)
+    assert 0.5 < stats.per_position_acceptance[0] < 0.95, stats.per_position_acceptance
+    assert stats.accepted < stats.proposed
+
+
+def test_mtp_consumes_the_final_normed_hidden_state(engine, trained_glm_ocr):
+    """Record the MTP layer's first call (prompt prefill + first chain step) and compare with
+    transformers' modules fed the final-normed hidden (last_hidden_state, what the LM head
+    sees): equal; fed the pre-norm hidden: different."""
+    path, images = trained_glm_ocr
+    req = Request(kind="ocr", image=str(images[0]), max_tokens=3, spec=SpecConfig(method="mtp", steps=1))
+    ids, _, positions = engine._prompt(req)
+    calls = []
+
+    class Recording(MtpDrafter):
+        def _run(self, start, previous_hidden, tokens):
+            out = super()._run(start, previous_hidden, tokens)
+            calls.append(out)
+            return out
+
+    tokens, _ = run(engine, images[0], 1, max_tokens=3,
+                    drafter=Recording(engine.runtime, positions, engine.config.eos_token_ids))
+    _, head = calls[0]
+    ref = load_reference(path)
+    inputs = reference_prompt(path, Image.open(images[0]))
+    with torch.no_grad():
+        normed = ref.model.model(**inputs).last_hidden_state
+        # the pre-norm hidden, up to a per-row scale (which the MTP's hnorm removes anyway)
+        pre_norm = normed / ref.model.model.language_model.norm.weight
+        nxt = ref.model.model.language_model.embed_tokens(torch.tensor([ids[1:] + [tokens[0]]]))
+        pos = torch.from_numpy(positions.rows(0, len(ids)))[:, None]
+        _, expected = reference_mtp_forward(ref, normed, nxt, pos)
+        _, wrong = reference_mtp_forward(ref, pre_norm, nxt, pos)
+    assert head.shape == expected[0].shape
+    assert np.allclose(head, expected[0].numpy(), atol=2e-4)
+    assert not np.allclose(head, wrong[0].numpy(), atol=1e-2)
+
+
+def test_aligned_mtp_cache_is_accepted_more_than_the_rollback_rule(engine, trained_glm_ocr):
+    counts = {}
+    for scheme in ("aligned", "rollback"):
+        engine.mtp_scheme = scheme
+        try:
+            accepted = 0
+            for image in trained_glm_ocr[1][:2]:
+                _, rounds = run(engine, image, 3)
+                accepted += sum(r.accepted for r in rounds)
+            counts[scheme] = accepted
+        finally:
+            engine.mtp_scheme = "aligned"
+    assert counts["aligned"] > counts["rollback"], counts
+
+
+def test_sampling_with_mtp_runs_and_respects_max_tokens(engine, trained_glm_ocr):
+    image = trained_glm_ocr[1][0]
+    sampling = Sampling(temperature=0.8, seed=1)
+    tokens, rounds = run(engine, image, 3, max_tokens=20, sampling=sampling)
+    again, _ = run(engine, image, 3, max_tokens=20, sampling=sampling)
+    assert tokens == again  # seeded
+    assert len(tokens) <= 20 and rounds[-1].finish in ("stop", "length")
+
+
+def test_max_tokens_flag_and_errors(engine, trained_glm_ocr, tiny_glm_ocr_no_mtp):
+    tokens, rounds = run(engine, trained_glm_ocr[1][1], 3, max_tokens=5)
+    assert len(tokens) <= 5
+    assert rounds[-1].finish == "length" or (rounds[-1].finish == "stop" and len(tokens) < 5)
+    with pytest.raises(EngineError):
+        run(engine, trained_glm_ocr[1][0], 9)  # steps above the contract's 7
+    no_mtp = OcrEngine.load(tiny_glm_ocr_no_mtp, cache_length=320)
+    no_mtp.repetition = None
+    tokens, rounds = run(no_mtp, trained_glm_ocr[1][0], 3, max_tokens=6)
+    assert "MTP unavailable" in rounds[0].note and all(r.proposed == 0 for r in rounds)
+
+
+def test_repetition_guard_stops_at_the_same_token_with_and_without_mtp(trained_glm_ocr):
+    from engines.glm_ocr.engine import RepetitionGuard
+
+    g = RepetitionGuard(max_period=8, min_copies=3, min_span=12)
+    seq = [5, 6, 7, 8] + [1, 2, 3] * 5
+    flags = [g.push(t) for t in seq]
+    first = next(i for i, f in enumerate(flags) if f)
+    assert flags[first] == 3 and first == 4 + 12 - 1  # 12 tokens of period 3
+    e = OcrEngine.load(trained_glm_ocr[0], cache_length=320)
+    e.repetition = RepetitionGuard(max_period=16, min_copies=3, min_span=8)
+    results = []
+    for steps in (0, 3):
+        tokens, rounds = run(e, trained_glm_ocr[1][0], steps, max_tokens=120)
+        results.append((tokens, rounds[-1].finish))
+    assert results[0] == results[1]
