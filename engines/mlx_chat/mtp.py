@@ -93,9 +93,13 @@ class Gemma4Target:
 
 def cache_keys_values(c) -> tuple[mx.array, mx.array]:
     """A layer cache's keys/values [1, heads, n, dim] in temporal order, oldest first."""
+    if hasattr(c, "window_contents"):  # engine.cache.WindowKVCache: the last `window` positions
+        return c.window_contents()
     if hasattr(c, "_temporal_order"):  # mlx-lm RotatingKVCache: a ring buffer
         return c._temporal_order(c.keys), c._temporal_order(c.values)
-    return c.keys[..., : c.offset, :], c.values[..., : c.offset, :]
+    if isinstance(getattr(c, "keys", None), mx.array):  # KVCache
+        return c.keys[..., : c.offset, :], c.values[..., : c.offset, :]
+    raise EngineError(f"MTP cannot read K/V from a {type(c).__name__} (quantized KV is not supported)")
 
 
 def check_compatible(target: Gemma4Target, drafter: Assistant) -> None:
@@ -120,3 +124,168 @@ def check_compatible(target: Gemma4Target, drafter: Assistant) -> None:
             raise EngineError(
                 f"MTP drafter does not fit this target: {kind} head size {have[kind]} vs {want[kind]}"
             )
+
+
+# -- the MTP proposer: what the round loop in engine.py calls ----------------------------------
+
+
+@dataclass
+class Chain:
+    """A draft chain in progress for one target state. Every array may still be lazy: step
+    i+1 embeds step i's token in the graph, so k steps are one graph and one wait."""
+
+    position: int  # of the last accepted token (not yet in the target's cache)
+    last_token: int
+    context: list[int]  # prompt + accepted tokens (the loop's list: append-only), up to position
+    kv: dict[str, tuple[mx.array, mx.array]]  # the target K/V snapshot the drafter reads
+    token: mx.array  # [1] the token the next step embeds
+    h: mx.array  # [backbone_hidden] the next step's h_prev
+    tokens: list[mx.array]  # drafted so far, [1] each
+    qs: list[mx.array]  # the drafter's distributions [V], T>0 only
+    submitted: float = 0.0
+
+    def outputs(self) -> list[mx.array]:
+        return [*self.tokens, *self.qs, self.h]
+
+
+class MTPProposer:
+    """Gemma 4 MTP drafting for the round loop (see proposers.py for the protocol).
+
+    propose(ctx, k)  chains the drafter k times from the target's state: the last accepted
+                     token, the target's hidden state at the position before it (ctx.hidden,
+                     set by the loop from the last *accepted* position), and its cache K/V.
+    commit(ctx)      depth-2 overlap: as soon as the round's accepted token is known (the
+                     target's cache already rolled back), start the next round's chain and
+                     let MLX evaluate it asynchronously; propose() then picks it up, cut
+                     or extended to the k the schedule asks for.
+    drain()          the loop is about to change the target's cache (verify writes, rollback):
+                     wait for any chain in flight and drop it. (MLX arrays are immutable, so a
+                     chain could never read a changed cache; draining keeps the contract of
+                     the reference anyway and stops a stale chain competing for the device.)
+    """
+
+    name = "mtp"
+    needs_hidden = True
+
+    def __init__(self, drafter: Assistant, target: Gemma4Target, overlap: bool = True):
+        check_compatible(target, drafter)
+        self.drafter = drafter
+        self.target = target
+        self.overlap = overlap
+        self.pending: Chain | None = None
+        self.k_hint = 0  # drafts asked last round: the guess for the chain started in commit
+        self.error: BaseException | None = None  # raised in drain, re-raised by propose
+        self.overlap_hits = 0  # rounds whose chain had been started in commit
+
+    # -- protocol ----------------------------------------------------------------------------
+    def start(self, ctx) -> None:
+        self.pending, self.k_hint, self.error = None, 0, None
+        if ctx.hidden is None:
+            raise EngineError("MTP needs the target's hidden state; the round loop did not provide it")
+
+    def propose(self, ctx, k: int):
+        from engines.mlx_chat.proposers import Draft
+
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error
+        chain = self._take_pending(ctx) or self._begin(ctx)
+        self._extend(chain, k, ctx.sampling)
+        self.k_hint = k
+        tokens = mx.concatenate(chain.tokens[:k]).astype(mx.uint32)
+        q = mx.stack(chain.qs[:k]) if chain.qs else None
+        return Draft(tokens, q)
+
+    def commit(self, ctx) -> None:
+        self.pending = None
+        if self.overlap and self.k_hint:
+            chain = self._begin(ctx)
+            self._extend(chain, self.k_hint, ctx.sampling)
+            mx.async_eval(*chain.outputs())
+            self.pending = chain
+
+    def drain(self) -> None:
+        chain, self.pending = self.pending, None
+        if chain is not None:
+            try:
+                mx.eval(*chain.outputs())
+            except Exception as e:  # the loop does not expect drain to fail: report it next round
+                self.error = e
+
+    # -- the chain ---------------------------------------------------------------------------
+    def _begin(self, ctx) -> Chain:
+        position = ctx.position
+        last = int(ctx.tokens[-1])
+        return Chain(
+            position=position,
+            last_token=last,
+            context=ctx.tokens,
+            kv=self.target.drafter_kv(ctx.target_cache),
+            token=mx.array([last], dtype=mx.uint32),
+            h=ctx.hidden.reshape(-1),
+            tokens=[],
+            qs=[],
+            submitted=0.0,
+        )
+
+    def _take_pending(self, ctx) -> Chain | None:
+        chain, self.pending = self.pending, None
+        if chain is not None and chain.position == ctx.position and chain.last_token == int(ctx.tokens[-1]):
+            self.overlap_hits += 1
+            return chain
+        return None
+
+    def _extend(self, chain: Chain, k: int, sampling) -> None:
+        """Draft until the chain holds k tokens: argmax in the graph at T=0; at T>0 a sample
+        from the drafter's full distribution q (same temperature / top-k / top-p as the
+        target), kept for rejection sampling."""
+        from engines.mlx_chat.sampling import sample, target_probs
+
+        while len(chain.tokens) < k:
+            step = self._step(chain)
+            if sampling.greedy:
+                token = mx.argmax(step.logits, axis=-1, keepdims=True)
+            else:
+                q = target_probs(step.logits, sampling)
+                token = sample(q).reshape(1)
+                chain.qs.append(q)
+            chain.tokens.append(token)
+            chain.token, chain.h = token, step.h_next
+
+
+    def _step(self, chain: Chain):
+        """One drafter forward from the chain's current token and h_prev."""
+        return self.drafter.step(self.target.embed(chain.token)[0], chain.h, chain.position, chain.kv)
+
+
+def load_drafter(path: str) -> Assistant:
+    """The assistant at `path`, with one-line EngineErrors for what a user can get wrong."""
+    from pathlib import Path
+
+    from engines.mlx_chat.gemma4_assistant import load_assistant
+
+    p = Path(path).expanduser()
+    if not (p / "config.json").is_file():
+        raise EngineError(f"MTP drafter not found: {path} (expected a Gemma 4 assistant directory)")
+    try:
+        return load_assistant(p)
+    except (ValueError, KeyError, OSError, RuntimeError) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+        raise EngineError(f"cannot load the MTP drafter in {path}: {first}") from e
+
+
+def make_mtp_proposer(engine, request) -> MTPProposer:
+    """Called by ChatEngine for `--spec mtp`. Drafters are loaded once per engine and kept
+    in `engine.mtp_drafters` (path -> drafter; tests may put a drafter of their own there)."""
+    path = request.spec.draft_model or engine.draft_path
+    if not path:
+        raise EngineError("--spec mtp needs the Gemma 4 assistant (--draft-model ASSISTANT_DIR)")
+    drafters = engine.__dict__.setdefault("mtp_drafters", {})
+    if path not in drafters:
+        drafters[path] = load_drafter(path)
+    target = Gemma4Target.of(engine.model)
+    overlap = getattr(request.spec, "overlap", True)
+    # `engine.mtp_proposer` (a class or factory with MTPProposer's signature) lets the benchmark
+    # and the tests run a replaying drafter through the real loop, like ChatEngine.accept_rule.
+    factory = engine.__dict__.get("mtp_proposer", MTPProposer)
+    return factory(drafters[path], target, overlap=overlap)

@@ -1,0 +1,70 @@
+"""A drafter whose acceptance we choose, for tests and the benchmark: the real MTP proposer
+and the real assistant forward run every step (so cost, K/V reads and h_prev plumbing are
+real), then the drafted token is replaced by the target's own continuation -- wrong at a
+chosen rate.
+
+T=0: `reference` is the target's greedy output (prompt + tokens); step j of a chain drafted
+at position P proposes reference[P + 1 + j], or with probability `error_rate` another token.
+The draw depends only on (seed, P, j), so chains started and dropped (depth-2 overlap) do
+not change which drafts are wrong: overlap on and off see the same acceptance.
+
+T>0: `oracle(context) -> p` gives the target's exact next-token distribution after `context`;
+the drafter proposes q = (1 - error_rate) * p + error_rate * uniform (a full distribution,
+close to the target's but not equal), so rejection sampling accepts often, not always.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import mlx.core as mx
+import numpy as np
+
+from engines.mlx_chat.gemma4_assistant import DraftStep
+from engines.mlx_chat.mtp import Chain, MTPProposer
+
+BOOST = 50.0  # added to the replayed token's logit: an argmax, whatever the drafter said
+
+
+def wrong_token(seed: int, position: int, j: int, error_rate: float, right: int, vocab: int) -> int:
+    rng = np.random.default_rng([seed, position, j])
+    if rng.random() >= error_rate:
+        return right
+    return int((right + 1 + rng.integers(vocab - 1)) % vocab)
+
+
+class ReplayMTPProposer(MTPProposer):
+    def __init__(self, drafter, target, overlap: bool = True, *, reference: list[int] | None = None,
+                 oracle: Callable[[tuple[int, ...]], np.ndarray] | None = None,
+                 error_rate: float = 0.2, seed: int = 0):
+        super().__init__(drafter, target, overlap=overlap)
+        self.reference, self.oracle = reference, oracle
+        self.error_rate, self.seed = error_rate, seed
+        self.seen: list[tuple[int, mx.array, dict]] = []  # (position, h_prev, kv) per chain begun
+
+    def _begin(self, ctx) -> Chain:
+        chain = super()._begin(ctx)
+        self.seen.append((chain.position, chain.h, chain.kv))
+        return chain
+
+    def _step(self, chain: Chain) -> DraftStep:
+        step = super()._step(chain)  # the real drafter forward
+        vocab = step.logits.shape[-1]
+        j = len(chain.tokens)
+        if self.oracle is None:  # T=0 replay
+            pos = chain.position + 1 + j
+            right = self.reference[pos] if pos < len(self.reference) else 0
+            choice = wrong_token(self.seed, chain.position, j, self.error_rate, right, vocab)
+            onehot = mx.arange(vocab) == choice
+            return DraftStep(mx.where(onehot, step.logits.max() + BOOST, step.logits), step.h_next)
+        drafted = tuple(int(t.item()) for t in chain.tokens)  # T>0 (tests only): sync per step
+        p = self.oracle(tuple(chain.context[: chain.position + 1]) + drafted)
+        q = (1 - self.error_rate) * p + self.error_rate / vocab
+        # an h-dependent term keeps the real forward in the graph; it is exactly zero
+        logits = mx.array(np.log(q), dtype=mx.float32) + 0.0 * step.logits
+        return DraftStep(logits, step.h_next)
+
+
+def replay_factory(**kwargs):
+    """For engine.mtp_proposer: ReplayMTPProposer with these keyword arguments."""
+    return lambda drafter, target, overlap=True: ReplayMTPProposer(drafter, target, overlap, **kwargs)

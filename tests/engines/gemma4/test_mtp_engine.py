@@ -1,0 +1,212 @@
+"""Gemma 4 MTP through the real round loop (ChatEngine.generate with --spec mtp), on tiny HF
+checkpoints loaded by the product's loaders.
+
+Lossless at T=0 for steps 1..7 (the random assistant, accepted ~never; and a replaying
+drafter accepted often but not always), the drafter's view of the target (h_prev at the
+last accepted position, K/V equal to plain decoding's, sliding window included), depth-2
+overlap, graceful degradation (a drafter that raises, an incompatible drafter).
+"""
+
+import numpy as np
+import pytest
+
+mx = pytest.importorskip("mlx.core")
+
+from engines import Request, SpecConfig  # noqa: E402
+from engines.mlx_chat.engine import ChatEngine  # noqa: E402
+from engines.mlx_chat.mtp import Gemma4Target, MTPProposer  # noqa: E402
+from tests.engines.gemma4.checkpoints import SLIDING_WINDOW  # noqa: E402
+from tests.engines.gemma4.replay import replay_factory  # noqa: E402
+
+PROMPT = "w10 w20 w30 w40 w50 w60 w70 w80"
+MAX_TOKENS = 36  # prompt (~14 ids) + 36 > 6 sliding windows of 8
+
+
+def tokens_of(rounds):
+    return [t for r in rounds for t in r.tokens]
+
+
+def run(engine, spec=None, max_tokens=MAX_TOKENS, prompt=PROMPT):
+    return list(engine.generate(Request(prompt=prompt, max_tokens=max_tokens, spec=spec or SpecConfig())))
+
+
+@pytest.fixture(scope="module")
+def dense_engine(dense_pair):
+    return ChatEngine.load(str(dense_pair.target))
+
+
+@pytest.fixture(scope="module")
+def edge_engine(edge_pair):
+    return ChatEngine.load(str(edge_pair.target))
+
+
+@pytest.fixture
+def engine_and_pair(pair, request):
+    engine = request.getfixturevalue(f"{pair.name}_engine")
+    engine.__dict__.pop("mtp_proposer", None)
+    yield engine, pair
+    engine.__dict__.pop("mtp_proposer", None)
+
+
+def mtp(pair, steps, **kw):
+    return SpecConfig(method="mtp", steps=steps, draft_model=str(pair.assistant), **kw)
+
+
+def test_generation_passes_the_sliding_window_and_varies(engine_and_pair):
+    engine, _ = engine_and_pair
+    ids = engine._prompt_ids(Request(prompt=PROMPT))
+    plain = tokens_of(run(engine))
+    assert len(plain) == MAX_TOKENS and len(ids) + MAX_TOKENS > 6 * SLIDING_WINDOW
+    assert len(set(plain[-2 * SLIDING_WINDOW:])) > SLIDING_WINDOW // 2  # not a one-token loop
+
+
+def test_mtp_equals_plain_greedy_steps_1_to_7(engine_and_pair):
+    """The random assistant: its drafts are (almost) always rejected -- every round rolls back."""
+    engine, pair = engine_and_pair
+    plain = tokens_of(run(engine))
+    for steps in range(1, 8):
+        rounds = run(engine, mtp(pair, steps))
+        assert tokens_of(rounds) == plain, steps
+        assert all(r.note is None for r in rounds)
+        decode = [r for r in rounds if not r.prefill]
+        assert all(r.proposed == min(steps, MAX_TOKENS - 1 - sum(len(x.tokens) for x in rounds[: r.index]))
+                   for r in decode)
+        assert sum(r.proposed for r in rounds) > 0
+
+
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_replayed_drafts_lossless_and_accepted_often(engine_and_pair, adaptive):
+    """A drafter accepted often but not always (the target's own output, 25% wrong): output
+    still equals plain greedy, both verification branches run, and every chain started from
+    the target's hidden state at the last accepted position and K/V equal to plain decoding's."""
+    engine, pair = engine_and_pair
+    ids = engine._prompt_ids(Request(prompt=PROMPT))
+    plain = tokens_of(run(engine))
+    reference = ids + plain
+    target = Gemma4Target.of(engine.model)
+    # the target's final-norm hidden states over the whole greedy sequence, in one pass
+    cache = engine.model.make_cache()
+    _, hidden_all = target.forward(mx.array(reference)[None], cache)
+    proposers = []
+
+    def factory(drafter, tgt, overlap=True):
+        p = replay_factory(reference=reference, error_rate=0.25, seed=1)(drafter, tgt, overlap)
+        proposers.append(p)
+        return p
+
+    engine.mtp_proposer = factory
+    proposed = accepted = 0
+    for steps in (1, 2, 3, 5, 7):
+        rounds = run(engine, mtp(pair, steps, adaptive=adaptive, max_steps=7))
+        assert tokens_of(rounds) == plain, steps
+        proposed += sum(r.proposed for r in rounds)
+        accepted += sum(r.accepted for r in rounds)
+        for r in rounds:
+            assert len(r.accept_flags) == r.proposed and sum(r.accept_flags) == r.accepted
+            assert r.from_draft == [i < r.accepted for i in range(len(r.tokens))]
+    assert 0 < accepted < proposed
+    assert 0.4 < accepted / proposed < 0.95, (accepted, proposed)
+
+    # h_idx and rollback: what each chain read is what plain decoding holds at that point
+    checked = 0
+    for p in proposers:
+        for position, h_prev, kv in p.seen[::5]:
+            np.testing.assert_allclose(np.array(h_prev), np.array(hidden_all[0, position - 1]), atol=1e-4)
+            fresh = engine.model.make_cache()
+            engine.model(mx.array(reference[:position])[None], cache=fresh)
+            want = target.drafter_kv(fresh)
+            for kind in kv:
+                assert kv[kind][0].shape == want[kind][0].shape
+                np.testing.assert_allclose(np.array(kv[kind][0]), np.array(want[kind][0]), atol=1e-4)
+                np.testing.assert_allclose(np.array(kv[kind][1]), np.array(want[kind][1]), atol=1e-4)
+            assert kv["sliding_attention"][0].shape[2] == min(position, SLIDING_WINDOW)
+            checked += 1
+    assert checked > 10
+
+
+def test_depth2_overlap_on_and_off_agree(edge_engine, edge_pair):
+    ids = edge_engine._prompt_ids(Request(prompt=PROMPT))
+    plain = tokens_of(run(edge_engine))
+    made = []
+
+    def factory(drafter, tgt, overlap=True):
+        made.append(replay_factory(reference=ids + plain, error_rate=0.25, seed=2)(drafter, tgt, overlap))
+        return made[-1]
+
+    edge_engine.mtp_proposer = factory
+    try:
+        on = run(edge_engine, mtp(edge_pair, 3))
+        off = run(edge_engine, mtp(edge_pair, 3, overlap=False)) if hasattr(SpecConfig(), "overlap") else None
+    finally:
+        edge_engine.__dict__.pop("mtp_proposer", None)
+    assert tokens_of(on) == plain
+    assert made[0].overlap and made[0].overlap_hits > 0
+    # the replay's errors depend on (position, step) only, so the rounds are the same
+    if off is not None:
+        assert [r.accepted for r in off] == [r.accepted for r in on]
+        assert made[1].overlap_hits == 0
+
+
+class RaisingDrafter:
+    """The real assistant, failing at its n-th forward (a drafter error mid-run)."""
+
+    def __init__(self, drafter, fail_at: int):
+        self.drafter, self.fail_at, self.calls = drafter, fail_at, 0
+
+    def __getattr__(self, name):
+        return getattr(self.drafter, name)
+
+    def step(self, *args):
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise RuntimeError("drafter exploded")
+        return self.drafter.step(*args)
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_drafter_that_raises_mid_run(edge_engine, edge_pair, overlap):
+    from engines.mlx_chat.mtp import load_drafter
+
+    path = str(edge_pair.assistant)
+    plain = tokens_of(run(edge_engine))
+    drafters = edge_engine.__dict__.setdefault("mtp_drafters", {})
+    drafters[path] = RaisingDrafter(load_drafter(path), fail_at=7)
+    try:
+        spec = mtp(edge_pair, 3)
+        if hasattr(spec, "overlap"):
+            spec.overlap = overlap
+        rounds = run(edge_engine, spec)
+    finally:
+        drafters.pop(path)
+    assert tokens_of(rounds) == plain
+    noted = [r for r in rounds if r.note]
+    assert len(noted) == 1 and "speculation stopped" in noted[0].note and "drafter exploded" in noted[0].note
+    after = rounds[noted[0].index + 1:]
+    assert after and all(r.proposed == 0 for r in after)
+    assert sum(r.proposed for r in rounds[: noted[0].index]) > 0  # it did speculate before
+
+
+def test_incompatible_drafter_turns_speculation_off(dense_engine, edge_pair):
+    """The edge assistant on the dense target: the vocabulary and width agree here, so make
+    the mismatch explicit with a drafter built for another backbone width."""
+    from engines.mlx_chat.mtp import load_drafter
+
+    path = str(edge_pair.assistant)
+    drafter = load_drafter(path)
+    drafter.backbone_hidden_size = 96
+    drafters = dense_engine.__dict__.setdefault("mtp_drafters", {})
+    drafters[path] = drafter
+    try:
+        rounds = run(dense_engine, mtp(edge_pair, 3))
+    finally:
+        drafters.pop(path)
+    assert tokens_of(rounds) == tokens_of(run(dense_engine))
+    assert rounds[0].note and "backbone of width 96" in rounds[0].note
+    assert all(r.proposed == 0 for r in rounds)
+
+
+def test_missing_or_wrong_drafter_is_one_clear_line(dense_engine, dense_pair, tmp_path):
+    rounds = run(dense_engine, SpecConfig(method="mtp", steps=3, draft_model=str(tmp_path / "nope")))
+    assert "MTP drafter not found" in rounds[0].note
+    rounds = run(dense_engine, SpecConfig(method="mtp", steps=3, draft_model=str(dense_pair.target)))
+    assert "gemma4_assistant" in rounds[0].note and "\n" not in rounds[0].note
