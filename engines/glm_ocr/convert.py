@@ -1,0 +1,562 @@
+"""Convert a GLM-OCR Hugging Face checkpoint into Core ML packages.
+
+    convert_glm_ocr(hf_dir, out_dir, seq_len=8, cache_length=2048, progress=None) -> manifest
+
+writes to out_dir:
+  vision.mlpackage    VisionEncoder: patches (N, 6, 14, 14) -> image embeddings; N flexible
+                      (one image's patch count varies with its size), Conv3d folded to Conv2d
+  decoder.mlpackage   TextDecoder: one chunk of seq_len embeddings -> final-normed hidden;
+                      KV cache as Core ML state (key_cache, value_cache)
+  lm_head.mlpackage   LMHead: hidden (seq_len rows) -> logits, vocabulary in chunks
+  mtp.mlpackage       MtpLayer: one row per call -> (mtp_hidden, mtp_hidden_for_head); its own
+                      KV cache state; position-0 masking inside (absent if the checkpoint has
+                      no MTP layer: the manifest says why)
+  embeddings.npy      the token embedding table (float16), looked up on the host
+  config.json, generation_config.json, tokenizer and processor files (copied)
+  manifest.json       shapes, dtypes, states, per-module parity, source checkpoint hash,
+                      converter versions; written last, so its presence means "complete"
+
+The modules converted are the very channels-first modules the PyTorch runtime executes
+(modules.py), with one conversion patch: RMSNorm becomes a LayerNorm over [x, -x] (equal in
+exact arithmetic; see RMSNormAsLayerNorm). Every module is traced, checked against the
+unpatched transformers module on random inputs (max abs error into the manifest), then
+converted with coremltools (ML program, float16, macOS 15 for stateful models).
+
+Core ML *prediction* cannot run off macOS: the parity measured here is traced-torch vs
+transformers; Core ML vs torch parity is a macOS-only test.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from engines import EngineError
+
+try:  # conversion needs the `convert` extra; this module still imports without it
+    import torch
+    import torch.nn as nn
+
+    _Module = nn.Module
+except ImportError:  # pragma: no cover - exercised only where torch is absent
+    torch = nn = None
+    _Module = object
+
+Progress = Callable[[str, float], None]
+
+MANIFEST_FORMAT = "specscope-glm-ocr-coreml"
+MANIFEST_VERSION = 1
+PACKAGES = ("vision", "decoder", "lm_head", "mtp")
+
+# Parity tolerance in float32 (differences are summation order only), relative to the
+# reference output's largest magnitude.
+PARITY_RTOL = 1e-4
+
+# Files copied next to the packages: what the engine reads besides the packages (config,
+# tokenizer, chat template, image processor). Weights are not copied.
+SUPPORT_SUFFIXES = (".json", ".jinja", ".txt", ".model", ".tiktoken")
+NOT_COPIED = ("model.safetensors.index.json",)
+
+
+@dataclass
+class ParityReport:
+    module: str
+    reference: str  # which transformers module the output was compared with
+    max_abs_error: float
+    reference_max_abs: float  # scale of the reference output
+    tolerance: float
+
+    @property
+    def ok(self) -> bool:
+        return self.max_abs_error <= self.tolerance
+
+    def to_dict(self) -> dict:
+        return {
+            "reference": self.reference,
+            "max_abs_error": self.max_abs_error,
+            "reference_max_abs": self.reference_max_abs,
+            "tolerance": self.tolerance,
+            "ok": self.ok,
+            "checked": "traced torch module vs unpatched transformers module, float32, random inputs",
+        }
+
+
+def _report(module: str, reference: str, got, expected) -> ParityReport:
+    got = np.asarray(got, dtype=np.float64)
+    expected = np.asarray(expected, dtype=np.float64)
+    if got.shape != expected.shape:
+        raise EngineError(f"parity check of {module}: shape {got.shape} != reference {expected.shape}")
+    scale = float(np.abs(expected).max())
+    return ParityReport(module, reference, float(np.abs(got - expected).max()), scale,
+                        PARITY_RTOL * max(1.0, scale))
+
+
+# ---------------------------------------------------------------------------------------
+# The entry point
+
+
+def convert_glm_ocr(
+    hf_dir: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    seq_len: int = 8,
+    cache_length: int = 2048,
+    progress: Progress | None = None,
+) -> dict:
+    """Convert the checkpoint in `hf_dir` into `out_dir`; returns the manifest (also written
+    to out_dir/manifest.json). Raises EngineError with one line for user errors."""
+    if torch is None:
+        raise EngineError("conversion needs torch and transformers: pip install 'specscope[convert]'")
+    from engines.glm_ocr.config import GlmOcrConfig
+    from engines.glm_ocr.weights import load_reference, modules_from_reference, safetensors_files
+
+    report = progress or (lambda message, fraction: None)
+    hf_dir, out_dir = Path(hf_dir), Path(out_dir)
+    _check_arguments(hf_dir, out_dir, seq_len, cache_length)
+    config = GlmOcrConfig.load(hf_dir)
+    if not safetensors_files(hf_dir):
+        raise EngineError(f"{hf_dir} has no safetensors weights")
+    _prepare_out_dir(out_dir)
+    torch.manual_seed(0)
+
+    report("hashing the source checkpoint", 0.0)
+    source_hash = checkpoint_hash(hf_dir)
+    report("loading the checkpoint with transformers", 0.03)
+    with torch.no_grad():
+        ref = load_reference(hf_dir)
+        modules = modules_from_reference(ref, config, cache_length, hf_dir)
+    patch_rms_norms(modules)
+
+    packages: dict[str, dict] = {}
+    steps = [
+        ("vision", 0.08, 0.35, lambda: _convert_vision(modules, ref, hf_dir, out_dir)),
+        ("decoder", 0.35, 0.65, lambda: _convert_decoder(modules, ref, seq_len, out_dir)),
+        ("lm_head", 0.65, 0.75, lambda: _convert_lm_head(modules, ref, seq_len, out_dir)),
+    ]
+    if modules.mtp is not None:
+        steps.append(("mtp", 0.75, 0.9, lambda: _convert_mtp(modules, ref, out_dir)))
+    for name, start, end, convert in steps:
+        report(f"converting {name} (trace, parity check, coremltools)", start)
+        t0 = time.perf_counter()
+        packages[name] = convert()
+        packages[name]["conversion_seconds"] = round(time.perf_counter() - t0, 2)
+        parity = packages[name]["parity"]
+        report(f"{name}: max abs error {parity['max_abs_error']:.2e} vs {parity['reference']}", end)
+        if not parity["ok"]:
+            raise EngineError(
+                f"parity check failed for {name}: max abs error {parity['max_abs_error']:.3g} > "
+                f"{parity['tolerance']:.3g}; the conversion is not trustworthy"
+            )
+
+    report("writing embeddings.npy and copying tokenizer/processor files", 0.9)
+    embeddings = modules.embeddings.astype(np.float16)
+    np.save(out_dir / "embeddings.npy", embeddings)
+    copied = copy_support_files(hf_dir, out_dir)
+
+    manifest = {
+        "format": MANIFEST_FORMAT,
+        "format_version": MANIFEST_VERSION,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "source": {"path": str(hf_dir.resolve()), "sha256": source_hash,
+                   "files": [p.name for p in _hashed_files(hf_dir)]},
+        "converters": converter_versions(),
+        "seq_len": seq_len,
+        "cache_length": cache_length,
+        "compute_precision": "float16",
+        "minimum_deployment_target": "macOS15",
+        "model": {
+            "hidden_size": config.text.hidden_size, "vocab_size": config.text.vocab_size,
+            "num_hidden_layers": config.text.num_hidden_layers,
+            "num_key_value_heads": config.text.num_key_value_heads, "head_dim": config.text.head_dim,
+            "rotary_dim": config.text.rotary_dim,
+        },
+        "packages": packages,
+        "embeddings": {"path": "embeddings.npy", "shape": list(embeddings.shape), "dtype": "float16"},
+        "mtp": {"available": modules.mtp is not None, "reason": modules.mtp_missing_reason},
+        "copied_files": copied,
+    }
+    (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    report("done", 1.0)
+    return manifest
+
+
+def _check_arguments(hf_dir: Path, out_dir: Path, seq_len: int, cache_length: int) -> None:
+    if not hf_dir.is_dir():
+        raise EngineError(f"checkpoint directory not found: {hf_dir}")
+    if not 1 <= seq_len <= 64:
+        raise EngineError(f"--seq-len must be between 1 and 64, got {seq_len}")
+    if cache_length < 2 * seq_len:
+        raise EngineError(f"--cache-length must be at least twice --seq-len, got {cache_length}")
+    if hf_dir.resolve() == out_dir.resolve():
+        raise EngineError("--out must differ from --from (the checkpoint is not overwritten)")
+
+
+def _prepare_out_dir(out_dir: Path) -> None:
+    """An empty or new directory, or one holding an earlier conversion (replaced)."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise EngineError(f"{out_dir} exists and is not a directory")
+    if out_dir.is_dir() and any(out_dir.iterdir()):
+        if not (out_dir / "manifest.json").is_file():
+            raise EngineError(f"{out_dir} is not empty and holds no earlier conversion; choose another --out")
+        (out_dir / "manifest.json").unlink()  # from here on the directory is incomplete
+        for name in PACKAGES:
+            shutil.rmtree(out_dir / f"{name}.mlpackage", ignore_errors=True)
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+
+# ---------------------------------------------------------------------------------------
+# Provenance
+
+
+def _hashed_files(hf_dir: Path) -> list[Path]:
+    from engines.glm_ocr.weights import safetensors_files
+
+    return [hf_dir / "config.json"] + safetensors_files(hf_dir)
+
+
+def checkpoint_hash(hf_dir: str | os.PathLike) -> str:
+    """sha256 over config.json and the safetensors files (names and bytes, in order)."""
+    digest = hashlib.sha256()
+    for path in _hashed_files(Path(hf_dir)):
+        digest.update(path.name.encode() + b"\0")
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 22), b""):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def converter_versions() -> dict:
+    import coremltools
+    import torch
+    import transformers
+
+    return {"coremltools": coremltools.__version__, "torch": torch.__version__,
+            "transformers": transformers.__version__, "numpy": np.__version__}
+
+
+def copy_support_files(hf_dir: Path, out_dir: Path) -> list[str]:
+    copied = []
+    for path in sorted(hf_dir.iterdir()):
+        if path.is_file() and path.suffix in SUPPORT_SUFFIXES and path.name not in NOT_COPIED:
+            shutil.copy2(path, out_dir / path.name)
+            copied.append(path.name)
+    return copied
+
+
+# ---------------------------------------------------------------------------------------
+# The conversion patch
+
+
+def patch_rms_norms(modules) -> None:
+    """Replace every RMSNormCF in the modules by RMSNormAsLayerNorm (in place)."""
+    from engines.glm_ocr.modules import RMSNormCF
+
+    def patch(parent: nn.Module) -> None:
+        for name, child in parent.named_children():
+            if isinstance(child, RMSNormCF):
+                setattr(parent, name, RMSNormAsLayerNorm(child))
+            else:
+                patch(child)
+
+    for module in (modules.vision, modules.decoder, modules.mtp):
+        if module is not None:
+            patch(module)
+
+
+class RMSNormAsLayerNorm(_Module):
+    """RMSNorm over channels of (1, C, 1, S) written as LayerNorm over [x, -x].
+
+    Why: in float16, x.pow(2) overflows once |x| > 256 (GLM's residual stream gets there);
+    the doubled vector has mean exactly 0, so its LayerNorm variance is mean(x^2), and
+    Core ML runs layer_norm as one op with a stable float16 kernel."""
+
+    def __init__(self, norm):
+        super().__init__()
+        self.weight = nn.Parameter(norm.weight.detach().clone())
+        self.eps = norm.eps
+        self.channels = norm.weight.shape[0]
+
+    def forward(self, x):
+        doubled = torch.cat([x, -x], dim=1).permute(0, 2, 3, 1)  # (1, 1, S, 2C)
+        normed = torch.nn.functional.layer_norm(doubled, (2 * self.channels,), eps=self.eps)
+        return normed.permute(0, 3, 1, 2)[:, : self.channels] * self.weight.view(1, -1, 1, 1)
+
+
+# ---------------------------------------------------------------------------------------
+# Tracing and coremltools
+
+
+def _trace(module, example: tuple):
+    with torch.no_grad():
+        return torch.jit.trace(module.eval(), example, check_trace=False)
+
+
+def _fix_coremltools_cast_for_numpy2() -> None:
+    """coremltools 9.0 folds torch's `int(size)` with `int(np.array([n]))`, which NumPy >= 2.3
+    refuses (only 0-d arrays convert to scalars). Fold size-1 constants via .item() instead;
+    everything else goes to coremltools' own routine."""
+    from coremltools.converters.mil import Builder as mb
+    from coremltools.converters.mil.frontend.torch import ops
+
+    original = ops._cast
+    if getattr(original, "specscope_fixed", False):
+        return
+
+    def cast(context, node, dtype, dtype_name):
+        x = ops._get_inputs(context, node, expected=1)[0]
+        value = x.val if x.can_be_folded_to_const() else None
+        if isinstance(value, np.ndarray) and value.size == 1:
+            context.add(mb.const(val=dtype(value.reshape(()).item()), name=node.name), node.name)
+            return
+        original(context, node, dtype, dtype_name)
+
+    cast.specscope_fixed = True
+    ops._cast = cast
+
+
+def _convert(traced, inputs: list, outputs: list[str], states: list, path: Path) -> None:
+    import coremltools as ct
+
+    _fix_coremltools_cast_for_numpy2()
+    mlmodel = ct.convert(
+        traced,
+        inputs=inputs,
+        outputs=[ct.TensorType(name=name, dtype=np.float16) for name in outputs],
+        states=states or None,
+        convert_to="mlprogram",
+        compute_precision=ct.precision.FLOAT16,
+        minimum_deployment_target=ct.target.macOS15,
+        skip_model_load=True,  # loading compiles, which needs macOS; the runtime loads later
+    )
+    mlmodel.save(str(path))
+
+
+def _tensor(name: str, shape, dtype=np.float16):
+    import coremltools as ct
+
+    return ct.TensorType(name=name, shape=shape, dtype=dtype)
+
+
+def _state(name: str, shape):
+    import coremltools as ct
+
+    return ct.StateType(wrapped_type=ct.TensorType(shape=tuple(shape), dtype=np.float16), name=name)
+
+
+def _io(inputs: dict, outputs: dict, states: dict | None = None) -> dict:
+    """Shapes and dtypes for the manifest (-1 marks a flexible dimension)."""
+    entry = lambda shape, dtype: {"shape": [int(d) for d in shape], "dtype": dtype}  # noqa: E731
+    return {
+        "inputs": {k: entry(*v) for k, v in inputs.items()},
+        "outputs": {k: entry(*v) for k, v in outputs.items()},
+        "states": {k: entry(*v) for k, v in (states or {}).items()},
+    }
+
+
+def _cf(x):  # (S, C) -> (1, C, 1, S)
+    return x.float().T[None, :, None, :].contiguous()
+
+
+def _rows(x):  # (1, C, 1, S) -> (S, C)
+    return x[0, :, 0, :].T
+
+
+def _random_positions(rng: np.random.Generator, count: int, start: int) -> np.ndarray:
+    """(3, count) multimodal positions whose three rows differ (as image tokens' do), so
+    every mRoPE section is exercised."""
+    base = np.arange(start, start + count)
+    return np.stack([base, base + rng.integers(0, 5, count), base + rng.integers(0, 9, count)]).astype(np.int64)
+
+
+def _fresh_caches(module) -> None:
+    module.key_cache.zero_()
+    module.value_cache.zero_()
+
+
+# ---------------------------------------------------------------------------------------
+# The four packages
+
+
+def _convert_vision(modules, ref, hf_dir: Path, out_dir: Path) -> dict:
+    import coremltools as ct
+
+    from engines.glm_ocr.image import ImageProcessorConfig
+    from engines.glm_ocr.positions import vision_rope
+
+    v = modules.config.vision
+    channels = v.in_channels * v.temporal_patch_size
+    window = v.spatial_merge_size**2
+    image_config = ImageProcessorConfig.from_dir(hf_dir)
+    max_patches = image_config.max_pixels // (v.temporal_patch_size * v.patch_size**2) // window * window
+    rng = np.random.default_rng(0)
+
+    def inputs_for(grid):
+        n = grid[0] * grid[1] * grid[2]
+        pixels = torch.from_numpy(rng.standard_normal((n, channels * v.patch_size**2)).astype(np.float32))
+        cos, sin = vision_rope(grid, v)
+        return pixels, (pixels.view(n, channels, v.patch_size, v.patch_size),
+                        torch.from_numpy(cos), torch.from_numpy(sin), torch.zeros(1, 1, n))
+
+    # Trace at one grid and check at another: the traced graph must follow N.
+    _, example = inputs_for((1, 8, 8))
+    traced = _trace(modules.vision, example)
+    check_grid = (1, 6, 10)
+    pixels, check = inputs_for(check_grid)
+    with torch.no_grad():
+        got = _rows(traced(*check))
+        expected = ref.model.model.visual(pixels, grid_thw=torch.tensor([check_grid])).pooler_output
+    parity = _report("vision", "transformers GlmOcrVisionModel (pooler_output)", got, expected)
+
+    n = ct.RangeDim(lower_bound=window, upper_bound=max(max_patches, 64), default=64, symbol="num_patches")
+    p = v.patch_size
+    head_dim = v.head_dim
+    _convert(traced, [
+        _tensor("pixel_patches", (n, channels, p, p)),
+        _tensor("position_cos", (n, head_dim)),
+        _tensor("position_sin", (n, head_dim)),
+        _tensor("attention_bias", (1, 1, n)),
+    ], ["image_embeds"], [], out_dir / "vision.mlpackage")
+    out_c = modules.config.text.hidden_size
+    return {
+        "path": "vision.mlpackage",
+        **_io({"pixel_patches": ((-1, channels, p, p), "float16"),
+               "position_cos": ((-1, head_dim), "float16"), "position_sin": ((-1, head_dim), "float16"),
+               "attention_bias": ((1, 1, -1), "float16")},
+              {"image_embeds": ((1, out_c, 1, -1), "float16")}),
+        "num_patches": {"min": window, "max": max(max_patches, 64), "multiple_of": window},
+        "notes": "num_patches is flexible; attention_bias (0 or -1e4 per key) hides padded patches",
+        "parity": parity.to_dict(),
+    }
+
+
+def _convert_decoder(modules, ref, seq_len: int, out_dir: Path) -> dict:
+    from engines.glm_ocr.positions import text_rope
+
+    cfg = modules.config.text
+    decoder = modules.decoder
+    rng = np.random.default_rng(1)
+
+    def chunk(positions, start):
+        cos, sin = text_rope(positions, cfg)
+        return (torch.from_numpy(cos), torch.from_numpy(sin), torch.tensor([start], dtype=torch.int32))
+
+    # Two chunks: the second attends to the first through the cache (a real prefill).
+    total = 2 * seq_len
+    embeds = torch.from_numpy(rng.standard_normal((total, cfg.hidden_size)).astype(np.float32))
+    positions = _random_positions(rng, total, 0)
+    example = (_cf(embeds[:seq_len]), *chunk(positions[:, :seq_len], 0))
+    _fresh_caches(decoder)
+    traced = _trace(decoder, example)
+    _fresh_caches(decoder)
+    with torch.no_grad():
+        got = torch.cat([
+            _rows(traced(_cf(embeds[s : s + seq_len]), *chunk(positions[:, s : s + seq_len], s)))
+            for s in (0, seq_len)
+        ])
+        expected = ref.model.model.language_model(
+            inputs_embeds=embeds[None], position_ids=torch.from_numpy(positions)[:, None]
+        ).last_hidden_state[0]
+    _fresh_caches(decoder)
+    parity = _report("decoder", "transformers GlmOcrTextModel (last_hidden_state, after the final norm)",
+                     got, expected)
+
+    h, r = cfg.hidden_size, cfg.rotary_dim
+    cache_shape = tuple(decoder.key_cache.shape)
+    _convert(traced, [
+        _tensor("inputs_embeds", (1, h, 1, seq_len)),
+        _tensor("position_cos", (seq_len, r)),
+        _tensor("position_sin", (seq_len, r)),
+        _tensor("cache_position", (1,), np.int32),
+    ], ["hidden"], [_state("key_cache", cache_shape), _state("value_cache", cache_shape)],
+        out_dir / "decoder.mlpackage")
+    return {
+        "path": "decoder.mlpackage",
+        **_io({"inputs_embeds": ((1, h, 1, seq_len), "float16"), "position_cos": ((seq_len, r), "float16"),
+               "position_sin": ((seq_len, r), "float16"), "cache_position": ((1,), "int32")},
+              {"hidden": ((1, h, 1, seq_len), "float16")},
+              {"key_cache": (cache_shape, "float16"), "value_cache": (cache_shape, "float16")}),
+        "parity": parity.to_dict(),
+    }
+
+
+def _convert_lm_head(modules, ref, seq_len: int, out_dir: Path) -> dict:
+    cfg = modules.config.text
+    rng = np.random.default_rng(2)
+    hidden = torch.from_numpy(rng.standard_normal((seq_len, cfg.hidden_size)).astype(np.float32))
+    traced = _trace(modules.lm_head, (_cf(hidden),))
+    with torch.no_grad():
+        got = _rows(traced(_cf(hidden)))
+        expected = ref.model.lm_head(hidden)
+    parity = _report("lm_head", "transformers GlmOcrForConditionalGeneration.lm_head", got, expected)
+    h, vocab = cfg.hidden_size, cfg.vocab_size
+    _convert(traced, [_tensor("hidden", (1, h, 1, seq_len))], ["logits"], [], out_dir / "lm_head.mlpackage")
+    return {
+        "path": "lm_head.mlpackage",
+        **_io({"hidden": ((1, h, 1, seq_len), "float16")}, {"logits": ((1, vocab, 1, seq_len), "float16")}),
+        "vocab_chunks": [conv.out_channels for conv in modules.lm_head.chunks],
+        "parity": parity.to_dict(),
+    }
+
+
+def _convert_mtp(modules, ref, out_dir: Path) -> dict:
+    """One row per call: drafting runs the layer once per draft step, so a wider chunk would
+    multiply the hot path's cost; prompt prefill and alignment call it row by row."""
+    from engines.glm_ocr.positions import text_rope
+    from engines.glm_ocr.weights import reference_mtp_forward
+
+    cfg = modules.config.text
+    mtp = modules.mtp
+    rng = np.random.default_rng(3)
+    steps = 6
+    previous = torch.from_numpy(rng.standard_normal((steps, cfg.hidden_size)).astype(np.float32))
+    embeds = torch.from_numpy(rng.standard_normal((steps, cfg.hidden_size)).astype(np.float32))
+    positions = _random_positions(rng, steps, 0)
+    cos, sin = (torch.from_numpy(t) for t in text_rope(positions, cfg))
+
+    def row(i):
+        return (_cf(previous[i : i + 1]), _cf(embeds[i : i + 1]), cos[i : i + 1], sin[i : i + 1],
+                torch.tensor([i], dtype=torch.int32))
+
+    _fresh_caches(mtp)
+    traced = _trace(mtp, row(1))  # slot 1: the position-0 mask must stay a graph op, not fold
+    _fresh_caches(mtp)
+    with torch.no_grad():
+        outs = [traced(*row(i)) for i in range(steps)]
+        got_raw = torch.cat([_rows(o[0]) for o in outs])
+        got_head = torch.cat([_rows(o[1]) for o in outs])
+        exp_raw, exp_head = reference_mtp_forward(ref, previous[None], embeds[None],
+                                                  torch.from_numpy(positions)[:, None])
+    _fresh_caches(mtp)
+    reports = [
+        _report("mtp", "transformers GlmOcrTextDecoderLayer + enorm/hnorm/eh_proj: mtp_hidden", got_raw, exp_raw[0]),
+        _report("mtp", "... + shared_head.norm: mtp_hidden_for_head", got_head, exp_head[0]),
+    ]
+    parity = max(reports, key=lambda r: r.max_abs_error / r.tolerance)  # the worse of the two outputs
+
+    h, r = cfg.hidden_size, cfg.rotary_dim
+    cache_shape = tuple(mtp.key_cache.shape)
+    _convert(traced, [
+        _tensor("previous_hidden", (1, h, 1, 1)),
+        _tensor("input_embeds", (1, h, 1, 1)),
+        _tensor("position_cos", (1, r)),
+        _tensor("position_sin", (1, r)),
+        _tensor("cache_position", (1,), np.int32),
+    ], ["mtp_hidden", "mtp_hidden_for_head"], [_state("key_cache", cache_shape), _state("value_cache", cache_shape)],
+        out_dir / "mtp.mlpackage")
+    return {
+        "path": "mtp.mlpackage",
+        **_io({"previous_hidden": ((1, h, 1, 1), "float16"), "input_embeds": ((1, h, 1, 1), "float16"),
+               "position_cos": ((1, r), "float16"), "position_sin": ((1, r), "float16"),
+               "cache_position": ((1,), "int32")},
+              {"mtp_hidden": ((1, h, 1, 1), "float16"), "mtp_hidden_for_head": ((1, h, 1, 1), "float16")},
+              {"key_cache": (cache_shape, "float16"), "value_cache": (cache_shape, "float16")}),
+        "consumes": "the main model's hidden state after its final norm (what the LM head sees)",
+        "parity": parity.to_dict(),
+    }
