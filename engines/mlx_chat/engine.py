@@ -118,7 +118,12 @@ class ChatEngine:
     def load(cls, model_path: str, draft_model: str | None = None, **_options) -> "ChatEngine":
         engine = cls(load_model(model_path), draft_path=draft_model)
         if draft_model:
-            engine._draft(draft_model)
+            from engines.mlx_chat.mtp import is_assistant_dir, preload_drafter
+
+            if is_assistant_dir(draft_model):  # a Gemma 4 assistant is an MTP drafter, not an LM
+                preload_drafter(engine, draft_model)
+            else:
+                engine._draft(draft_model)
         return engine
 
     @property
@@ -234,7 +239,7 @@ class ChatEngine:
             except ImportError as e:
                 raise EngineError(f"MTP drafting is not available ({e})") from e
             proposer = make_mtp_proposer(self, request)
-            if proposer.needs_hidden and not self.head.available:
+            if proposer.needs_hidden and not hasattr(proposer, "target_forward") and not self.head.available:
                 raise EngineError("this model's head could not be separated from its hidden states")
             return proposer
         raise EngineError(f"unknown spec method {spec.method!r}")
@@ -253,6 +258,9 @@ class ChatEngine:
     def _forward(self, run: Run, inputs: mx.array) -> tuple[mx.array, mx.array | None]:
         """One target forward over `inputs` [n]: logits [n, V] and, if the proposer reads
         them, final hidden states [n, D]."""
+        if run.needs_hidden and hasattr(run.proposer, "target_forward"):  # e.g. gemma4 wrappers
+            logits, hidden = run.proposer.target_forward(inputs[None], run.cache)
+            return logits[0], hidden[0]
         if run.needs_hidden:
             hidden = self.model.model(inputs[None], cache=run.cache)[0]
             return self.head.apply(hidden), hidden
@@ -353,20 +361,22 @@ class ChatEngine:
                 prefill: bool = False) -> Round:
         """Detokenize and build the Round (overlapping the next round's forward)."""
         tokens = settled.tokens
-        text, stopped = "", False
-        for i, t in enumerate(tokens):
-            if t in run.eos:
-                continue
-            run.detokenizer.add_token(t)
-            piece, stopped = clip_stop_strings(run.text + text, run.detokenizer.last_segment, run.stop)
-            text += piece
-            if stopped:  # a stop string inside the burst: nothing after it is emitted
-                tokens, finish = tokens[: i + 1], "stop"
-                break
-        if finish and not stopped:
+        pieces, ends = [], []  # text of each token and where it ends in the burst's text
+        for t in tokens:
+            if t not in run.eos:
+                run.detokenizer.add_token(t)
+                pieces.append(run.detokenizer.last_segment)
+            ends.append(sum(map(len, pieces)))
+        if finish:
             run.detokenizer.finalize()
-            piece, _ = clip_stop_strings(run.text + text, run.detokenizer.last_segment, run.stop)
-            text += piece
+            pieces.append(run.detokenizer.last_segment)
+        text, stopped = clip_stop_strings(run.text, "".join(pieces), run.stop)
+        if stopped:  # a stop string inside the burst: drop the tokens after the one completing it
+            joined = run.text + "".join(pieces)
+            found = [i + len(s) for s in run.stop if (i := joined.find(s, max(0, len(run.text) - len(s) + 1))) >= 0]
+            end = min(found) - len(run.text)
+            tokens = tokens[: next((i + 1 for i, e in enumerate(ends) if e >= end), len(tokens))]
+            finish = "stop"
         run.text += text
         accepted = min(settled.verdict.accepted, len(tokens))
         proposed = step.k if step else 0

@@ -64,6 +64,17 @@ def lossless_accept(p_draft: mx.array, q_draft: mx.array, u: mx.array) -> mx.arr
     return u * q_draft < p_draft
 
 
+def residual_probs(p: mx.array, q: mx.array | None, drafts: mx.array) -> mx.array:
+    """normalise(max(p - q, 0)) per drafted position; for a point mass, p without the draft.
+    Where p == q the residual is empty and never sampled (rejection has probability 0)."""
+    if q is None:
+        r = mx.where(mx.arange(p.shape[-1])[None] == drafts[:, None], 0.0, p)
+    else:
+        r = mx.maximum(p - q, 0.0)
+    total = r.sum(axis=-1, keepdims=True)
+    return mx.where(total > 0, r / mx.maximum(total, 1e-30), p)
+
+
 def rejection_verify(
     p: mx.array,
     q: mx.array | None,
@@ -76,16 +87,9 @@ def rejection_verify(
     `accept_rule` is a parameter so tests can show a lossy rule fails the statistics."""
     k = drafts.shape[0]
     rows = mx.arange(k)
-    p_k = p[:k]
-    p_draft = p_k[rows, drafts]
-    if q is None:
-        q_draft = mx.ones_like(p_draft)
-        residual = mx.where(mx.arange(p.shape[-1])[None] == drafts[:, None], 0.0, p_k)
-    else:
-        q_draft = q[rows, drafts]
-        residual = mx.maximum(p_k - q, 0.0)
-    total = residual.sum(axis=-1, keepdims=True)
-    residual = mx.where(total > 0, residual / mx.maximum(total, 1e-30), p_k)  # p == q: never used
+    p_draft = p[rows, drafts]
+    q_draft = mx.ones_like(p_draft) if q is None else q[rows, drafts]
+    residual = residual_probs(p[:k], q, drafts)
     u = mx.random.uniform(shape=(k,))
     return SampledVerdict(
         accept=accept_rule(p_draft, q_draft, u),

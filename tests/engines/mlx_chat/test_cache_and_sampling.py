@@ -1,0 +1,136 @@
+"""Exact rollback (sliding windows far past the window) and the MLX sampling maths against the
+NumPy reference in engines/speculative/sampling.py."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx_lm import load
+from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache
+
+from engines import Sampling
+from engines.mlx_chat import sampling as mxs
+from engines.mlx_chat.cache import WindowKVCache, make_rollback_cache, rollback
+from engines.speculative import sampling as ref
+from tests.engines.mlx_chat.conftest import WINDOW
+
+
+def plain_logits(model, cache, prompt, tokens):
+    """Logits after each token, decoding one token at a time (what plain decoding computes)."""
+    model(mx.array([prompt]), cache=cache)
+    out = []
+    for t in tokens:
+        out.append(model(mx.array([[t]]), cache=cache)[0, -1])
+    return mx.stack(out)
+
+
+def speculative_logits(model, cache, prompt, tokens, rng):
+    """The same logits, but every step feeds the true token plus 0..7 junk drafts (as a verify
+    forward does; 0 = a plain round), keeps the first position's logits and rolls the junk
+    back."""
+    model(mx.array([prompt]), cache=cache)
+    out = []
+    for t in tokens:
+        junk = rng.integers(2, 70, size=int(rng.integers(0, 8))).tolist()
+        logits = model(mx.array([[t, *junk]]), cache=cache)[0, 0]
+        out.append(logits)
+        rollback(cache, len(junk))
+    return mx.stack(out)
+
+
+@pytest.fixture(scope="module")
+def gemma3(gemma3_dir):
+    model, _ = load(gemma3_dir)
+    return model
+
+
+def test_window_cache_rollback_is_exact_far_past_the_window(gemma3):
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(2, 70, size=5).tolist()
+    tokens = rng.integers(2, 70, size=12 * WINDOW).tolist()
+    want = plain_logits(gemma3, make_prompt_cache(gemma3), prompt, tokens)
+    cache = make_rollback_cache(gemma3)
+    assert any(isinstance(c, WindowKVCache) for c in cache)
+    got = speculative_logits(gemma3, cache, prompt, tokens, rng)
+    np.testing.assert_allclose(np.array(got), np.array(want), atol=2e-4, rtol=1e-4)
+    # and the sliding layers hold exactly the last WINDOW keys plain decoding holds
+    plain_cache = make_prompt_cache(gemma3)
+    plain_logits(gemma3, plain_cache, prompt, tokens)
+    for ours, theirs in zip(cache, plain_cache):
+        if isinstance(theirs, RotatingKVCache):
+            k, _ = ours.window_contents()
+            k_ref = theirs._temporal_order(theirs.keys)[..., -WINDOW:, :]
+            np.testing.assert_allclose(np.array(k), np.array(k_ref), atol=1e-5)
+
+
+def test_mlx_lm_rotating_cache_trim_is_not_exact_past_the_window(gemma3):
+    """Why WindowKVCache exists: the same procedure on mlx-lm's own caches goes wrong once
+    verify chunks and plain one-token rounds mix past the window (the one-token path keeps
+    the rolled-back tail as live entries)."""
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(2, 70, size=5).tolist()
+    tokens = rng.integers(2, 70, size=4 * WINDOW).tolist()
+    want = plain_logits(gemma3, make_prompt_cache(gemma3), prompt, tokens)
+    cache = make_prompt_cache(gemma3)
+    model = gemma3
+    model(mx.array([prompt]), cache=cache)
+    got = []
+    for t in tokens:
+        junk = rng.integers(2, 70, size=int(rng.integers(0, 4))).tolist()
+        got.append(model(mx.array([[t, *junk]]), cache=cache)[0, 0])
+        for c in cache:
+            c.trim(len(junk)) if junk else None
+    assert not np.allclose(np.array(mx.stack(got)), np.array(want), atol=1e-3)
+
+
+def test_window_cache_refuses_a_rollback_beyond_its_slack():
+    from engines.mlx_chat.cache import RollbackError
+
+    c = WindowKVCache(max_size=4, slack=2)
+    for _ in range(600):  # past the buffer's first compaction
+        c.update_and_fetch(mx.zeros((1, 1, 1, 2)), mx.zeros((1, 1, 1, 2)))
+    c.trim(1)
+    with pytest.raises(RollbackError):
+        c.trim(c.offset - c.start)
+
+
+SETTINGS = [
+    Sampling(temperature=1.0),
+    Sampling(temperature=0.7, top_k=5),
+    Sampling(temperature=1.3, top_p=0.8),
+    Sampling(temperature=0.9, top_k=12, top_p=0.6),
+]
+
+
+@pytest.mark.parametrize("s", SETTINGS, ids=str)
+def test_target_probs_equal_the_reference(s):
+    logits = np.random.default_rng(1).normal(0, 3, size=(6, 50)).astype(np.float32)
+    got = np.array(mxs.target_probs(mx.array(logits), s))
+    want = ref.target_probs(logits, s.temperature, s.top_p, s.top_k)
+    np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+@pytest.mark.parametrize("point_mass", [True, False])
+def test_residuals_equal_the_reference(point_mass):
+    rng = np.random.default_rng(2)
+    p = ref.target_probs(rng.normal(0, 2, size=(5, 30)), 1.0)
+    q = None if point_mass else ref.target_probs(rng.normal(0, 2, size=(4, 30)), 1.0)
+    drafts = [int(x) for x in rng.integers(0, 30, size=4)]
+    got = np.array(mxs.residual_probs(mx.array(p[:4], mx.float32), None if q is None else mx.array(q, mx.float32), mx.array(drafts)))
+    for i, x in enumerate(drafts):
+        want = ref.residual_distribution(p[i], None if q is None else q[i], x)
+        np.testing.assert_allclose(got[i], want, atol=1e-5)
+
+
+def test_rejection_verify_accepts_with_probability_min_1_p_over_q():
+    """Per-position acceptance frequency over many rounds equals min(1, p(x)/q(x))."""
+    rng = np.random.default_rng(3)
+    p = ref.target_probs(rng.normal(0, 1.5, size=(4, 8)), 1.0)
+    q = ref.target_probs(rng.normal(0, 1.5, size=(3, 8)), 1.0)
+    drafts = [int(np.argmax(q[i])) for i in range(3)]
+    mx.random.seed(0)
+    pm, qm, dm = mx.array(p, mx.float32), mx.array(q, mx.float32), mx.array(drafts)
+    n = 3000
+    accepts = mx.stack([mxs.rejection_verify(pm, qm, dm).accept for _ in range(n)])
+    freq = np.array(accepts).mean(axis=0)
+    want = np.minimum(1.0, p[np.arange(3), drafts] / q[np.arange(3), drafts])
+    np.testing.assert_allclose(freq, want, atol=4 * np.sqrt(0.25 / n))
