@@ -11,6 +11,7 @@ What the drafter needs from the target (see gemma4_assistant.py for the drafter 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -253,6 +254,11 @@ class MTPProposer:
             chain.token, chain.h = token, step.h_next
 
 
+    def target_forward(self, tokens: mx.array, cache: list) -> tuple[mx.array, mx.array]:
+        """The loop's target forward while MTP runs: logits and final-norm hidden states, for
+        gemma4_text and for the text part of gemma4 alike."""
+        return self.target.forward(tokens, cache)
+
     def _step(self, chain: Chain):
         """One drafter forward from the chain's current token and h_prev."""
         return self.drafter.step(self.target.embed(chain.token)[0], chain.h, chain.position, chain.kv)
@@ -274,6 +280,23 @@ def load_drafter(path: str) -> Assistant:
         raise EngineError(f"cannot load the MTP drafter in {path}: {first}") from e
 
 
+def is_assistant_dir(path: str) -> bool:
+    """Whether `path` holds a Gemma 4 assistant (config.json model_type gemma4_assistant)."""
+    import json
+    from pathlib import Path
+
+    cfg = Path(path).expanduser() / "config.json"
+    try:
+        return json.loads(cfg.read_text()).get("model_type") == "gemma4_assistant"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def preload_drafter(engine, path: str) -> None:
+    """Load the assistant with the engine (ChatEngine.load(..., draft_model=ASSISTANT_DIR))."""
+    engine.__dict__.setdefault("mtp_drafters", {})[path] = load_drafter(path)
+
+
 def make_mtp_proposer(engine, request) -> MTPProposer:
     """Called by ChatEngine for `--spec mtp`. Drafters are loaded once per engine and kept
     in `engine.mtp_drafters` (path -> drafter; tests may put a drafter of their own there)."""
@@ -284,7 +307,9 @@ def make_mtp_proposer(engine, request) -> MTPProposer:
     if path not in drafters:
         drafters[path] = load_drafter(path)
     target = Gemma4Target.of(engine.model)
-    overlap = getattr(request.spec, "overlap", True)
+    # Depth-2 overlap is on by default; SPECSCOPE_MTP_OVERLAP=0 turns it off for A/B runs
+    # (the reference's LLAMA_PIPELINE_DEPTH2=0).
+    overlap = os.environ.get("SPECSCOPE_MTP_OVERLAP", "1") != "0"
     # `engine.mtp_proposer` (a class or factory with MTPProposer's signature) lets the benchmark
     # and the tests run a replaying drafter through the real loop, like ChatEngine.accept_rule.
     factory = engine.__dict__.get("mtp_proposer", MTPProposer)

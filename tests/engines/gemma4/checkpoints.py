@@ -125,20 +125,39 @@ def _officialize(text_cfg: dict, spec_global_head_dim: int, num_global_kv: int |
     return text_cfg
 
 
-def build_target(path: str | Path, spec: TargetSpec = TargetSpec()) -> Path:
-    """A tiny Gemma4ForCausalLM (model_type gemma4_text) saved in HF format + tokenizer."""
+def build_target(path: str | Path, spec: TargetSpec = TargetSpec(), multimodal: bool = False) -> Path:
+    """A tiny Gemma 4 target saved in HF format + tokenizer: Gemma4ForCausalLM (model_type
+    gemma4_text), or with multimodal=True the published layout, Gemma4ForConditionalGeneration
+    (model_type gemma4, weights under model.language_model.*; no vision/audio towers)."""
     import torch
-    from transformers import Gemma4ForCausalLM
+    from transformers import Gemma4Config, Gemma4ForCausalLM, Gemma4ForConditionalGeneration
 
     path = Path(path)
     torch.manual_seed(spec.seed)
-    model = Gemma4ForCausalLM(_text_config(spec)).eval()
+    text = _text_config(spec)
+    if multimodal:
+        config = Gemma4Config(text_config=text.to_dict(), vision_config=None, audio_config=None)
+        model = Gemma4ForConditionalGeneration(config).eval()
+    else:
+        model = Gemma4ForCausalLM(text).eval()
     model.save_pretrained(str(path))
     cfg_path = path / "config.json"
     cfg = json.loads(cfg_path.read_text())
-    cfg_path.write_text(json.dumps(_officialize(cfg, spec.global_head_dim, spec.num_global_key_value_heads), indent=1))
+    if multimodal:
+        _officialize(cfg["text_config"], spec.global_head_dim, spec.num_global_key_value_heads)
+        cfg["vocab_size"] = spec.vocab_size  # mlx-lm's gemma4 reads the top-level one
+        cfg["eos_token_id"] = EOS_ID
+    else:
+        _officialize(cfg, spec.global_head_dim, spec.num_global_key_value_heads)
+    cfg_path.write_text(json.dumps(cfg, indent=1))
     write_tokenizer(path, spec.vocab_size)
     return path
+
+
+def target_text_config(target_dir: str | Path) -> dict:
+    """The text part of a saved target's config (top level for gemma4_text)."""
+    cfg = json.loads((Path(target_dir) / "config.json").read_text())
+    return cfg.get("text_config", cfg)
 
 
 @dataclass(frozen=True)
@@ -179,7 +198,7 @@ def assistant_model(target_dir: str | Path, spec: AssistantSpec = AssistantSpec(
     import torch
     from transformers import Gemma4AssistantConfig, Gemma4AssistantForCausalLM, Gemma4TextConfig
 
-    target_cfg = json.loads((Path(target_dir) / "config.json").read_text())  # the published form
+    target_cfg = target_text_config(target_dir)  # the published form
     undo = _patch_all_shared_kv_modes()
     try:
         text = Gemma4TextConfig(
@@ -237,8 +256,7 @@ def build_assistant(path: str | Path, target_dir: str | Path, spec: AssistantSpe
         undo()
     cfg_path = path / "config.json"
     cfg = json.loads(cfg_path.read_text())
-    target_cfg = json.loads((Path(target_dir) / "config.json").read_text())
-    _officialize(cfg["text_config"], target_cfg["global_head_dim"], None)
+    _officialize(cfg["text_config"], target_text_config(target_dir)["global_head_dim"], None)
     cfg_path.write_text(json.dumps(cfg, indent=1))
     write_tokenizer(path, VOCAB)
     return path

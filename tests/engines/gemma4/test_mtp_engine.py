@@ -129,22 +129,52 @@ def test_depth2_overlap_on_and_off_agree(edge_engine, edge_pair):
     plain = tokens_of(run(edge_engine))
     made = []
 
-    def factory(drafter, tgt, overlap=True):
-        made.append(replay_factory(reference=ids + plain, error_rate=0.25, seed=2)(drafter, tgt, overlap))
-        return made[-1]
+    def factory(overlap):
+        def make(drafter, tgt, **_ignored):
+            made.append(replay_factory(reference=ids + plain, error_rate=0.25, seed=2)(drafter, tgt, overlap))
+            return made[-1]
+        return make
 
-    edge_engine.mtp_proposer = factory
     try:
+        edge_engine.mtp_proposer = factory(True)
         on = run(edge_engine, mtp(edge_pair, 3))
-        off = run(edge_engine, mtp(edge_pair, 3, overlap=False)) if hasattr(SpecConfig(), "overlap") else None
+        edge_engine.mtp_proposer = factory(False)
+        off = run(edge_engine, mtp(edge_pair, 3))
     finally:
         edge_engine.__dict__.pop("mtp_proposer", None)
-    assert tokens_of(on) == plain
+    assert tokens_of(on) == tokens_of(off) == plain
     assert made[0].overlap and made[0].overlap_hits > 0
+    assert not made[1].overlap and made[1].overlap_hits == 0
     # the replay's errors depend on (position, step) only, so the rounds are the same
-    if off is not None:
-        assert [r.accepted for r in off] == [r.accepted for r in on]
-        assert made[1].overlap_hits == 0
+    assert [r.accepted for r in off] == [r.accepted for r in on]
+    assert sum(r.accepted for r in on) > 0
+
+
+def test_overlap_switch_from_the_environment(edge_engine, edge_pair, monkeypatch):
+    monkeypatch.setenv("SPECSCOPE_MTP_OVERLAP", "0")
+    from engines.mlx_chat.mtp import make_mtp_proposer
+
+    proposer = make_mtp_proposer(edge_engine, Request(spec=mtp(edge_pair, 3)))
+    assert isinstance(proposer, MTPProposer) and not proposer.overlap
+    monkeypatch.delenv("SPECSCOPE_MTP_OVERLAP")
+    assert make_mtp_proposer(edge_engine, Request(spec=mtp(edge_pair, 3))).overlap
+
+
+def test_published_gemma4_layout_with_draft_model_at_load(tmp_path_factory):
+    """model_type gemma4 (Gemma4ForConditionalGeneration, weights under
+    model.language_model.*) as published, the assistant given at load time as the CLI does
+    (ChatEngine.load(target, draft_model=ASSISTANT_DIR)), spec without a path."""
+    from tests.engines.gemma4.checkpoints import EDGE_TARGET, AssistantSpec, build_assistant, build_target
+
+    root = tmp_path_factory.mktemp("gemma4_published")
+    target = build_target(root / "target", EDGE_TARGET, multimodal=True)
+    assistant = build_assistant(root / "assistant", target, AssistantSpec(centroid=True))
+    engine = ChatEngine.load(str(target), draft_model=str(assistant))
+    assert engine.model.model_type == "gemma4"
+    plain = tokens_of(run(engine))
+    rounds = run(engine, SpecConfig(method="mtp", steps=3))
+    assert tokens_of(rounds) == plain
+    assert all(r.note is None for r in rounds) and sum(r.proposed for r in rounds) > 0
 
 
 class RaisingDrafter:
@@ -163,19 +193,17 @@ class RaisingDrafter:
         return self.drafter.step(*args)
 
 
-@pytest.mark.parametrize("overlap", [True, False])
-def test_drafter_that_raises_mid_run(edge_engine, edge_pair, overlap):
+@pytest.mark.parametrize("overlap", ["1", "0"])
+def test_drafter_that_raises_mid_run(edge_engine, edge_pair, overlap, monkeypatch):
     from engines.mlx_chat.mtp import load_drafter
 
+    monkeypatch.setenv("SPECSCOPE_MTP_OVERLAP", overlap)
     path = str(edge_pair.assistant)
     plain = tokens_of(run(edge_engine))
     drafters = edge_engine.__dict__.setdefault("mtp_drafters", {})
     drafters[path] = RaisingDrafter(load_drafter(path), fail_at=7)
     try:
-        spec = mtp(edge_pair, 3)
-        if hasattr(spec, "overlap"):
-            spec.overlap = overlap
-        rounds = run(edge_engine, spec)
+        rounds = run(edge_engine, mtp(edge_pair, 3))
     finally:
         drafters.pop(path)
     assert tokens_of(rounds) == plain
