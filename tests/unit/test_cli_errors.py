@@ -1,0 +1,36 @@
+"""Bad input on the command line: one clear line on stderr, exit code 2, never a traceback.
+(Errors that need a loaded model are tested with the chat engine's tiny checkpoints.)"""
+
+import subprocess
+import sys
+
+import pytest
+
+CASES = {
+    "empty prompt": (["chat", "--prompt", "   "], "the prompt is empty"),
+    "steps out of range": (["chat", "--prompt", "hi", "--steps", "8"], "--steps must be between 0 and 7"),
+    "negative steps": (["chat", "--prompt", "hi", "--steps", "-1"], "--steps must be between 0 and 7"),
+    "draft without model": (["chat", "--prompt", "hi", "--spec", "draft"], "needs --draft-model"),
+    "missing prompt": (["chat"], "required"),
+    "bad temperature": (["chat", "--prompt", "hi", "--temp", "-1"], "--temp"),
+    "bad preset": (["chat", "--prompt", "hi", "--preset", "fastest"], "invalid choice"),
+    "unwritable trace": (["chat", "--prompt", "hi", "--trace", "/nonexistent-dir/t.ndjson"], "cannot write trace file"),
+    "missing image": (["ocr", "/nonexistent.png", "--model", "/nonexistent"], "no such image"),
+    "missing model dir": (["chat", "--prompt", "hi", "--model", "/nonexistent-model"], "/nonexistent-model"),
+}
+
+
+@pytest.mark.parametrize("argv,expected", CASES.values(), ids=CASES.keys())
+def test_bad_input_is_one_line_exit_2(argv, expected):
+    out = subprocess.run([sys.executable, "-m", "app", *argv], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    assert lines[0].startswith("specscope: error:") and expected in lines[0], lines[0]
+    assert "Traceback" not in out.stderr
+
+
+def test_top_level_help_lists_commands():
+    out = subprocess.run([sys.executable, "-m", "app", "--help"], capture_output=True, text=True, check=True)
+    for cmd in ("chat", "ocr", "bench", "convert", "models"):
+        assert cmd in out.stdout
