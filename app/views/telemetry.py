@@ -92,6 +92,13 @@ class RoundSeries:
         rate[~decode] = np.nan
         return rate
 
+    def rolling_mean(self, name: str, window: int = ROLLING) -> np.ndarray:
+        """Mean of a column over the last `window` rounds (fewer at the start)."""
+        total = np.cumsum(self.column(name))
+        lagged = np.concatenate([np.zeros(window), total])[: self.n]
+        count = np.minimum(np.arange(1, self.n + 1), window)
+        return (total - lagged) / count
+
     def per_position(self) -> np.ndarray:
         with np.errstate(divide="ignore", invalid="ignore"):
             return np.where(self.offered_at > 0, self.accepted_at / self.offered_at, 0.0)
@@ -190,14 +197,16 @@ class TelemetryView(QWidget):
         figures.setFixedWidth(270)
 
         self.drafts_plot = make_plot("Drafts per round", "round", "tokens")
-        self.proposed_curve = self.drafts_plot.plot(pen=pg.mkPen(GREY, width=1), name="drafted")
-        self.accepted_curve = self.drafts_plot.plot(pen=pg.mkPen(GREEN, width=1), fillLevel=0,
-                                                    brush=pg.mkBrush(QColor(31, 157, 85, 90)), name="accepted")
+        # raw per-round values as thin lines (one point per round), and their moving averages
+        # on top so a trend stays readable at 10,000 rounds; no fills (they are slow to paint)
+        self.proposed_curve = self.drafts_plot.plot(pen=pg.mkPen(QColor(142, 142, 147, 110), width=1), name="drafted")
+        self.accepted_curve = self.drafts_plot.plot(pen=pg.mkPen(QColor(31, 157, 85, 110), width=1), name="accepted")
+        self.proposed_mean = self.drafts_plot.plot(pen=pg.mkPen(GREY, width=2))
+        self.accepted_mean = self.drafts_plot.plot(pen=pg.mkPen(GREEN, width=2))
         self.drafts_plot.setYRange(0, 4)
         self.speed_plot = make_plot("Speed", "seconds", "tok/s")
         self.baseline_curve = self.speed_plot.plot(pen=pg.mkPen(BASELINE, width=2, style=pg.QtCore.Qt.PenStyle.DashLine))
-        self.speed_dots = self.speed_plot.plot(pen=None, symbol="o", symbolSize=3, symbolPen=None,
-                                               symbolBrush=pg.mkBrush(10, 132, 255, 70))
+        self.speed_dots = self.speed_plot.plot(pen=pg.mkPen(QColor(10, 132, 255, 70), width=1))  # per round
         self.speed_curve = self.speed_plot.plot(pen=pg.mkPen(BLUE, width=2), connect="finite")
         self.position_plot = make_plot("Acceptance by draft position", "draft position", "% accepted")
         self.position_plot.getPlotItem().setDownsampling(False)
@@ -293,6 +302,8 @@ class TelemetryView(QWidget):
             x = s.column("index")
             self.proposed_curve.setData(x, s.column("proposed"))
             self.accepted_curve.setData(x, s.column("accepted"))
+            self.proposed_mean.setData(x, s.rolling_mean("proposed"))
+            self.accepted_mean.setData(x, s.rolling_mean("accepted"))
             top = max(4.0, float(s.column("proposed").max()) + 1 if s.n else 4.0)
             self.drafts_plot.setYRange(0, top, padding=0)
         elif part == 1:

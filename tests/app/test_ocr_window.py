@@ -1,0 +1,107 @@
+"""OCR in the window on the real GLM-OCR engine (torch runtime) with a tiny random checkpoint
+in the real HF format: drop an image, run, compare with `specscope ocr` (the CLI) on the same
+input, check the plots and the exports."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from PySide6.QtCore import QMimeData, QPointF, Qt, QUrl
+from PySide6.QtGui import QDragEnterEvent, QDropEvent
+from PySide6.QtWidgets import QApplication
+
+pytest.importorskip("engines.glm_ocr.engine", reason="the GLM-OCR engine has not landed in this tree yet")
+
+from app.main_window import MainWindow  # noqa: E402
+from app.settings import AppSettings  # noqa: E402
+from tests.app.conftest import Recorder  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def tiny_ocr(tmp_path_factory):
+    from tests.engines.glm_ocr.checkpoints import make_tiny_glm_ocr, test_images
+
+    root = tmp_path_factory.mktemp("tiny-ocr")
+    model = make_tiny_glm_ocr(root / "glm-ocr")
+    images = []
+    for i, image in enumerate(test_images(2)):
+        images.append(root / f"page-{i}.png")
+        image.save(images[-1])
+    return model, images
+
+
+def drop_files(widget, paths):
+    mime = QMimeData()
+    mime.setUrls([QUrl.fromLocalFile(str(p)) for p in paths])
+    pos = QPointF(widget.width() / 2, widget.height() / 2)
+    enter = QDragEnterEvent(pos.toPoint(), Qt.DropAction.CopyAction, mime, Qt.MouseButton.LeftButton,
+                            Qt.KeyboardModifier.NoModifier)
+    QApplication.sendEvent(widget, enter)
+    assert enter.isAccepted()
+    drop = QDropEvent(pos, Qt.DropAction.CopyAction, mime, Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier)
+    QApplication.sendEvent(widget, drop)
+    return drop.isAccepted()
+
+
+def cli_ocr(model, image, steps, max_tokens):
+    env = dict(os.environ, HF_HUB_OFFLINE="1", QT_QPA_PLATFORM="offscreen")
+    out = subprocess.run(
+        [sys.executable, "-m", "app", "ocr", str(image), "--model", str(model), "--runtime", "torch",
+         "--spec", "mtp", "--steps", str(steps), "--max-tokens", str(max_tokens), "--json"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_drop_an_image_run_ocr_and_match_the_cli(qtbot, tiny_ocr, tmp_path):
+    model, images = tiny_ocr
+    window = MainWindow(AppSettings(engine="chat", ocr_model=str(model), ocr_method="mtp", steps=2,
+                                    preset=None, max_tokens=40), persist=False)
+    qtbot.addWidget(window)
+    window.show()
+    window.ensure_telemetry()
+
+    # dropping two images onto the window (in chat mode) switches to OCR and shows the pages
+    assert drop_files(window, images)
+    assert window.controls.engine == "ocr" and window.document.isVisible()
+    assert window.document.pages == [str(p) for p in images]
+    window.document.previous_page()
+    assert window.document.current_image() == str(images[0])
+
+    rec = Recorder(window)
+    page_during_run = []
+    window.round_shown.connect(lambda _b: page_during_run.append(
+        (window.document.current_image(), window.document.isVisible())))
+    with qtbot.waitSignal(window.run_ended, timeout=120_000) as ended:
+        assert window.run()
+    assert ended.args == ["finished"]
+    rounds = rec.rounds
+    assert [r.index for r in rounds] == list(range(len(rounds)))
+    assert sum(len(r.tokens) for r in rounds) <= 40 and rounds[-1].finish in ("length", "stop")
+    assert sum(r.proposed for r in rounds) > 0  # the MTP layer drafted
+    assert set(page_during_run) == {(str(images[0]), True)}  # the page stayed in view
+
+    cli = cli_ocr(model, images[0], steps=2, max_tokens=40)
+    assert window.session.tokens == cli["tokens"]
+    assert window.transcript.response_text() == cli["text"]
+
+    window.telemetry.refresh(force=True)
+    n = len(rounds)
+    assert window.telemetry.point_counts() == {"drafted": n, "accepted": n, "speed": n}
+    window.export("json", tmp_path / "ocr.json")
+    window.export("csv", tmp_path / "ocr.csv")
+    window.export("png", tmp_path / "ocr.png")
+    doc = json.loads((tmp_path / "ocr.json").read_text())
+    assert doc["request"]["image"] == str(images[0]) and doc["request"]["kind"] == "ocr"
+    assert len(doc["rounds"]) == n and doc["model"]["hash"]
+    assert len(list(csv.DictReader((tmp_path / "ocr.csv").open()))) == n
+    assert (tmp_path / "ocr.png").read_bytes()[:4] == b"\x89PNG"
+    window.shutdown()
