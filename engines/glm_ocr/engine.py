@@ -211,11 +211,15 @@ class OcrEngine:
         self.last_drafter: Drafter | None = None
 
     @classmethod
-    def load(cls, model_path: str | os.PathLike, runtime: str = "torch", **options) -> "OcrEngine":
+    def load(cls, model_path: str | os.PathLike, runtime: str | None = "torch", **options) -> "OcrEngine":
         from engines.glm_ocr.image import ImageProcessorConfig
 
         if not os.path.isdir(model_path):
             raise EngineError(f"model directory not found: {model_path}")
+        if runtime is None:  # the CLI's default: by what the directory holds
+            from engines.glm_ocr.runtime_coreml import default_runtime
+
+            runtime = default_runtime(model_path)
         if runtime == "torch":
             from engines.glm_ocr.runtime_torch import TorchRuntime
 

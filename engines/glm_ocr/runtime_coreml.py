@@ -61,6 +61,13 @@ def read_manifest(model_dir: str | os.PathLike) -> dict:
     return manifest
 
 
+def default_runtime(model_dir: str | os.PathLike) -> str:
+    """"coreml" for a converted directory (it has our manifest), else "torch" (a Hugging
+    Face checkpoint). Off macOS a converted directory still maps to "coreml", whose loader
+    then says that Core ML needs macOS: clearer than the torch runtime's complaint."""
+    return "coreml" if (Path(model_dir) / "manifest.json").is_file() else "torch"
+
+
 def check_platform() -> None:
     if sys.platform != "darwin":
         raise EngineError(

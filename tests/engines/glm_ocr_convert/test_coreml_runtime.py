@@ -145,3 +145,19 @@ def test_coreml_runtime_loads_again_from_the_compiled_cache(converted):
     assert cached
     again = CoreMLRuntime.load(converted[0], compute_units="cpu_only")
     assert again.mtp_unavailable is None and again.seq_len == SEQ_LEN
+
+
+def test_the_default_runtime_follows_the_directory(converted, tiny_checkpoint):
+    """`specscope ocr --model DIR` without --runtime: a converted directory means Core ML
+    (off macOS: the clear "needs macOS" line), a Hugging Face checkpoint means torch."""
+    from engines.glm_ocr.engine import OcrEngine
+    from engines.glm_ocr.runtime_coreml import default_runtime
+
+    assert default_runtime(converted[0]) == "coreml"
+    assert default_runtime(tiny_checkpoint) == "torch"
+    engine = OcrEngine.load(tiny_checkpoint, runtime=None, cache_length=CACHE_LENGTH)
+    assert engine.runtime.name == "torch"
+    if not _is_macos_15():
+        with pytest.raises(EngineError) as excinfo:
+            OcrEngine.load(converted[0], runtime=None)
+        _one_line(excinfo, "needs macOS 15")
