@@ -136,7 +136,7 @@ def convert_glm_ocr(
 
     packages: dict[str, dict] = {}
     steps = [
-        ("vision", 0.08, 0.35, lambda: _convert_vision(modules, ref, hf_dir, out_dir)),
+        ("vision", 0.08, 0.35, lambda: _convert_vision(modules, ref, hf_dir, out_dir, cache_length)),
         ("decoder", 0.35, 0.65, lambda: _convert_decoder(modules, ref, seq_len, out_dir)),
         ("lm_head", 0.65, 0.75, lambda: _convert_lm_head(modules, ref, seq_len, out_dir)),
     ]
@@ -178,6 +178,7 @@ def convert_glm_ocr(
             "rotary_dim": config.text.rotary_dim,
         },
         "packages": packages,
+        "parity": {name: entry["parity"]["max_abs_error"] for name, entry in packages.items()},
         "embeddings": {"path": "embeddings.npy", "shape": list(embeddings.shape), "dtype": "float16"},
         "mtp": {"available": modules.mtp is not None, "reason": modules.mtp_missing_reason},
         "copied_files": copied,
@@ -384,7 +385,7 @@ def _fresh_caches(module) -> None:
 # The four packages
 
 
-def _convert_vision(modules, ref, hf_dir: Path, out_dir: Path) -> dict:
+def _convert_vision(modules, ref, hf_dir: Path, out_dir: Path, cache_length: int) -> dict:
     import coremltools as ct
 
     from engines.glm_ocr.image import ImageProcessorConfig
@@ -394,7 +395,11 @@ def _convert_vision(modules, ref, hf_dir: Path, out_dir: Path) -> dict:
     channels = v.in_channels * v.temporal_patch_size
     window = v.spatial_merge_size**2
     image_config = ImageProcessorConfig.from_dir(hf_dir)
-    max_patches = image_config.max_pixels // (v.temporal_patch_size * v.patch_size**2) // window * window
+    # The processor's largest image, but no more image tokens (one per window) than the
+    # context holds: a larger image could never be decoded, and attention over N patches
+    # costs N^2 memory.
+    max_patches = min(image_config.max_pixels // (v.temporal_patch_size * v.patch_size**2),
+                      window * cache_length) // window * window
     rng = np.random.default_rng(0)
 
     def inputs_for(grid):

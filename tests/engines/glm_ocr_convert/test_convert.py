@@ -23,7 +23,7 @@ from engines.glm_ocr.convert import (
     convert_glm_ocr,
     converter_versions,
 )
-from tests.engines.glm_ocr_convert.conftest import CACHE_LENGTH, SEQ_LEN
+from tests.engines.glm_ocr_convert.conftest import CACHE_LENGTH, SEQ_LEN, SMALL_CACHE_LENGTH
 
 FLOAT16, FLOAT32, INT32 = 65552, 65568, 131104  # Core ML ArrayDataType codes
 
@@ -112,7 +112,7 @@ def test_vision_package_takes_any_patch_count_up_to_the_processor_maximum(conver
     assert set(features) == {"pixel_patches", "position_cos", "position_sin", "attention_bias"}
     ranges = [(r.lowerBound, r.upperBound) for r in features["pixel_patches"].shapeRange.sizeRanges]
     image = ImageProcessorConfig.from_dir(tiny_checkpoint)
-    max_patches = image.max_pixels // (2 * 14 * 14)
+    max_patches = min(image.max_pixels // (2 * 14 * 14), 4 * CACHE_LENGTH)  # no more tokens than the context
     assert ranges == [(4, max_patches), (6, 6), (14, 14), (14, 14)]  # Conv3d folded: 3 x T=2 channels
     assert [o.name for o in spec.description.output] == ["image_embeds"]
     limits = converted[1]["packages"]["vision"]["num_patches"]
@@ -170,6 +170,7 @@ def test_embeddings_are_the_checkpoint_table(converted, tiny_checkpoint):
 
 def test_every_parity_report_is_within_tolerance(converted):
     _, manifest, _ = converted
+    assert manifest["parity"] == {name: entry["parity"]["max_abs_error"] for name, entry in manifest["packages"].items()}
     for name, entry in manifest["packages"].items():
         parity = entry["parity"]
         assert parity["ok"], (name, parity)
@@ -226,6 +227,8 @@ def test_converting_a_checkpoint_without_mtp_says_so(converted_without_mtp):
     assert manifest["mtp"]["available"] is False
     assert manifest["mtp"]["reason"].startswith("MTP unavailable:")
     assert {"vision", "decoder", "lm_head"} == set(manifest["packages"])
+    assert manifest["cache_length"] == SMALL_CACHE_LENGTH
+    assert manifest["packages"]["vision"]["num_patches"]["max"] == 4 * SMALL_CACHE_LENGTH  # capped by the context
 
 
 def test_an_earlier_conversion_is_cleared_before_converting_again(tmp_path):
