@@ -1,0 +1,90 @@
+"""Lossless at T>0: the distribution of generated sequences equals the target's exact sequence
+distribution, for plain sampling and for both proposers -- and a lossy acceptance rule
+(threshold acceptance) fails the very same test, so the test has the power to tell.
+
+Tiny vocabulary (4 words) and top_k=3: 27 possible 3-token outputs, whose exact
+probabilities we compute from the model's own logits with the NumPy reference maths.
+max_tokens=3 gives a prefill token and one round with one draft (+ bonus or residual)."""
+
+from collections import Counter
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from engines import Request, Sampling, SpecConfig
+from engines.mlx_chat.engine import ChatEngine
+from engines.speculative.sampling import target_probs
+from tests.engines.mlx_chat import checkpoints
+from tests.stats import chi_square_pvalue
+
+WORDS = ["cat", "dog", "sun", "moon"]
+PROMPT = "cat dog sun moon cat dog sun moon moon sun dog cat"
+SAMPLING = Sampling(temperature=1.0, top_k=3)
+N = 500
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiny_vocab")
+    target = checkpoints.make_tiny_llama(d / "target", words=WORDS, scale=0.6)
+    draft = checkpoints.perturbed_copy(target, d / "draft", noise=0.6)
+    return ChatEngine.load(str(target), draft_model=str(draft))
+
+
+def exact_distribution(engine, n_tokens=3):
+    """P(t1..tn) = prod target_probs(logits | prefix), by enumerating prefixes."""
+    prompt = engine._prompt_ids(Request(prompt=PROMPT, ignore_chat_template=True))
+    dist = {(): 1.0}
+    for _ in range(n_tokens):
+        nxt = {}
+        for prefix, pr in dist.items():
+            logits = np.array(engine.model(mx.array([prompt + list(prefix)]))[0, -1])
+            p = target_probs(logits, SAMPLING.temperature, SAMPLING.top_p, SAMPLING.top_k)
+            for t in np.nonzero(p)[0]:
+                nxt[prefix + (int(t),)] = pr * p[t]
+        dist = nxt
+    return dist
+
+
+def sample_counts(engine, spec, seed):
+    mx.random.seed(seed)
+    counts = Counter()
+    proposed = accepted = 0
+    for _ in range(N):
+        rounds = list(engine.generate(Request(prompt=PROMPT, max_tokens=3, spec=spec, sampling=SAMPLING, ignore_chat_template=True)))
+        counts[tuple(t for r in rounds for t in r.tokens)] += 1
+        proposed += sum(r.proposed for r in rounds)
+        accepted += sum(r.accepted for r in rounds)
+    return counts, proposed, accepted
+
+
+def threshold_accept(p_draft, q_draft, u):
+    """A lossy rule some servers use: accept any draft the target finds plausible (>= 10%)."""
+    return p_draft >= 0.1
+
+
+@pytest.fixture(scope="module")
+def exact(tiny):
+    return exact_distribution(tiny)
+
+
+@pytest.mark.parametrize("method", ["off", "ngram", "draft"])
+def test_sampled_sequences_match_the_target_distribution(tiny, exact, method):
+    spec = SpecConfig(method=method, steps=1)
+    counts, proposed, accepted = sample_counts(tiny, spec, seed=1)
+    if method != "off":
+        assert proposed > 0.5 * N and 0.03 * proposed < accepted < 0.95 * proposed
+    assert chi_square_pvalue(counts, exact, N) > 1e-3
+
+
+def test_a_lossy_acceptance_rule_fails_the_same_test(tiny, exact):
+    tiny.accept_rule = threshold_accept
+    try:
+        counts, proposed, _ = sample_counts(tiny, SpecConfig(method="ngram", steps=1), seed=1)
+    finally:
+        from engines.mlx_chat.sampling import lossless_accept
+
+        tiny.accept_rule = lossless_accept
+    assert proposed > 0.5 * N
+    assert chi_square_pvalue(counts, exact, N) < 1e-3
