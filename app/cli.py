@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -303,6 +304,10 @@ TOP_HELP = f"""usage: specscope [--screenshot PATH --chat PROMPT | --ocr IMAGE] 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    # Library chatter (transformers' config warnings, tokenizers' fork notices) is not for users
+    # of a CLI whose stderr carries progress and one-line errors.
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
         if argv and argv[0] in COMMANDS:
             return COMMANDS[argv[0]](argv[1:])
