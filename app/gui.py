@@ -85,7 +85,7 @@ def apply_style(app) -> None:
         app.setFont(QFont("DejaVu Sans", 10))  # offscreen and bare Linux have no good default
     qss = RESOURCES / "style.qss"
     if qss.exists():
-        app.setStyleSheet(qss.read_text(encoding="utf-8"))
+        app.setStyleSheet(qss.read_text(encoding="utf-8").replace("@RESOURCES@", RESOURCES.as_posix()))
     icon = RESOURCES / "icons" / "specscope.svg"
     if icon.exists():
         app.setWindowIcon(QIcon(str(icon)))

@@ -17,7 +17,7 @@ from app.settings import AppSettings
 from engines import Sampling, SpecConfig
 from engines.speculative.schedule import MAX_STEPS, PRESETS, preset_for_steps
 
-EMBEDDED_CHAT = "SmolLM2-135M-Instruct (embedded)"
+EMBEDDED_CHAT = "SmolLM2-135M Instruct (embedded)"
 METHODS = {  # what each engine can speculate with
     "chat": [("ngram", "N-gram lookup"), ("draft", "Draft model"), ("mtp", "Gemma 4 assistant (MTP)")],
     "ocr": [("mtp", "GLM-OCR MTP layer")],
@@ -66,6 +66,7 @@ class ControlsPanel(QWidget):
         self.model_combo.setInsertPolicy(QComboBox.InsertPolicy.NoInsert)
         self.model_combo.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
         self.model_combo.setMinimumContentsLength(12)
+        self.model_combo.lineEdit().setCursorPosition(0)
         self.browse_button = QToolButton(text="\u2026", toolTip="Choose a model file or folder")
         self.browse_button.clicked.connect(self._browse_model)
         self.model_hint = QLabel(wordWrap=True, objectName="hint")
@@ -101,6 +102,8 @@ class ControlsPanel(QWidget):
 
         self.temperature_spin = QDoubleSpinBox(minimum=0.0, maximum=2.0, singleStep=0.1, decimals=2)
         self.max_tokens_spin = QSpinBox(minimum=1, maximum=32768, singleStep=64)
+        for spin in (self.temperature_spin, self.max_tokens_spin):  # type or scroll; arrows add clutter
+            spin.setButtonSymbols(QSpinBox.ButtonSymbols.NoButtons)
 
         self.run_button = QPushButton("Run", objectName="primary", toolTip="Run (Ctrl+R)")
         self.stop_button = QPushButton("Stop", toolTip="Stop (Esc)", enabled=False)
@@ -221,6 +224,8 @@ class ControlsPanel(QWidget):
     def set_model_path(self, path: str) -> None:
         if not path and self._engine == "chat":
             self.model_combo.setCurrentIndex(0)
+            self.model_combo.lineEdit().setCursorPosition(0)
+            self._update_hint()
             return
         i = self.model_combo.findData(path)
         if i < 0 and path:
@@ -230,6 +235,7 @@ class ControlsPanel(QWidget):
             self.model_combo.setCurrentIndex(i)
         else:
             self.model_combo.setEditText(path)
+        self.model_combo.lineEdit().setCursorPosition(0)  # show the start of a long path
         self._update_hint()
 
     def _update_hint(self) -> None:
