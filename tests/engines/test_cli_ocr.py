@@ -1,0 +1,49 @@
+"""`specscope ocr` and `specscope bench ocr` on a tiny real-format GLM-OCR checkpoint."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.engines.glm_ocr.checkpoints import make_tiny_glm_ocr
+from tests.engines.glm_ocr.checkpoints import test_images as sample_images
+
+pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="module")
+def model_and_image(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli_ocr")
+    image = root / "page.png"
+    sample_images(1)[0].save(image)
+    return make_tiny_glm_ocr(root / "tiny"), image
+
+
+def test_ocr_json_equals_plain_and_streams(model_and_image, tmp_path):
+    model, image = model_and_image
+    common = [sys.executable, "-m", "app", "ocr", str(image), "--model", str(model), "--runtime", "torch", "--max-tokens", "16"]
+    mtp = subprocess.run([*common, "--spec", "mtp", "--steps", "3", "--json"], capture_output=True, text=True, timeout=300)
+    plain = subprocess.run([*common, "--spec", "off", "--json"], capture_output=True, text=True, timeout=300)
+    assert mtp.returncode == 0, mtp.stderr
+    assert plain.returncode == 0, plain.stderr
+    m, p = json.loads(mtp.stdout), json.loads(plain.stdout)
+    assert {"text", "tokens", "rounds", "stats"} <= m.keys()
+    assert m["tokens"] == p["tokens"] and m["text"] == p["text"]
+    assert m["stats"]["proposed"] > 0 and p["stats"]["proposed"] == 0
+    assert 0 < len(m["tokens"]) <= 16
+
+
+def test_bench_ocr_writes_json_and_csv(model_and_image, tmp_path, capsys):
+    from app.cli import main
+
+    model, image = model_and_image
+    rc = main(["bench", "ocr", str(image), "--model", str(model), "--runtime", "torch",
+               "--steps", "2", "--max-tokens", "8", "--runs", "1", "--warmup", "0", "--out", str(tmp_path)])
+    assert rc == 0, capsys.readouterr().err
+    doc = json.loads(next(tmp_path.glob("bench-*.json")).read_text())
+    assert doc["summary"]["all_identical"] is True
+    assert doc["model"] and doc["machine"]["cpu_count"]
+    case = doc["cases"][0]
+    assert case["plain_tok_s"] > 0 and case["spec_tok_s"] > 0 and case["tau"] >= 1
+    assert next(tmp_path.glob("bench-*.csv")).read_text().startswith("name,plain_tok_s")
