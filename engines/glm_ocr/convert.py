@@ -17,8 +17,9 @@ writes to out_dir:
                       converter versions; written last, so its presence means "complete"
 
 The modules converted are the very channels-first modules the PyTorch runtime executes
-(modules.py), with one conversion patch: RMSNorm becomes a LayerNorm over [x, -x] (equal in
-exact arithmetic; see RMSNormAsLayerNorm). Every module is traced, checked against the
+(modules.py), with one kind of conversion patch: every norm becomes a single layer_norm op
+(RMSNorm as a LayerNorm over [x, -x], equal in exact arithmetic; see RMSNormAsLayerNorm), so
+no float16 graph squares activations itself. Every module is traced, checked against the
 unpatched transformers module on random inputs (max abs error into the manifest), then
 converted with coremltools (ML program, float16, macOS 15 for stateful models).
 
@@ -33,6 +34,7 @@ import json
 import os
 import shutil
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -256,13 +258,16 @@ def copy_support_files(hf_dir: Path, out_dir: Path) -> list[str]:
 
 
 def patch_rms_norms(modules) -> None:
-    """Replace every RMSNormCF in the modules by RMSNormAsLayerNorm (in place)."""
-    from engines.glm_ocr.modules import RMSNormCF
+    """Replace every RMSNormCF by RMSNormAsLayerNorm and every LayerNormCF (written out as
+    mean / pow / mean) by ChannelLayerNorm, in place: Core ML gets layer_norm ops only."""
+    from engines.glm_ocr.modules import LayerNormCF, RMSNormCF
 
     def patch(parent: nn.Module) -> None:
         for name, child in parent.named_children():
             if isinstance(child, RMSNormCF):
                 setattr(parent, name, RMSNormAsLayerNorm(child))
+            elif isinstance(child, LayerNormCF):
+                setattr(parent, name, ChannelLayerNorm(child))
             else:
                 patch(child)
 
@@ -288,6 +293,41 @@ class RMSNormAsLayerNorm(_Module):
         doubled = torch.cat([x, -x], dim=1).permute(0, 2, 3, 1)  # (1, 1, S, 2C)
         normed = torch.nn.functional.layer_norm(doubled, (2 * self.channels,), eps=self.eps)
         return normed.permute(0, 3, 1, 2)[:, : self.channels] * self.weight.view(1, -1, 1, 1)
+
+
+class ChannelLayerNorm(_Module):
+    """LayerNorm over channels of (1, C, 1, S) as one layer_norm op (no float16 x^2)."""
+
+    def __init__(self, norm):
+        super().__init__()
+        self.weight = nn.Parameter(norm.weight.detach().clone())
+        self.bias = nn.Parameter(norm.bias.detach().clone())
+        self.eps = norm.eps
+
+    def forward(self, x):
+        normed = torch.nn.functional.layer_norm(x.permute(0, 2, 3, 1), (x.shape[1],), self.weight, self.bias, self.eps)
+        return normed.permute(0, 3, 1, 2)
+
+
+def rms_norm_last_as_layer_norm(x, weight, eps: float):
+    """modules.rms_norm_last (the vision q/k norms over head_dim) by the same [x, -x] trick."""
+    doubled = torch.cat([x, -x], dim=-1)
+    normed = torch.nn.functional.layer_norm(doubled, (doubled.shape[-1],), eps=eps)
+    return weight * normed[..., : x.shape[-1]]
+
+
+@contextmanager
+def stable_head_norms():
+    """While tracing, the vision attention's q/k RMSNorms (a function, not a module, in
+    modules.py) run as rms_norm_last_as_layer_norm. Only the traced graph changes."""
+    from engines.glm_ocr import modules
+
+    original = modules.rms_norm_last
+    modules.rms_norm_last = rms_norm_last_as_layer_norm
+    try:
+        yield
+    finally:
+        modules.rms_norm_last = original
 
 
 # ---------------------------------------------------------------------------------------
@@ -411,7 +451,8 @@ def _convert_vision(modules, ref, hf_dir: Path, out_dir: Path, cache_length: int
 
     # Trace at one grid and check at another: the traced graph must follow N.
     _, example = inputs_for((1, 8, 8))
-    traced = _trace(modules.vision, example)
+    with stable_head_norms():
+        traced = _trace(modules.vision, example)
     check_grid = (1, 6, 10)
     pixels, check = inputs_for(check_grid)
     with torch.no_grad():

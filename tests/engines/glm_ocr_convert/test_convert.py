@@ -115,6 +115,8 @@ def test_vision_package_takes_any_patch_count_up_to_the_processor_maximum(conver
     max_patches = min(image.max_pixels // (2 * 14 * 14), 4 * CACHE_LENGTH)  # no more tokens than the context
     assert ranges == [(4, max_patches), (6, 6), (14, 14), (14, 14)]  # Conv3d folded: 3 x T=2 channels
     assert [o.name for o in spec.description.output] == ["image_embeds"]
+    ops = _ops(spec)
+    assert "layer_norm" in ops and "pow" not in ops  # RMSNorms incl. the q/k head norms patched
     limits = converted[1]["packages"]["vision"]["num_patches"]
     assert (limits["min"], limits["max"]) == (4, max_patches)
 
@@ -202,6 +204,33 @@ def test_parity_check_fails_for_a_wrong_module(tiny_checkpoint, tmp_path):
         modules.lm_head.chunks[0].weight[3] += 0.05
     entry = _convert_lm_head(modules, ref, SEQ_LEN, tmp_path)
     assert not entry["parity"]["ok"] and entry["parity"]["max_abs_error"] > entry["parity"]["tolerance"]
+
+
+@pytest.mark.parametrize("scale", [1.0, 1e3])
+def test_layer_norm_patch_equals_the_original(scale):
+    from engines.glm_ocr.convert import ChannelLayerNorm
+    from engines.glm_ocr.modules import LayerNormCF
+
+    norm = torch.nn.LayerNorm(32)
+    with torch.no_grad():
+        norm.weight.copy_(1 + 0.1 * torch.randn(32))
+        norm.bias.copy_(0.1 * torch.randn(32))
+    x = scale * torch.randn(5, 32) + 3 * scale
+    cf = x.T[None, :, None, :]
+    torch.testing.assert_close(ChannelLayerNorm(LayerNormCF(norm))(cf)[0, :, 0, :].T, norm(x), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("scale", [1.0, 1e3])
+def test_head_norm_patch_equals_the_original(scale):
+    from engines.glm_ocr import modules
+    from engines.glm_ocr.convert import rms_norm_last_as_layer_norm, stable_head_norms
+
+    x, weight = scale * torch.randn(3, 7, 16), 1 + 0.1 * torch.randn(16)
+    expected = modules.rms_norm_last(x, weight, 1e-5)
+    torch.testing.assert_close(rms_norm_last_as_layer_norm(x, weight, 1e-5), expected, rtol=1e-5, atol=1e-5)
+    with stable_head_norms():
+        assert modules.rms_norm_last is rms_norm_last_as_layer_norm
+    assert modules.rms_norm_last is not rms_norm_last_as_layer_norm  # restored after tracing
 
 
 @pytest.mark.parametrize("scale", [1.0, 1e3])
