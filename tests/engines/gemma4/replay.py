@@ -9,8 +9,9 @@ The draw depends only on (seed, P, j), so chains started and dropped (depth-2 ov
 not change which drafts are wrong: overlap on and off see the same acceptance.
 
 T>0: `oracle(context) -> p` gives the target's exact next-token distribution after `context`;
-the drafter proposes q = (1 - error_rate) * p + error_rate * uniform (a full distribution,
-close to the target's but not equal), so rejection sampling accepts often, not always.
+the drafter proposes q = (1 - error_rate) * p + error_rate * (a point on p's least likely
+allowed token): a full distribution, close to the target's but biased, so rejection sampling
+accepts often, not always, and resamples from the residual max(p - q, 0) when it rejects.
 """
 
 from __future__ import annotations
@@ -36,9 +37,10 @@ def wrong_token(seed: int, position: int, j: int, error_rate: float, right: int,
 class ReplayMTPProposer(MTPProposer):
     def __init__(self, drafter, target, overlap: bool = True, *, reference: list[int] | None = None,
                  oracle: Callable[[tuple[int, ...]], np.ndarray] | None = None,
-                 error_rate: float = 0.2, seed: int = 0):
+                 error_rate: float = 0.2, seed: int = 0, temperature: float = 1.0):
         super().__init__(drafter, target, overlap=overlap)
         self.reference, self.oracle = reference, oracle
+        self.temperature = temperature  # the run's: logits = T log q, so target_probs gives q
         self.error_rate, self.seed = error_rate, seed
         self.seen: list[tuple[int, mx.array, dict]] = []  # (position, h_prev, kv) per chain begun
 
@@ -59,9 +61,13 @@ class ReplayMTPProposer(MTPProposer):
             return DraftStep(mx.where(onehot, step.logits.max() + BOOST, step.logits), step.h_next)
         drafted = tuple(int(t.item()) for t in chain.tokens)  # T>0 (tests only): sync per step
         p = self.oracle(tuple(chain.context[: chain.position + 1]) + drafted)
-        q = (1 - self.error_rate) * p + self.error_rate / vocab
+        least = np.where(p > 0, p, np.inf).argmin()  # the least likely token the target allows
+        q = (1 - self.error_rate) * p
+        q[least] += self.error_rate
         # an h-dependent term keeps the real forward in the graph; it is exactly zero
-        logits = mx.array(np.log(q), dtype=mx.float32) + 0.0 * step.logits
+        with np.errstate(divide="ignore"):
+            logits = mx.array(np.maximum(self.temperature * np.log(q), -1e30), dtype=mx.float32)
+        logits = logits + 0.0 * step.logits
         return DraftStep(logits, step.h_next)
 
 

@@ -1,0 +1,83 @@
+"""Lossless at T>0 with the MTP proposer, through the real round loop: the distribution of
+the first tokens of many seeded runs equals the target's own (exact probabilities from the
+target), with drafts sampled from the drafter's full distribution q and verified by the
+foundation's rejection sampling (accept with min(1, p/q), else resample from max(p - q, 0)).
+The same test run with a lossy acceptance rule must fail, or it would prove nothing."""
+
+from collections import Counter
+import numpy as np
+import pytest
+
+mx = pytest.importorskip("mlx.core")
+
+from engines import Request, Sampling, SpecConfig  # noqa: E402
+from engines.mlx_chat.engine import ChatEngine  # noqa: E402
+from engines.speculative.sampling import target_probs  # noqa: E402
+from tests.engines.gemma4.replay import replay_factory  # noqa: E402
+from tests.stats import chi_square_pvalue  # noqa: E402
+
+PROMPT = "w10 w20 w30"
+LENGTH = 3  # counted: t1 from the prefill, t2 and t3 drafted in the first round
+MAX_TOKENS = LENGTH + 1  # so the first decode round may draft 2 (it keeps one for the target)
+SAMPLING = dict(temperature=0.5, top_k=3)  # 27 possible sequences: exact probabilities
+N = 150  # ample: the lossy rule scores p ~ 1e-35 at this size, the lossless one passes
+
+
+@pytest.fixture(scope="module")
+def setup(edge_pair):
+    engine = ChatEngine.load(str(edge_pair.target))
+    ids = engine._prompt_ids(Request(prompt=PROMPT))
+    memo: dict[tuple[int, ...], np.ndarray] = {}
+
+    def oracle(context: tuple[int, ...]) -> np.ndarray:
+        """The target's next-token probabilities after `context`, as the engine forms them."""
+        if context not in memo:
+            logits = np.array(engine.model(mx.array(context)[None])[0, -1], dtype=np.float64)
+            memo[context] = target_probs(logits, **SAMPLING)
+        return memo[context]
+
+    exact = {}
+    first = oracle(tuple(ids))
+    for a in np.flatnonzero(first):
+        pa = oracle(tuple(ids) + (int(a),))
+        for b in np.flatnonzero(pa):
+            pb = oracle(tuple(ids) + (int(a), int(b)))
+            for c in np.flatnonzero(pb):
+                exact[(int(a), int(b), int(c))] = first[a] * pa[b] * pb[c]
+    assert len(exact) == 27 and abs(sum(exact.values()) - 1) < 1e-9
+    return engine, oracle, exact
+
+
+def sample_runs(engine, pair, oracle, n):
+    engine.mtp_proposer = replay_factory(oracle=oracle, error_rate=0.5, temperature=SAMPLING["temperature"])
+    counts, proposed, accepted = Counter(), 0, 0
+    try:
+        for seed in range(n):
+            request = Request(prompt=PROMPT, max_tokens=MAX_TOKENS, sampling=Sampling(seed=seed, **SAMPLING),
+                              spec=SpecConfig(method="mtp", steps=2, draft_model=str(pair.assistant)))
+            rounds = list(engine.generate(request))
+            assert all(r.note is None for r in rounds)
+            counts[tuple(t for r in rounds for t in r.tokens)[:LENGTH]] += 1
+            proposed += sum(r.proposed for r in rounds)
+            accepted += sum(r.accepted for r in rounds)
+    finally:
+        engine.__dict__.pop("mtp_proposer", None)
+    return counts, proposed, accepted
+
+
+def test_mtp_sampling_is_lossless(setup, edge_pair):
+    engine, oracle, exact = setup
+    counts, proposed, accepted = sample_runs(engine, edge_pair, oracle, N)
+    assert 0.3 * proposed < accepted < proposed  # both branches of rejection sampling ran
+    assert chi_square_pvalue(counts, exact, N) > 1e-3
+
+
+def test_the_test_rejects_a_lossy_acceptance_rule(setup, edge_pair):
+    """Accept every draft (a token-equality-free 'always yes'): the output follows q, not p."""
+    engine, oracle, exact = setup
+    engine.accept_rule = lambda p_draft, q_draft, u: mx.ones_like(p_draft, dtype=mx.bool_)
+    try:
+        counts, _, _ = sample_runs(engine, edge_pair, oracle, N)
+    finally:
+        del engine.accept_rule  # back to the class default (the lossless rule)
+    assert chi_square_pvalue(counts, exact, N) < 1e-6
