@@ -102,8 +102,6 @@ class ControlsPanel(QWidget):
 
         self.temperature_spin = QDoubleSpinBox(minimum=0.0, maximum=2.0, singleStep=0.1, decimals=2)
         self.max_tokens_spin = QSpinBox(minimum=1, maximum=32768, singleStep=64)
-        for spin in (self.temperature_spin, self.max_tokens_spin):  # type or scroll; arrows add clutter
-            spin.setButtonSymbols(QSpinBox.ButtonSymbols.NoButtons)
 
         self.run_button = QPushButton("Run", objectName="primary", toolTip="Run (Ctrl+R)")
         self.stop_button = QPushButton("Stop", toolTip="Stop (Esc)", enabled=False)

@@ -208,7 +208,7 @@ class TelemetryView(QWidget):
         self.baseline_curve = self.speed_plot.plot(pen=pg.mkPen(BASELINE, width=2, style=pg.QtCore.Qt.PenStyle.DashLine))
         self.speed_dots = self.speed_plot.plot(pen=pg.mkPen(QColor(10, 132, 255, 70), width=1))  # per round
         self.speed_curve = self.speed_plot.plot(pen=pg.mkPen(BLUE, width=2), connect="finite")
-        self.position_plot = make_plot("Acceptance by position", "draft position", "% accepted")
+        self.position_plot = make_plot("Accepted by position", "draft position", "% accepted")
         self.position_plot.getPlotItem().setDownsampling(False)
         self.position_plot.setYRange(0, 100)
         self.position_plot.setXRange(0.4, 3.6)
@@ -317,6 +317,8 @@ class TelemetryView(QWidget):
             rates = s.per_position() * 100
             positions = np.arange(1, len(rates) + 1)
             self.bars.setOpts(x=positions, height=rates, width=0.7)
+            ticks = [(i, str(i)) for i in range(1, max(3, len(rates)) + 1)]
+            self.position_plot.getAxis("bottom").setTicks([ticks])
             self.position_plot.setXRange(0.4, max(3, len(rates)) + 0.6, padding=0)
 
     @staticmethod
