@@ -115,7 +115,10 @@ def load_image(path: str | os.PathLike) -> Image.Image:
     except MemoryError:
         raise EngineError(f"{name} is too large to decode in memory") from None
 
-    rgb = to_rgb(image)
+    try:
+        rgb = to_rgb(image)
+    except (ValueError, OSError) as exc:  # a mode Pillow cannot convert (e.g. premultiplied "La")
+        raise EngineError(f"{name} has an unsupported pixel format ({image.mode}): {_one_line(exc)}") from None
     if min(rgb.size) < 1:
         raise EngineError(f"{name} has no pixels ({rgb.size[0]}x{rgb.size[1]})")
     return rgb
@@ -151,6 +154,8 @@ def to_rgb(image: Image.Image) -> Image.Image:
         return image
     if mode in ("I;16", "I;16L", "I;16B", "I;16N", "I", "F"):
         return _high_depth_to_rgb(image)
+    if mode == "La":  # premultiplied; Pillow converts it only to LA
+        image = image.convert("LA")
     has_alpha = "A" in image.getbands() or "a" in image.getbands() or image.info.get("transparency") is not None
     if has_alpha:
         rgba = image.convert("RGBA")

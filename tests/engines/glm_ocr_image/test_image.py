@@ -285,3 +285,13 @@ def test_smart_resize_matches_transformers_on_many_sizes():
             continue
         expected = reference_resize(2, int(height), int(width), 2, 28, config.min_pixels, config.max_pixels)
         assert smart_resize(int(height), int(width), config) == expected
+
+
+def test_every_pil_mode_becomes_rgb():
+    """All of Pillow's modes (TIFF and PSD files decode to many of them)."""
+    from engines.glm_ocr.image import to_rgb
+
+    for mode in ["1", "L", "P", "RGB", "RGBA", "CMYK", "YCbCr", "LAB", "HSV", "I", "F", "LA", "PA",
+                 "RGBX", "RGBa", "La", "I;16", "I;16B", "I;16L"]:
+        image = to_rgb(Image.new(mode, (6, 4)))
+        assert image.mode == "RGB" and image.size == (6, 4), mode
