@@ -161,3 +161,132 @@ def test_the_default_runtime_follows_the_directory(converted, tiny_checkpoint):
         with pytest.raises(EngineError) as excinfo:
             OcrEngine.load(converted[0], runtime=None)
         _one_line(excinfo, "needs macOS 15")
+
+
+@pytest.fixture(scope="module")
+def trained_conversion(tmp_path_factory):
+    """A tiny checkpoint whose MTP layer is trained on the target's outputs (accepted often),
+    converted; plus test images. Only built on macOS (the tests using it skip elsewhere)."""
+    from engines.glm_ocr.convert import convert_glm_ocr
+    from tests.engines.glm_ocr.checkpoints import make_tiny_glm_ocr, test_images, train_mtp_on_target
+
+    root = tmp_path_factory.mktemp("glm_ocr_trained_coreml")
+    checkpoint = make_tiny_glm_ocr(root / "tiny")
+    images = test_images(2)
+    train_mtp_on_target(checkpoint, images, steps=150)
+    paths = []
+    for i, image in enumerate(images):
+        paths.append(root / f"image{i}.png")
+        image.save(paths[-1])
+    out = root / "converted"
+    convert_glm_ocr(checkpoint, out, seq_len=SEQ_LEN, cache_length=CACHE_LENGTH)
+    return checkpoint, out, paths
+
+
+@needs_macos
+@pytest.mark.parametrize("steps", [1, 3, 7])
+def test_coreml_engine_mtp_is_lossless_and_agrees_with_torch(trained_conversion, steps):
+    """On Core ML (CPU compute units, so float32 compute): MTP speculation emits exactly the
+    tokens of plain decoding, drafts are accepted, and plain decoding equals the torch runtime's."""
+    from engines import Request, SpecConfig
+    from engines.glm_ocr.engine import OcrEngine
+
+    checkpoint, out, images = trained_conversion
+    coreml = OcrEngine.load(out, runtime="coreml", compute_units="cpu_only")
+    torch_engine = OcrEngine.load(checkpoint, runtime="torch", cache_length=CACHE_LENGTH)
+    coreml.repetition = torch_engine.repetition = None
+
+    def tokens(engine, image, k):
+        request = Request(kind="ocr", image=str(image), max_tokens=32,
+                          spec=SpecConfig(method="mtp" if k else "off", steps=k))
+        rounds = list(engine.generate(request))
+        return [t for r in rounds for t in r.tokens], sum(r.accepted for r in rounds)
+
+    for image in images:
+        plain, _ = tokens(coreml, image, 0)
+        assert plain == tokens(torch_engine, image, 0)[0]
+        speculative, accepted = tokens(coreml, image, steps)
+        assert speculative == plain and accepted > 0
+
+
+# ------------------------------------------- the runtime's glue, on Linux too (not Core ML)
+
+
+@pytest.fixture(scope="module")
+def glue_runtime(converted, tiny_checkpoint):
+    """CoreMLRuntime over PackageRunners: the converted packages' source modules, each call
+    checked against the package's spec. Built through the runtime's own constructor."""
+    from engines.glm_ocr.convert import patch_rms_norms
+    from engines.glm_ocr.weights import load_modules
+    from tests.engines.glm_ocr_convert.package_runner import PackageRunner
+
+    out, manifest, _ = converted
+    modules = load_modules(tiny_checkpoint, CACHE_LENGTH)
+    patch_rms_norms(modules)  # as converted
+    sources = {"vision": modules.vision, "decoder": modules.decoder, "lm_head": modules.lm_head, "mtp": modules.mtp}
+    runners = {name: PackageRunner(out / entry["path"], sources[name]) for name, entry in manifest["packages"].items()}
+    return CoreMLRuntime(out, manifest, runners, "cpu_only")
+
+
+def test_runtime_glue_matches_the_package_specs_and_the_torch_runtime(glue_runtime, tiny_checkpoint):
+    """Every call the Core ML runtime makes fits the packages' specs (names, shapes, dtypes,
+    states), and its results equal the torch runtime's up to the float16 I/O rounding."""
+    from engines.glm_ocr.positions import text_positions, text_rope
+    from engines.glm_ocr.runtime_torch import TorchRuntime
+
+    torch_rt = TorchRuntime.load(tiny_checkpoint, seq_len=SEQ_LEN, cache_length=CACHE_LENGTH)
+    rng = np.random.default_rng(5)
+    cfg = torch_rt.config
+    grid = (1, 6, 10)
+    pixels = rng.standard_normal((60, 6 * 14 * 14)).astype(np.float32)
+    _close(glue_runtime.encode_image(pixels, grid), torch_rt.encode_image(pixels, grid), "vision")
+    glue_runtime.reset()
+    torch_rt.reset()
+    for start, n in ((0, SEQ_LEN), (SEQ_LEN, 5), (SEQ_LEN + 5, 1)):
+        embeds = rng.standard_normal((n, cfg.text.hidden_size)).astype(np.float32)
+        cos, sin = text_rope(text_positions(start, n, 0), cfg.text)
+        expected = torch_rt.decode(embeds, start, cos, sin)
+        got = glue_runtime.decode(embeds, start, cos, sin)
+        assert got.shape == expected.shape == (n, cfg.text.hidden_size) and got.dtype == np.float32
+        _close(got, expected, f"decoder at {start}")
+        _close(glue_runtime.logits(expected), torch_rt.logits(expected), "lm_head")
+    many = rng.standard_normal((SEQ_LEN + 3, cfg.text.hidden_size)).astype(np.float32)
+    assert glue_runtime.logits(many).shape == (SEQ_LEN + 3, cfg.text.vocab_size)  # two LM head calls
+    prev = rng.standard_normal((4, cfg.text.hidden_size)).astype(np.float32)
+    embeds = rng.standard_normal((4, cfg.text.hidden_size)).astype(np.float32)
+    cos, sin = text_rope(text_positions(0, 4, 0), cfg.text)
+    calls = glue_runtime.models["mtp"].calls
+    got = glue_runtime.mtp(prev, embeds, 0, cos, sin)
+    assert glue_runtime.models["mtp"].calls == calls + 4  # one package call per row
+    for g, e, what in zip(got, torch_rt.mtp(prev, embeds, 0, cos, sin), ("mtp raw", "mtp normed")):
+        _close(g, e, what)
+
+
+def test_runtime_glue_runs_the_ocr_engine_losslessly(glue_runtime, converted):
+    """The OCR engine on the Core ML runtime's glue: MTP at 1, 3 and 7 steps emits exactly the
+    tokens of plain decoding (within the same runtime)."""
+    from PIL import Image
+
+    from engines import Request, SpecConfig
+    from engines.glm_ocr.engine import OcrEngine
+    from engines.glm_ocr.image import ImageProcessorConfig
+    from engines.glm_ocr.prompts import GlmTokenizer
+
+    out = converted[0]
+    engine = OcrEngine(glue_runtime, GlmTokenizer(out), str(out), ImageProcessorConfig.from_dir(out))
+    engine.repetition = None
+    image = out.parent / "page.png"
+    Image.fromarray(np.random.default_rng(1).integers(0, 255, (70, 120, 3), dtype=np.uint8)).save(image)
+
+    def run(steps):
+        request = Request(kind="ocr", image=str(image), max_tokens=24,
+                          spec=SpecConfig(method="mtp" if steps else "off", steps=steps))
+        rounds = list(engine.generate(request))
+        return [t for r in rounds for t in r.tokens], rounds
+
+    plain, plain_rounds = run(0)
+    assert len(plain) == 24 or plain_rounds[-1].finish == "stop"
+    for steps in (1, 3, 7):
+        tokens, rounds = run(steps)
+        assert tokens == plain, steps
+        assert sum(r.proposed for r in rounds) > 0  # the MTP package was really drafting
