@@ -271,3 +271,20 @@ def load_assistant_hf(path: str | Path):
         return Gemma4AssistantForCausalLM.from_pretrained(str(path)).eval()
     finally:
         undo()
+
+
+def build_mlx_assistant(path: str | Path, hf_assistant_dir: str | Path, bits: int = 8, group_size: int = 32) -> Path:
+    """An MLX conversion of a saved assistant, quantized the way mlx-lm quantizes models
+    (QuantizedLinear / QuantizedEmbedding weights + scales + biases, a `quantization` entry in
+    config.json). The int32 token_ordering stays an integer tensor."""
+    from mlx_lm.utils import load_config, quantize_model, save_config, save_model
+
+    from engines.mlx_chat.gemma4_assistant import load_assistant
+
+    path = Path(path)
+    model = load_assistant(hf_assistant_dir)
+    config = load_config(Path(hf_assistant_dir))
+    model, config = quantize_model(model, config, group_size, bits)
+    save_model(path, model)
+    save_config(config, path / "config.json")
+    return path

@@ -102,3 +102,32 @@ def test_token_ordering_is_int32_and_loader_rejects_other_models(edge_pair):
 
     with pytest.raises(ValueError, match="gemma4_assistant"):
         get_classes({"model_type": "gemma4_text"})
+
+
+def test_quantized_mlx_conversion_loads_and_drafts_alike(edge_pair, tmp_path):
+    """An MLX 8-bit conversion of the centroid assistant loads through the same loader and
+    drafts what the float drafter drafts (to quantization error)."""
+    import mlx.nn as nn
+
+    from tests.engines.gemma4.checkpoints import build_mlx_assistant
+
+    path = build_mlx_assistant(tmp_path / "assistant-8bit", edge_pair.assistant, bits=8)
+    quant = load_assistant(path)
+    full = load_assistant(edge_pair.assistant)
+    assert isinstance(quant.pre_projection, nn.QuantizedLinear)
+    assert isinstance(quant.model.embed_tokens, nn.QuantizedEmbedding)
+    assert quant.masked_embedding.token_ordering.dtype == mx.int32
+    np.testing.assert_array_equal(np.array(quant.masked_embedding.token_ordering),
+                                  np.array(full.masked_embedding.token_ordering))
+
+    mlx_target, _ = load_targets(edge_pair.target)
+    target = Gemma4Target.of(mlx_target)
+    ids = np.random.RandomState(3).randint(6, 512, size=(1, 20))
+    cache = mlx_target.make_cache()
+    _, hidden = target.forward(mx.array(ids), cache)
+    kv = target.drafter_kv(cache)
+    emb = target.embed(mx.array([7]))[0]
+    a, b = full.step(emb, hidden[0, -1], 20, kv), quant.step(emb, hidden[0, -1], 20, kv)
+    np.testing.assert_allclose(np.array(b.h_next), np.array(a.h_next), atol=0.1, rtol=0.1)
+    top_full = set(np.argsort(-np.array(a.logits))[:5].tolist())
+    assert int(np.array(b.logits).argmax()) in top_full

@@ -277,3 +277,15 @@ def test_missing_or_wrong_drafter_is_one_clear_line(dense_engine, dense_pair, tm
     assert "MTP drafter not found" in rounds[0].note
     rounds = run(dense_engine, SpecConfig(method="mtp", steps=3, draft_model=str(dense_pair.target)))
     assert "gemma4_assistant" in rounds[0].note and "\n" not in rounds[0].note
+
+
+def test_skip_streak_with_mtp(edge_engine, edge_pair):
+    """The random assistant is never right: with skip_streak=2, every third round skips
+    drafting (its chain, started early by the overlap, is drained unused) -- still lossless."""
+    plain = tokens_of(run(edge_engine))
+    rounds = run(edge_engine, mtp(edge_pair, 3, skip_streak=2))
+    assert tokens_of(rounds) == plain
+    decode = [r for r in rounds if not r.prefill]
+    skipped = [r for r in decode if r.proposed == 0]
+    assert skipped and len(skipped) < len(decode) / 2
+    assert decode[2].proposed == 0 and decode[0].proposed == decode[1].proposed == 3
