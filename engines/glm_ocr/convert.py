@@ -206,12 +206,19 @@ def _prepare_out_dir(out_dir: Path) -> None:
     if out_dir.exists() and not out_dir.is_dir():
         raise EngineError(f"{out_dir} exists and is not a directory")
     if out_dir.is_dir() and any(out_dir.iterdir()):
-        if not (out_dir / "manifest.json").is_file():
+        if not _is_our_manifest(out_dir / "manifest.json"):
             raise EngineError(f"{out_dir} is not empty and holds no earlier conversion; choose another --out")
         (out_dir / "manifest.json").unlink()  # from here on the directory is incomplete
         for name in PACKAGES:
             shutil.rmtree(out_dir / f"{name}.mlpackage", ignore_errors=True)
     out_dir.mkdir(parents=True, exist_ok=True)
+
+
+def _is_our_manifest(path: Path) -> bool:
+    try:
+        return json.loads(path.read_text()).get("format") == MANIFEST_FORMAT
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 # ---------------------------------------------------------------------------------------

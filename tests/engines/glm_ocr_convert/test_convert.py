@@ -268,9 +268,21 @@ def test_an_earlier_conversion_is_cleared_before_converting_again(tmp_path):
     out = tmp_path / "earlier"
     (out / "decoder.mlpackage").mkdir(parents=True)
     (out / "decoder.mlpackage" / "Manifest.json").write_text("{}")
-    (out / "manifest.json").write_text("{}")
+    (out / "manifest.json").write_text(json.dumps({"format": "specscope-glm-ocr-coreml"}))
     _prepare_out_dir(out)
     assert not (out / "manifest.json").exists() and not (out / "decoder.mlpackage").exists()
+
+
+def test_a_foreign_manifest_is_not_taken_for_an_earlier_conversion(tmp_path):
+    """A directory with someone else's manifest.json (a web app, say) is left alone."""
+    from engines.glm_ocr.convert import _prepare_out_dir
+
+    out = tmp_path / "webapp"
+    (out / "decoder.mlpackage").mkdir(parents=True)
+    (out / "manifest.json").write_text(json.dumps({"name": "my app"}))
+    with pytest.raises(EngineError, match="not empty"):
+        _prepare_out_dir(out)
+    assert (out / "manifest.json").exists() and (out / "decoder.mlpackage").exists()
 
 
 def _one_line_error(call, *words):
