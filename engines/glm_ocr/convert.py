@@ -34,6 +34,7 @@ import json
 import os
 import shutil
 import time
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -342,7 +343,10 @@ def stable_head_norms():
 
 
 def _trace(module, example: tuple):
-    with torch.no_grad():
+    # torch 2.13 deprecates jit.trace in favour of torch.export; coremltools 9 converts the
+    # traced graph with states reliably, so we keep it (and keep its warning out of the CLI).
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
         return torch.jit.trace(module.eval(), example, check_trace=False)
 
 

@@ -290,3 +290,34 @@ def test_runtime_glue_runs_the_ocr_engine_losslessly(glue_runtime, converted):
         tokens, rounds = run(steps)
         assert tokens == plain, steps
         assert sum(r.proposed for r in rounds) > 0  # the MTP package was really drafting
+
+
+def test_a_conversion_without_mtp_decodes_plainly_and_says_why(converted_without_mtp, tmp_path):
+    """A checkpoint without the MTP layer converts without mtp.mlpackage; the Core ML runtime
+    reports "MTP unavailable: ..." from the manifest and the engine decodes plainly."""
+    from PIL import Image
+
+    from engines import Request, SpecConfig
+    from engines.glm_ocr.convert import patch_rms_norms
+    from engines.glm_ocr.engine import OcrEngine
+    from engines.glm_ocr.image import ImageProcessorConfig
+    from engines.glm_ocr.prompts import GlmTokenizer
+    from engines.glm_ocr.weights import load_modules
+    from tests.engines.glm_ocr_convert.package_runner import PackageRunner
+
+    out, manifest = converted_without_mtp
+    modules = load_modules(manifest["source"]["path"], manifest["cache_length"])
+    assert modules.mtp is None
+    patch_rms_norms(modules)
+    sources = {"vision": modules.vision, "decoder": modules.decoder, "lm_head": modules.lm_head}
+    runtime = CoreMLRuntime(out, manifest, {name: PackageRunner(out / entry["path"], sources[name])
+                                            for name, entry in manifest["packages"].items()}, "cpu_only")
+    assert runtime.mtp_unavailable.startswith("MTP unavailable:")
+    engine = OcrEngine(runtime, GlmTokenizer(out), str(out), ImageProcessorConfig.from_dir(out))
+    engine.repetition = None
+    image = tmp_path / "small.png"
+    Image.fromarray(np.random.default_rng(2).integers(0, 255, (28, 56, 3), dtype=np.uint8)).save(image)
+    rounds = list(engine.generate(Request(kind="ocr", image=str(image), max_tokens=4,
+                                          spec=SpecConfig(method="mtp", steps=3))))
+    assert "MTP unavailable" in rounds[0].note
+    assert all(r.proposed == 0 for r in rounds) and sum(len(r.tokens) for r in rounds) >= 1
