@@ -17,7 +17,7 @@ import json
 import math
 import os
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -51,7 +51,6 @@ class ImageProcessorConfig:
     merge_size: int = 2
     image_mean: tuple[float, float, float] = CLIP_MEAN
     image_std: tuple[float, float, float] = CLIP_STD
-    extra: dict = field(default_factory=dict)
 
     @property
     def factor(self) -> int:
