@@ -1,0 +1,110 @@
+"""Tiny GGUF files written with llama.cpp's conventions, loaded by load_gguf, compared with the
+transformers model they came from (after the file's own quantization round trip)."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as Q
+
+from engines import EngineError
+from engines.mlx_chat.gguf import load_gguf, read_header, read_tensors
+
+from .checkpoints import as_stored, tiny_hf_model, tiny_vocab, write_gguf
+
+PROMPT = [5, 80, 17, 200, 33, 90, 140, 7, 250, 61, 3, 120]  # 12 tokens: past gemma's window of 8
+
+
+def logits_of(mlx_model, ids) -> np.ndarray:
+    return np.array(mlx_model(mx.array([ids]))[0].astype(mx.float32))
+
+
+def reference_logits(hf_model, ids) -> np.ndarray:
+    with torch.no_grad():
+        return hf_model(torch.tensor([ids])).logits[0].numpy()
+
+
+def assert_close(ours, ref, tolerance=0.02):
+    scale = np.abs(ref).max()
+    assert np.abs(ours - ref).max() <= tolerance * scale, (np.abs(ours - ref).max(), scale)
+    assert (ours.argmax(-1) == ref.argmax(-1)).mean() >= 0.9
+
+
+# Q8_0 and Q4_0 are read by MLX natively (kept packed); Q5_0 forces the gguf-package path
+# (dequantized to float16). Both: float16 error only (a wrong convention is off by > 10%).
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_0, Q.Q5_0])
+def test_tiny_gguf_logits_match_transformers(tmp_path, arch, qtype):
+    hf = tiny_hf_model(arch)
+    path = write_gguf(hf, tmp_path / f"tiny-{arch}.gguf", qtype)
+    model, _ = load_gguf(path, tokenizer_cache=tmp_path / "tok")
+    assert_close(logits_of(model, PROMPT), reference_logits(as_stored(hf, qtype), PROMPT))
+
+
+def test_native_types_stay_packed_and_others_are_dequantized(tmp_path):
+    from gguf.quants import dequantize
+
+    hf = tiny_hf_model("llama")
+    native = read_tensors(read_header(write_gguf(hf, tmp_path / "q4.gguf", Q.Q4_0)))
+    assert native["blk.0.attn_q.weight"].dtype == mx.uint32
+    assert native["blk.0.attn_q.weight"].shape == (64, 64 * 4 // 32)  # 4 bits: 8 per uint32
+    header = read_header(write_gguf(hf, tmp_path / "q5.gguf", Q.Q5_1))
+    other = read_tensors(header)
+    info = header.tensors["blk.0.ffn_down.weight"]
+    raw = np.fromfile(header.path, dtype=np.uint8, count=info.n_bytes, offset=info.offset)
+    expected = dequantize(raw.reshape(info.shape[0], -1), Q.Q5_1)
+    assert other["blk.0.ffn_down.weight"].shape == (64, 128) == expected.shape
+    np.testing.assert_allclose(np.array(other["blk.0.ffn_down.weight"]), expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_breaking_llama_cpp_convention_breaks_logits(tmp_path, arch):
+    """Negative control: a file without llama.cpp's q/k permutation (llama) or without the 1 + w
+    norm shift (gemma3) must NOT match, so the tests above do check those conventions."""
+    hf = tiny_hf_model(arch)
+    path = write_gguf(hf, tmp_path / "wrong.gguf", Q.Q8_0, permute_qk=False, norm_plus_one=False)
+    model, _ = load_gguf(path, tokenizer_cache=tmp_path / "tok")
+    ours, ref = logits_of(model, PROMPT), reference_logits(as_stored(hf, Q.Q8_0), PROMPT)
+    assert np.abs(ours - ref).max() > 0.1 * np.abs(ref).max()
+
+
+def test_tiny_tokenizer_from_metadata(tmp_path):
+    path = write_gguf(tiny_hf_model("llama"), tmp_path / "tiny.gguf")
+    _, tokenizer = load_gguf(path, tokenizer_cache=tmp_path / "tok")
+    vocab = tiny_vocab()
+    assert [vocab[i] for i in tokenizer.encode("hello world")] == ["he", "llo", "Ġw", "or", "l", "d"]
+    assert tokenizer.decode(tokenizer.encode("hello world")) == "hello world"
+    assert tokenizer.eos_token_ids == {vocab.index("<|im_end|>")}
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False)
+    assert prompt == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    # the second load comes from the cache directory (one entry, keyed by the header)
+    load_gguf(path, tokenizer_cache=tmp_path / "tok")
+    assert len(list((tmp_path / "tok").iterdir())) == 1
+
+
+def test_unsupported_architecture_is_one_line_engine_error(tmp_path):
+    path = write_gguf(tiny_hf_model("llama"), tmp_path / "tiny.gguf")
+    data = path.read_bytes()
+    # same length: "llama" -> "mamba" in general.architecture (and the keys named after it)
+    path.write_bytes(data.replace(b"llama", b"mamba"))
+    with pytest.raises(EngineError, match="architecture 'mamba' is not supported") as e:
+        load_gguf(path, tokenizer_cache=tmp_path / "tok")
+    assert "\n" not in str(e.value)
+
+
+def test_truncated_and_corrupt_files_are_engine_errors(tmp_path):
+    path = write_gguf(tiny_hf_model("llama"), tmp_path / "tiny.gguf")
+    data = path.read_bytes()
+    cases = {
+        "truncated-data.gguf": data[: len(data) - 100],
+        "truncated-header.gguf": data[:300],
+        "not-gguf.gguf": b"PK\x03\x04" + data[4:],
+        "empty.gguf": b"",
+    }
+    for name, blob in cases.items():
+        (tmp_path / name).write_bytes(blob)
+        with pytest.raises(EngineError) as e:
+            load_gguf(tmp_path / name, tokenizer_cache=tmp_path / "tok")
+        assert "\n" not in str(e.value), name
+    with pytest.raises(EngineError, match="not found"):
+        load_gguf(tmp_path / "missing.gguf")
