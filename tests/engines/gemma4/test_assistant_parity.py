@@ -131,3 +131,20 @@ def test_quantized_mlx_conversion_loads_and_drafts_alike(edge_pair, tmp_path):
     np.testing.assert_allclose(np.array(b.h_next), np.array(a.h_next), atol=0.1, rtol=0.1)
     top_full = set(np.argsort(-np.array(a.logits))[:5].tolist())
     assert int(np.array(b.logits).argmax()) in top_full
+
+
+def test_loader_reads_transformers_own_config_spelling(edge_pair, tmp_path):
+    """transformers 5.23 saves the full-attention head size as per_layer_config
+    ({"3": {"head_dim": 32}}), the published configs as global_head_dim: both load alike."""
+    import json
+    import shutil
+
+    raw = tmp_path / "assistant-raw"
+    shutil.copytree(edge_pair.assistant, raw)
+    cfg = json.loads((raw / "config.json").read_text())
+    full = cfg["text_config"]["layer_types"].index("full_attention")
+    cfg["text_config"]["per_layer_config"] = {str(full): {"head_dim": cfg["text_config"].pop("global_head_dim")}}
+    (raw / "config.json").write_text(json.dumps(cfg))
+    a, b = load_assistant(edge_pair.assistant), load_assistant(raw)
+    assert b.text.global_head_dim == a.text.global_head_dim == 32
+    assert b.model.layers[full].self_attn.head_dim == 32
