@@ -132,7 +132,7 @@ def main() -> None:
 
         # 3. MTP KV prefill cost
         req = Request(kind="ocr", image=str(image), max_tokens=1)
-        ids, embeds, positions = engine._prompt(req)
+        ids, embeds, positions, _ = engine._prompt(req)
         rt = engine.runtime
         n = len(ids)
         t0 = time.perf_counter()

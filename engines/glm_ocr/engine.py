@@ -250,8 +250,9 @@ class OcrEngine:
                  drafter: Drafter | None = None) -> Iterator[Round]:
         """One Round per target forward. `drafter` replaces the MTP drafter (tests, benchmarks)."""
         t_start = time.perf_counter()
-        ids, embeds, positions = self._prompt(request)
+        ids, embeds, positions, fit_note = self._prompt(request)
         schedule, drafter, note = self._drafting(request, positions, drafter)
+        note = _join(fit_note, note)
         self.last_drafter = drafter  # for inspection (tests, benchmarks)
         rng = np.random.default_rng(request.sampling.seed)
         text = IncrementalDecoder(self.tokenizer)
@@ -320,7 +321,9 @@ class OcrEngine:
 
     # -- helpers, in the order the loop uses them ------------------------------------------
 
-    def _prompt(self, request: Request) -> tuple[list[int], np.ndarray, Positions]:
+    def _prompt(self, request: Request) -> tuple[list[int], np.ndarray, Positions, str | None]:
+        """Prompt ids, their embeddings (image features in place of the image tokens), the
+        mRoPE positions, and a note if the image had to be downscaled to fit the context."""
         from engines.glm_ocr.image import load_image, num_image_tokens, preprocess
 
         if request.kind != "ocr":
@@ -329,7 +332,9 @@ class OcrEngine:
             raise EngineError("no image given")
         if request.max_tokens < 1:
             raise EngineError(f"max_tokens must be at least 1, got {request.max_tokens}")
-        pixel_values, grid = preprocess(load_image(request.image), self.image_config)
+        image = load_image(request.image)
+        config, note = self._fit_image(image, request)
+        pixel_values, grid = preprocess(image, config)
         grid_thw = tuple(int(x) for x in grid[0])
         merge = self.config.vision.spatial_merge_size
         n_image = num_image_tokens(grid, merge)
@@ -341,7 +346,32 @@ class OcrEngine:
         embeds = self.runtime.embeddings[np.asarray(ids)].copy()
         embeds[np.asarray(ids) == self.config.image_token_id] = self.runtime.encode_image(pixel_values, grid_thw)
         positions, delta = prompt_positions(ids, self.config.image_token_id, grid_thw, merge)
-        return ids, embeds, Positions(positions, delta)
+        return ids, embeds, Positions(positions, delta), note
+
+    def _fit_image(self, image, request: Request):
+        """A page whose image tokens would not leave room in the context for the text around
+        them and for the answer is read at a lower resolution rather than refused: the pixel
+        budget shrinks so that image tokens + prompt text + room to answer (up to a quarter
+        of the context) fit. Returns (processor config, note or None)."""
+        from dataclasses import replace
+
+        from engines.glm_ocr.image import smart_resize
+
+        config = self.image_config
+        text_tokens = len(prompt_ids(self.tokenizer, request.task, 0, self.config.image_token_id))
+        answer_room = min(request.max_tokens, self.runtime.cache_length // 4)
+        budget = self.runtime.cache_length - text_tokens - answer_room - self.runtime.seq_len
+        h, w = smart_resize(image.height, image.width, config)
+        tokens = (h // config.factor) * (w // config.factor)
+        if tokens <= budget:
+            return config, None
+        pixels_per_token = config.factor**2 * config.temporal_patch_size  # max_pixels counts both frames
+        fitted = replace(config, max_pixels=max(budget, 1) * pixels_per_token)
+        if fitted.max_pixels < config.min_pixels:
+            raise EngineError(f"the model's context of {self.runtime.cache_length} tokens has no room for an image")
+        h2, w2 = smart_resize(image.height, image.width, fitted)
+        return fitted, (f"image read at {w2}x{h2} instead of {w}x{h} to fit the context of "
+                        f"{self.runtime.cache_length} tokens (convert with a larger --cache-length for full resolution)")
 
     def _drafting(self, request: Request, positions: Positions, drafter: Drafter | None):
         spec = request.spec

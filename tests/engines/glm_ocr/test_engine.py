@@ -106,7 +106,7 @@ def test_mtp_consumes_the_final_normed_hidden_state(engine, trained_glm_ocr):
     sees): equal; fed the pre-norm hidden: different."""
     path, images = trained_glm_ocr
     req = Request(kind="ocr", image=str(images[0]), max_tokens=3, spec=SpecConfig(method="mtp", steps=1))
-    ids, _, positions = engine._prompt(req)
+    ids, _, positions, _ = engine._prompt(req)
     calls = []
 
     class Recording(MtpDrafter):
