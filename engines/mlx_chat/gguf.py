@@ -6,8 +6,8 @@ The steps, top to bottom in `load_gguf`:
 1. read the metadata (gguf package) and pick the mlx-lm model module for the architecture;
 2. read the tensors: MLX's own GGUF reader (`mx.load`) where it can read the whole file
    (F32/F16 and Q4_0/Q4_1/Q8_0, which it keeps packed as MLX affine quantization, group 32);
-   otherwise the gguf package, dequantizing every quantized tensor (K-quants, Q5_x, IQ...)
-   to float16 (see REQUANT_BITS);
+   otherwise our own reader: 32-blocks (Q4_0/Q4_1/Q5_0/Q5_1/Q8_0) repacked exactly as MLX
+   quantization, K-quants and the rest dequantized by the gguf package (see REQUANT_BITS);
 3. undo llama.cpp's conversion choices: tensor names, the q/k row permutation of the
    llama family, Gemma's norm weights stored as 1 + w;
 4. build the mlx-lm Model from a config made of the metadata and load the weights;
@@ -44,10 +44,13 @@ def compute_dtype() -> mx.Dtype:
 
 DTYPE = compute_dtype()
 
-# Tensors MLX cannot keep packed (K-quants, Q5_x, IQ-quants...) are dequantized by the gguf
-# package to float16 (exact up to float16 rounding). Re-quantizing them with mx.quantize at 8
-# bits was measured to add 2-5% logit error on tiny models (mx.quantize picks its own scales,
-# which do not line up with the 5-bit codes), so it is off (None); 8 turns it on.
+# When MLX's reader refuses a file (any K-quant in it), tensors are read with our own code:
+# llama.cpp's 32-element block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) are repacked exactly into
+# MLX affine quantization, group 32 (see repack_legacy_blocks); every other quantized type
+# (Q4_K, Q5_K, Q6_K, Q2_K, Q3_K, IQ*...) is dequantized by the gguf package to DTYPE. Why not
+# re-quantize those with mx.quantize at 8 bits: measured 2-5% logit error on tiny models
+# (mx.quantize picks its own scales, which do not line up with the file's codes). None keeps
+# that off; 8 turns it on.
 REQUANT_BITS: int | None = None
 GROUP_SIZE = 32
 
@@ -334,6 +337,11 @@ def read_tensors_with_gguf_package(header: GGUFHeader) -> dict[str, mx.array]:
     for tensor in header.tensors.values():
         qtype = tensor.qtype
         raw = blob[tensor.offset : tensor.offset + tensor.n_bytes]
+        module = tensor.name.removesuffix(".weight")
+        if qtype.name in LEGACY_BLOCKS and tensor.name.endswith(".weight") and len(tensor.shape) == 2:
+            packed, scales, biases = repack_legacy_blocks(raw, qtype.name, tensor.shape)
+            weights.update({f"{module}.weight": packed, f"{module}.scales": scales, f"{module}.biases": biases})
+            continue
         try:
             if qtype in plain_float:
                 values = raw.view(plain_float[qtype]).reshape(tensor.shape)
@@ -344,7 +352,6 @@ def read_tensors_with_gguf_package(header: GGUFHeader) -> dict[str, mx.array]:
                 f"{header.path.name}: tensor {tensor.name} uses quantization {qtype.name}, which cannot be dequantized"
             ) from e
         array = mx.array(values.astype(np.float32, copy=False))
-        module = tensor.name.removesuffix(".weight")
         quantizable = qtype not in plain_float and array.ndim == 2 and array.shape[-1] % GROUP_SIZE == 0
         if REQUANT_BITS is not None and quantizable and tensor.name.endswith(".weight"):
             packed, scales, biases = mx.quantize(array.astype(DTYPE), group_size=GROUP_SIZE, bits=REQUANT_BITS)
@@ -355,6 +362,42 @@ def read_tensors_with_gguf_package(header: GGUFHeader) -> dict[str, mx.array]:
             weights[tensor.name] = array
         mx.eval(*[w for k, w in weights.items() if k.startswith(module)])  # bound peak memory
     return weights
+
+
+# llama.cpp's 32-element blocks: per block a float16 scale d (and min m for the _1 types),
+# then 32 codes. value = d * code + m (_1) or d * (code - offset) (_0). name -> (code bits,
+# offset of the _0 types or None, MLX bits to pack into).
+LEGACY_BLOCKS = {"Q4_0": (4, 8, 4), "Q4_1": (4, None, 4), "Q5_0": (5, 16, 8), "Q5_1": (5, None, 8), "Q8_0": (8, 128, 8)}
+
+
+def repack_legacy_blocks(raw: np.ndarray, type_name: str, shape: tuple[int, int]):
+    """Exact repacking of a llama.cpp 32-block tensor as MLX affine quantization (group 32):
+    packed uint32 codes, scales = d, biases = m or -offset * d. Same values, same file-like
+    size; Q5_x codes go into 8 bits (MLX's 5-bit packing is not byte-aligned)."""
+    code_bits, offset, mlx_bits = LEGACY_BLOCKS[type_name]
+    rows, cols = shape
+    has_min = offset is None
+    header = 4 if has_min else 2  # d (and m), float16 each
+    high_bits = 4 if code_bits == 5 else 0  # Q5: a uint32 with each code's 5th bit
+    blocks = raw.reshape(rows, cols // 32, -1)
+    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    if code_bits == 8:
+        codes = blocks[..., 2:].view(np.int8).astype(np.int16) + 128  # int8 -> 0..255
+    else:
+        low = blocks[..., header + high_bits :]  # 16 bytes: codes j (low nibble), j+16 (high)
+        codes = np.concatenate([low & 0x0F, low >> 4], axis=-1).astype(np.int16)
+        if high_bits:
+            qh = blocks[..., header : header + 4].copy().view(np.uint32)  # (rows, n, 1)
+            codes |= (((qh >> np.arange(32, dtype=np.uint32)) & 1) << 4).astype(np.int16)
+    if has_min:
+        bias = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+    else:
+        bias = -float(offset) * d
+    codes = codes.astype(np.uint8).reshape(rows, cols)
+    if mlx_bits == 4:  # two codes a byte, element 2i in the low nibble (MLX packs low bits first)
+        codes = codes[:, 0::2] | (codes[:, 1::2] << 4)
+    packed = np.ascontiguousarray(codes).view(np.uint32)  # little-endian: element 0 lowest
+    return mx.array(packed), mx.array(d).astype(DTYPE), mx.array(bias).astype(DTYPE)
 
 
 def to_mlx_lm_weights(weights: dict[str, mx.array], arch: Architecture, config: dict) -> dict[str, mx.array]:
