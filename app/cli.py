@@ -57,6 +57,7 @@ def chat_parser() -> Parser:
     p.add_argument("--system", default=None, help="system prompt")
     p.add_argument("--draft-model", default=None, help="draft model (--spec draft) or Gemma 4 assistant (--spec mtp)")
     p.add_argument("--ignore-chat-template", action="store_true", help="tokenize the raw prompt, no chat template")
+    p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop before this text (repeatable)")
     add_spec_arguments(p, ["off", "ngram", "draft", "mtp"], "ngram")
     return p
 
@@ -157,7 +158,7 @@ def cmd_chat(argv: list[str]) -> int:
     if not args.prompt.strip():
         raise UsageError("the prompt is empty")
     request = Request(
-        kind="chat", prompt=args.prompt, system=args.system, max_tokens=args.max_tokens,
+        kind="chat", prompt=args.prompt, system=args.system, max_tokens=args.max_tokens, stop=args.stop,
         ignore_chat_template=args.ignore_chat_template, spec=spec_config(args), sampling=sampling(args),
     )
     trace = open_trace(args)

@@ -60,6 +60,7 @@ class Request:
     image: str | None = None
     task: Literal["text", "table", "formula"] = "text"
     max_tokens: int = 256
+    stop: list[str] = field(default_factory=list)  # stop strings (chat); the text ends before them
     ignore_chat_template: bool = False
     spec: SpecConfig = field(default_factory=SpecConfig)
     sampling: Sampling = field(default_factory=Sampling)

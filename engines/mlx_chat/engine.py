@@ -218,7 +218,7 @@ class ChatEngine:
             schedule=schedule,
             detokenizer=self.tokenizer.detokenizer,
             eos=set(self.tokenizer.eos_token_ids),
-            stop=list(getattr(request, "stop", None) or []),
+            stop=list(request.stop),
             remaining=request.max_tokens,
             started=time.perf_counter(),
             note=note,

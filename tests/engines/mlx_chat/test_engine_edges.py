@@ -79,8 +79,7 @@ def test_stop_string_inside_a_burst(self_draft):
     text = "".join(r.text for r in full)
     words = text.split()
     stop = " ".join(words[12:14])
-    req = Request(prompt=PROMPT, max_tokens=30, spec=SpecConfig(method="draft", steps=7))
-    req.stop = [stop]  # stop strings ride on the request (see ChatEngine._start)
+    req = Request(prompt=PROMPT, max_tokens=30, stop=[stop], spec=SpecConfig(method="draft", steps=7))
     rounds = list(self_draft.generate(req))
     out = "".join(r.text for r in rounds)
     assert rounds[-1].finish == "stop"
