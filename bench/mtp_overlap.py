@@ -82,12 +82,6 @@ def decode(engine: ChatEngine, spec: SpecConfig, tokens: int):
     return rounds, session_stats(rounds)
 
 
-def best_of(repeats: int, fn):
-    """The fastest of `repeats` runs (the machine is shared: the minimum is the least disturbed)."""
-    runs = [fn() for _ in range(repeats)]
-    return max(runs, key=lambda r: r[1].decode_tok_s)
-
-
 def isolated_timings(engine: ChatEngine, proposer: MTPProposer, ids: list[int], k: int, n: int = 20):
     """Median seconds of: one plain target step; a k-step drafter chain; a verify forward of
     k + 1 tokens followed by the rollback of k (the worst case, every draft rejected)."""
@@ -147,13 +141,15 @@ def main() -> None:
 
     decode(engine, SpecConfig(), 8)  # warm-up
     mx.reset_peak_memory()
-    plain_rounds, plain = best_of(args.repeats, lambda: decode(engine, SpecConfig(), args.tokens))
+    plain_rounds, _ = decode(engine, SpecConfig(), args.tokens)
     peak_plain = mx.get_peak_memory()
     reference = ids + [t for r in plain_rounds for t in r.tokens]
 
     before = mx.get_active_memory()
     preload_drafter(engine, str(assistant_dir))
     resident = mx.get_active_memory() - before
+    proposer = MTPProposer(engine.mtp_drafters[str(assistant_dir)], Gemma4Target.of(engine.model))
+    info = assistant_info(proposer.drafter)
 
     def mtp_run(overlap: bool):
         def make(drafter, target, **_):
@@ -161,47 +157,52 @@ def main() -> None:
         engine.mtp_proposer = make
         rounds, stats = decode(engine, spec, args.tokens)
         assert [t for r in rounds for t in r.tokens] == reference[len(ids):], "MTP output differs from plain"
-        return rounds, stats
+        return stats
 
     mx.reset_peak_memory()
     mtp_run(True)  # warm-up
     peak_mtp = mx.get_peak_memory()
-    # overlap on and off interleaved, so a busy spell of the shared machine hits both alike
-    ons, offs = [], []
-    for _ in range(args.repeats):
-        ons.append(mtp_run(True))
-        offs.append(mtp_run(False))
-    on = max(ons, key=lambda r: r[1].decode_tok_s)[1]
-    off = max(offs, key=lambda r: r[1].decode_tok_s)[1]
 
-    proposer = MTPProposer(engine.mtp_drafters[str(assistant_dir)], Gemma4Target.of(engine.model))
-    t_plain, t_draft, t_verify = isolated_timings(engine, proposer, ids, args.steps)
-    ideal = on.tau * t_plain / (t_draft + t_verify)
-    realized_on = on.decode_tok_s / plain.decode_tok_s
-    realized_off = off.decode_tok_s / plain.decode_tok_s
-    info = assistant_info(proposer.drafter)
+    # The machine is shared: each repeat measures everything back to back (isolated timings,
+    # plain, overlap on, overlap off) and its ratios use only its own numbers; we report the
+    # median over repeats.
+    reps = []
+    for _ in range(args.repeats):
+        t_plain, t_draft, t_verify = isolated_timings(engine, proposer, ids, args.steps)
+        _, plain = decode(engine, SpecConfig(), args.tokens)
+        on, off = mtp_run(True), mtp_run(False)
+        ideal = on.tau * t_plain / (t_draft + t_verify)
+        reps.append(dict(
+            t_plain=t_plain, t_draft=t_draft, t_verify=t_verify, ideal=ideal,
+            plain=plain.decode_tok_s, on=on.decode_tok_s, off=off.decode_tok_s,
+            ratio_on=on.decode_tok_s / plain.decode_tok_s / ideal,
+            ratio_off=off.decode_tok_s / plain.decode_tok_s / ideal,
+            efficiency=(t_draft + t_verify) / on.mean_round_s,
+            gain=on.decode_tok_s / off.decode_tok_s,
+            tau=on.tau, acceptance=on.acceptance_rate, draft_wait=on.draft_s / max(on.decode_rounds, 1),
+            round=on.mean_round_s, plain_round=plain.mean_round_s,
+        ))
+    m = {k: statistics.median(r[k] for r in reps) for k in reps[0]}
+    ratios = ", ".join(f"{r['ratio_on']:.3f}" for r in reps)
+    gains = ", ".join(f"{r['gain']:.3f}" for r in reps)
 
     print(f"target {args.size}: {target_dir}  assistant: {info.head} head, {info.layers} layers, "
           f"hidden {info.hidden_size}")
     print(f"steps {args.steps} (B={args.steps + 1}), replay error rate {args.error_rate}, {args.tokens} tokens, "
-          f"best of {args.repeats}")
-    print(f"acceptance {on.acceptance_rate:.3f}  tau {on.tau:.2f} tokens/round")
-    print(f"isolated: plain step {t_plain * 1e3:.1f} ms, draft chain x{args.steps} {t_draft * 1e3:.1f} ms "
-          f"({t_draft / args.steps * 1e3:.1f} ms/step), verify {args.steps + 1} tokens {t_verify * 1e3:.1f} ms")
-    print(f"in-loop means: draft {on.draft_s / max(on.decode_rounds, 1) * 1e3:.1f} ms, "
-          f"round {on.mean_round_s * 1e3:.1f} ms (plain round {plain.mean_round_s * 1e3:.1f} ms)")
-    print(f"decode tok/s: plain {plain.decode_tok_s:.1f}  mtp+overlap {on.decode_tok_s:.1f}  "
-          f"mtp no-overlap {off.decode_tok_s:.1f}")
-    print(f"ideal speedup {ideal:.3f}  realized {realized_on:.3f}  realized/ideal {realized_on / ideal:.3f} "
-          f"(no overlap: {realized_off / ideal:.3f})")
-    print(f"round efficiency (isolated draft + verify) / in-loop MTP round: "
-          f"{(t_draft + t_verify) / on.mean_round_s:.3f}; ideal against the in-loop plain round "
-          f"(pipelined, {plain.mean_round_s * 1e3:.1f} ms): {on.tau * plain.mean_round_s / (t_draft + t_verify):.3f}")
-    print(f"depth-2 overlap gain: {on.decode_tok_s / off.decode_tok_s:.3f}x")
+          f"median of {args.repeats} repeats")
+    print(f"acceptance {m['acceptance']:.3f}  tau {m['tau']:.2f} tokens/round")
+    print(f"isolated: plain step {m['t_plain'] * 1e3:.1f} ms, draft chain x{args.steps} {m['t_draft'] * 1e3:.1f} ms "
+          f"({m['t_draft'] / args.steps * 1e3:.1f} ms/step), verify {args.steps + 1} tokens {m['t_verify'] * 1e3:.1f} ms")
+    print(f"in-loop: draft wait {m['draft_wait'] * 1e3:.1f} ms, MTP round {m['round'] * 1e3:.1f} ms, "
+          f"plain round {m['plain_round'] * 1e3:.1f} ms")
+    print(f"decode tok/s: plain {m['plain']:.1f}  mtp+overlap {m['on']:.1f}  mtp no-overlap {m['off']:.1f}")
+    print(f"ideal speedup {m['ideal']:.3f}  realized/ideal {m['ratio_on']:.3f} (no overlap: {m['ratio_off']:.3f})  "
+          f"per repeat: {ratios}")
+    print(f"round efficiency (isolated draft + verify) / in-loop MTP round: {m['efficiency']:.3f}")
+    print(f"depth-2 overlap gain: {m['gain']:.3f}x  per repeat: {gains}")
     print(f"memory: drafter parameters {info.bytes / 2**20:.2f} MiB ({info.parameters:,} params), "
-          f"resident after loading {resident / 2**20:.2f} MiB; "
-          f"peak MLX memory plain {peak_plain / 2**20:.1f} MiB, with MTP {peak_mtp / 2**20:.1f} MiB "
-          f"(+{(peak_mtp - peak_plain) / 2**20:.1f} MiB)")
+          f"resident after loading {resident / 2**20:.2f} MiB; peak MLX memory plain {peak_plain / 2**20:.1f} MiB, "
+          f"with MTP {peak_mtp / 2**20:.1f} MiB (+{(peak_mtp - peak_plain) / 2**20:.1f} MiB)")
 
 
 if __name__ == "__main__":
