@@ -46,7 +46,9 @@ def tiny_vocab() -> list[str]:
 
 
 def tiny_hf_model(arch: str, seed: int = 0):
-    """A tiny random transformers model (float32) with non-trivial norm weights."""
+    """A tiny random transformers model (float32) with non-trivial norm weights.
+    arch: llama | gemma3 | qwen2 (q/k/v biases) | qwen3 (q/k norms)."""
+    import transformers
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
@@ -70,12 +72,23 @@ def tiny_hf_model(arch: str, seed: int = 0):
             bos_token_id=1, eos_token_id=2, pad_token_id=0,
         )
         model = Gemma3ForCausalLM(config)
+    elif arch in ("qwen2", "qwen3"):
+        config_class = getattr(transformers, f"{arch.capitalize()}Config")
+        model_class = getattr(transformers, f"{arch.capitalize()}ForCausalLM")
+        config = config_class(
+            vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6,
+            max_position_embeddings=256, tie_word_embeddings=True,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+            bos_token_id=1, eos_token_id=2,
+        )
+        model = model_class(config)
     else:
         raise ValueError(arch)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):  # llama: around 1; gemma (1 + w): around 0
-                p.copy_((1.0 if arch == "llama" else 0.0) + 0.3 * torch.randn_like(p))
+                p.copy_((0.0 if arch == "gemma3" else 1.0) + 0.3 * torch.randn_like(p))
             else:
                 p.copy_(0.08 * torch.randn_like(p))  # larger than init: logits that differ
     return model.eval()
@@ -94,7 +107,7 @@ def gguf_name(hf_name: str, arch: str) -> str:
         "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
         "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
     }
-    if arch == "llama":
+    if arch != "gemma3":
         block["post_attention_layernorm"] = "ffn_norm"
     else:
         block.update({
@@ -121,7 +134,7 @@ def write_gguf(
     """Write `model` as llama.cpp would. permute_qk / norm_plus_one=False write a file that
     breaks llama.cpp's convention (negative controls)."""
     cfg = model.config
-    arch = "llama" if cfg.model_type == "llama" else "gemma3"
+    arch = {"gemma3_text": "gemma3"}.get(cfg.model_type, cfg.model_type)
     writer = GGUFWriter(str(path), arch)
     writer.add_name(f"tiny {arch}")
     writer.add_context_length(cfg.max_position_embeddings)
@@ -131,10 +144,14 @@ def write_gguf(
     writer.add_head_count(cfg.num_attention_heads)
     writer.add_head_count_kv(cfg.num_key_value_heads)
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    if arch == "llama":
+    if arch != "gemma3":
         writer.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
-        writer.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        writer.add_rope_dimension_count(head_dim)
         writer.add_vocab_size(cfg.vocab_size)
+        if arch == "qwen3":
+            writer.add_key_length(head_dim)
+            writer.add_value_length(head_dim)
     else:
         writer.add_rope_freq_base(cfg.rope_parameters["full_attention"]["rope_theta"])
         writer.add_key_length(cfg.head_dim)
@@ -175,7 +192,7 @@ def stored_tensors(model, qtype, *, permute_qk=True, norm_plus_one=True) -> dict
             w = llama_cpp_permute(w, cfg.num_attention_heads)
         elif arch == "llama" and permute_qk and name.endswith("k_proj.weight"):
             w = llama_cpp_permute(w, cfg.num_key_value_heads)
-        if arch != "llama" and norm_plus_one and name.endswith("norm.weight"):
+        if arch == "gemma3_text" and norm_plus_one and name.endswith("norm.weight"):
             w = w + 1.0
         if w.ndim == 2:
             out[name] = (quantize(w, qtype), qtype)

@@ -109,3 +109,28 @@ def compare_logits(model, tokenizer, reference):
 def test_smollm2_logits_match_transformers_gguf_loader(smollm2):
     path, model, tokenizer = smollm2
     compare_logits(model, tokenizer, transformers_reference(path))
+
+
+@pytest.mark.slow
+def test_gemma3_270m_k_quants_match_transformers_gguf_loader(gemma):
+    """Q4_K/Q6_K dequantized, Q5_0/Q8_0 repacked, norms 1 + w undone, sliding window: logits
+    against transformers (which dequantizes everything to float32), text, tokenizer."""
+    from transformers import AutoTokenizer
+
+    path, model, tokenizer = gemma
+    continuation = generate(model, tokenizer, "The capital of France is", max_tokens=12)
+    assert "Paris" in continuation or "France" in continuation, continuation
+    compare_logits(model, tokenizer, transformers_reference(path))
+    reference = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    for text in PROMPTS + [" lead space\n\nnew\tlines 1234 ünïcödé 日本語 <start_of_turn>user"]:
+        assert tokenizer.encode(text) == reference(text).input_ids
+    assert tokenizer.encode("x")[0] == tokenizer.bos_token_id  # add_bos_token from the file
+
+
+@pytest.mark.slow  # loading Gemma (262k vocabulary) takes ~15 s
+def test_gemma3_270m_sliding_window_config(gemma):
+    """llama.cpp's hard-coded Gemma 3 pattern: 5 sliding layers (window 512), then 1 global."""
+    _, model, _ = gemma
+    flags = [layer.self_attn.is_sliding for layer in model.model.layers]
+    assert flags == [(i + 1) % 6 != 0 for i in range(18)]
+    assert model.args.sliding_window == 512 and model.args.query_pre_attn_scalar == 256

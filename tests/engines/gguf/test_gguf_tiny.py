@@ -64,6 +64,14 @@ def test_block_types_repack_exactly_into_mlx_quantization(qtype):
     np.testing.assert_allclose(np.array(ours.astype(mx.float32)), dequantize(raw, qtype), rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
+def test_tiny_qwen_gguf_logits_match_transformers(tmp_path, arch):
+    hf = tiny_hf_model(arch)
+    path = write_gguf(hf, tmp_path / f"tiny-{arch}.gguf", Q.Q8_0)
+    model, _ = load_gguf(path, tokenizer_cache=tmp_path / "tok")
+    assert_close(logits_of(model, PROMPT), reference_logits(as_stored(hf, Q.Q8_0), PROMPT))
+
+
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])
 def test_breaking_llama_cpp_convention_breaks_logits(tmp_path, arch):
     """Negative control: a file without llama.cpp's q/k permutation (llama) or without the 1 + w
