@@ -3,16 +3,18 @@
     model, tokenizer = load_gguf("SmolLM2-135M-Instruct.Q4_1.gguf")
 
 The steps, top to bottom in `load_gguf`:
-1. read the metadata (gguf package) and pick the mlx-lm model module for the architecture;
+1. read the header (our own small parser: fast, no torch) and pick the mlx-lm model module;
 2. read the tensors: MLX's own GGUF reader (`mx.load`) where it can read the whole file
    (F32/F16 and Q4_0/Q4_1/Q8_0, which it keeps packed as MLX affine quantization, group 32);
    otherwise our own reader: 32-blocks (Q4_0/Q4_1/Q5_0/Q5_1/Q8_0) repacked exactly as MLX
-   quantization, K-quants and the rest dequantized by the gguf package (see REQUANT_BITS);
+   quantization, K-quants and the rest dequantized by the gguf package (to DTYPE);
 3. undo llama.cpp's conversion choices: tensor names, the q/k row permutation of the
    llama family, Gemma's norm weights stored as 1 + w;
 4. build the mlx-lm Model from a config made of the metadata and load the weights;
-5. build the tokenizer with transformers' GGUF tokenizer converter (cached on disk, it is
-   slow), with the chat template and end-of-turn ids of the file.
+5. build the tokenizer with transformers' GGUF tokenizer converter (cached on disk, keyed by
+   the header's hash: it takes seconds), with the file's chat template and end-of-turn ids.
+
+Float tensors (and so activations) are DTYPE: float16 on Metal, float32 on MLX's CPU backend.
 """
 
 from __future__ import annotations
@@ -47,11 +49,9 @@ DTYPE = compute_dtype()
 # When MLX's reader refuses a file (any K-quant in it), tensors are read with our own code:
 # llama.cpp's 32-element block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) are repacked exactly into
 # MLX affine quantization, group 32 (see repack_legacy_blocks); every other quantized type
-# (Q4_K, Q5_K, Q6_K, Q2_K, Q3_K, IQ*...) is dequantized by the gguf package to DTYPE. Why not
-# re-quantize those with mx.quantize at 8 bits: measured 2-5% logit error on tiny models
-# (mx.quantize picks its own scales, which do not line up with the file's codes). None keeps
-# that off; 8 turns it on.
-REQUANT_BITS: int | None = None
+# (Q4_K, Q5_K, Q6_K, Q2_K, Q3_K, IQ*...) is dequantized by the gguf package to DTYPE. Not
+# re-quantized with mx.quantize: at 8 bits that measured 2-5% logit error on tiny models
+# (mx.quantize picks its own scales, which do not line up with the file's codes).
 GROUP_SIZE = 32
 
 
@@ -320,14 +320,14 @@ def read_tensors(header: GGUFHeader) -> dict[str, mx.array]:
     names = {t.qtype.name for t in header.tensors.values()}
     if names <= MLX_NATIVE_TYPES:
         return mx.load(str(header.path))  # MLX's own reader keeps Q4_0/Q4_1/Q8_0 packed
-    return read_tensors_with_gguf_package(header)
+    return read_tensors_ourselves(header)
 
 
 # The types MLX's GGUF reader accepts (it refuses the whole file for any other).
 MLX_NATIVE_TYPES = {"F32", "F16", "Q4_0", "Q4_1", "Q8_0"}
 
 
-def read_tensors_with_gguf_package(header: GGUFHeader) -> dict[str, mx.array]:
+def read_tensors_ourselves(header: GGUFHeader) -> dict[str, mx.array]:
     from gguf import GGMLQuantizationType as Q
     from gguf.quants import dequantize
 
@@ -351,16 +351,7 @@ def read_tensors_with_gguf_package(header: GGUFHeader) -> dict[str, mx.array]:
             raise EngineError(
                 f"{header.path.name}: tensor {tensor.name} uses quantization {qtype.name}, which cannot be dequantized"
             ) from e
-        array = mx.array(values.astype(np.float32, copy=False))
-        quantizable = qtype not in plain_float and array.ndim == 2 and array.shape[-1] % GROUP_SIZE == 0
-        if REQUANT_BITS is not None and quantizable and tensor.name.endswith(".weight"):
-            packed, scales, biases = mx.quantize(array.astype(DTYPE), group_size=GROUP_SIZE, bits=REQUANT_BITS)
-            weights[f"{module}.weight"] = packed
-            weights[f"{module}.scales"] = scales
-            weights[f"{module}.biases"] = biases
-        else:
-            weights[tensor.name] = array
-        mx.eval(*[w for k, w in weights.items() if k.startswith(module)])  # bound peak memory
+        weights[tensor.name] = mx.array(values.astype(np.float32, copy=False))
     return weights
 
 
