@@ -46,13 +46,7 @@ def compute_dtype() -> mx.Dtype:
 
 DTYPE = compute_dtype()
 
-# When MLX's reader refuses a file (any K-quant in it), tensors are read with our own code:
-# llama.cpp's 32-element block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) are repacked exactly into
-# MLX affine quantization, group 32 (see repack_legacy_blocks); every other quantized type
-# (Q4_K, Q5_K, Q6_K, Q2_K, Q3_K, IQ*...) is dequantized by the gguf package to DTYPE. Not
-# re-quantized with mx.quantize: at 8 bits that measured 2-5% logit error on tiny models
-# (mx.quantize picks its own scales, which do not line up with the file's codes).
-GROUP_SIZE = 32
+GROUP_SIZE = 32  # llama.cpp's quantization block = the MLX group size we pack into
 
 
 @dataclass(frozen=True)
@@ -328,6 +322,12 @@ MLX_NATIVE_TYPES = {"F32", "F16", "Q4_0", "Q4_1", "Q8_0"}
 
 
 def read_tensors_ourselves(header: GGUFHeader) -> dict[str, mx.array]:
+    """For files MLX's reader refuses (any K-quant in them). llama.cpp's 32-element block
+    types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) are repacked exactly into MLX affine quantization
+    (repack_legacy_blocks); every other quantized type (Q4_K, Q5_K, Q6_K, Q2_K, Q3_K, IQ*...)
+    is dequantized by the gguf package, then cast to DTYPE. Not re-quantized with mx.quantize:
+    at 8 bits that measured 2-5% logit error on tiny models (mx.quantize picks its own scales,
+    which do not line up with the file's codes)."""
     from gguf import GGMLQuantizationType as Q
     from gguf.quants import dequantize
 
