@@ -19,6 +19,7 @@ from mlx_lm.models import gemma4_text
 
 from engines import EngineError
 from engines.mlx_chat.gemma4_assistant import Model as Assistant
+from engines.mlx_chat.proposers import Draft
 
 
 def gemma4_text_model(model) -> gemma4_text.Model:
@@ -81,8 +82,14 @@ class Gemma4Target:
 
     def drafter_kv(self, cache: list) -> dict[str, tuple[mx.array, mx.array]]:
         """K/V the drafter reads, per attention type, in temporal order: every cached position
-        for full attention; for sliding attention the last `sliding_window` positions, i.e.
-        the window of the last cached token (the rotating cache's steady state)."""
+        for full attention; for sliding attention the last `sliding_window` cached positions,
+        i.e. the window the last cached token attended to (what a sliding-window cache holds).
+
+        The window is a choice the published code does not pin down: transformers' assistant
+        masks the sliding K/V it is handed with |q - kv| <= window (window + 1 positions when
+        given more); llama.cpp applies its usual sliding-window mask at the query's position.
+        All agree until the context passes the window; our parity test hands transformers
+        exactly the K/V we read, before and past the window."""
         kv = {}
         for kind, idx in self.kv_layer.items():
             keys, values = cache_keys_values(cache[idx])
@@ -143,7 +150,6 @@ class Chain:
     h: mx.array  # [backbone_hidden] the next step's h_prev
     tokens: list[mx.array]  # drafted so far, [1] each
     qs: list[mx.array]  # the drafter's distributions [V], T>0 only
-    submitted: float = 0.0
 
     def outputs(self) -> list[mx.array]:
         return [*self.tokens, *self.qs, self.h]
@@ -184,9 +190,7 @@ class MTPProposer:
         if ctx.hidden is None:
             raise EngineError("MTP needs the target's hidden state; the round loop did not provide it")
 
-    def propose(self, ctx, k: int):
-        from engines.mlx_chat.proposers import Draft
-
+    def propose(self, ctx, k: int) -> Draft:
         if self.error is not None:
             error, self.error = self.error, None
             raise error
@@ -226,7 +230,6 @@ class MTPProposer:
             h=ctx.hidden.reshape(-1),
             tokens=[],
             qs=[],
-            submitted=0.0,
         )
 
     def _take_pending(self, ctx) -> Chain | None:
