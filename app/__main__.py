@@ -1,9 +1,9 @@
 """`specscope`: the window by default; `specscope chat | ocr | bench | convert | models` on the
-command line (see app/cli.py)."""
+command line (see app/cli.py; app/launch.py sets up the process first)."""
 
 import sys
 
-from app.cli import main
+from app.launch import entry
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry())

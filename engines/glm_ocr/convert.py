@@ -593,7 +593,8 @@ def _convert_mtp(modules, ref, out_dir: Path) -> dict:
     _fresh_caches(mtp)
     reports = [
         _report("mtp", "transformers GlmOcrTextDecoderLayer + enorm/hnorm/eh_proj: mtp_hidden", got_raw, exp_raw[0]),
-        _report("mtp", "... + shared_head.norm: mtp_hidden_for_head", got_head, exp_head[0]),
+        _report("mtp", "transformers GlmOcrTextDecoderLayer + enorm/hnorm/eh_proj + shared_head.norm: "
+                "mtp_hidden_for_head", got_head, exp_head[0]),
     ]
     parity = max(reports, key=lambda r: r.max_abs_error / r.tolerance)  # the worse of the two outputs
 

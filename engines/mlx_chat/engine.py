@@ -112,6 +112,7 @@ class ChatEngine:
     accept_rule: Callable = mxs.lossless_accept  # rejection test; tests swap in a lossy one
     _drafts: dict[str, LoadedModel] = field(default_factory=dict)
     _head: Head | None = None
+    _hash: str | None = None
 
     # -- construction ------------------------------------------------------------------------
     @classmethod
@@ -158,11 +159,14 @@ class ChatEngine:
     def model_info(self) -> dict:
         from engines.speculative.session import model_hash
 
+        if self._hash is None:  # hashing reads the weights: once per engine, not per run
+            self._hash = model_hash(self.target.path)
         return {
             "path": self.target.path,
             "model_type": self.target.model_type,
-            "hash": model_hash(self.target.path),
+            "hash": self._hash,
             "vocab_size": self.target.vocab_size,
+            "weights": "float32 (dequantized for MLX's CPU backend)" if self.target.dequantized else "as stored",
             "draft_model": self.draft_path,
         }
 
