@@ -265,10 +265,14 @@ def cmd_bench(argv: list[str]) -> int:
     for name, request in cases:
         c = bench_case(engine, name, request, runs=args.runs, warmup=args.warmup)
         results.append(c)
-        print(f"{name:<22} {c.plain_tok_s:>11.1f} {c.spec_tok_s:>10.1f} {c.speedup:>7.2f}x {c.tau:>5.2f} "
+        speedup = f"{c.speedup:>7.2f}x" if c.plain_tok_s and c.spec_tok_s else "    n/a "  # ended at once
+        print(f"{name:<22} {c.plain_tok_s:>11.1f} {c.spec_tok_s:>10.1f} {speedup} {c.tau:>5.2f} "
               f"{100 * c.acceptance:>6.0f}% {'yes' if c.identical else 'NO':>5}", file=sys.stderr, flush=True)
     settings = {k: v for k, v in vars(args).items()} | {"spec": cases[0][1].spec.__dict__ if cases else None}
-    json_path, csv_path = write_bench(results, settings, engine.model_info(), Path(args.out))
+    json_path, csv_path, summary = write_bench(results, settings, engine.model_info(), Path(args.out))
+    if summary["median_speedup"] is not None:
+        print(f"speedup: median {summary['median_speedup']:.2f}x, geometric mean {summary['geomean_speedup']:.2f}x, "
+              f"median tau {summary['median_tau']:.2f}; outputs identical: {summary['all_identical']}", file=sys.stderr)
     print(f"wrote {json_path} and {csv_path}", file=sys.stderr)
     return 0
 

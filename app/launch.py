@@ -29,8 +29,9 @@ def system_openblas() -> str | None:
     return None
 
 
-def preload_openblas(argv: list[str]) -> None:
-    """Re-exec with OpenBLAS in LD_PRELOAD (once; SPECSCOPE_NO_OPENBLAS=1 opts out)."""
+def preload_openblas() -> None:
+    """Re-exec this very command line with OpenBLAS in LD_PRELOAD (once; SPECSCOPE_NO_OPENBLAS=1
+    opts out). Call it first thing: the console script and the benchmark scripts do."""
     if sys.platform != "linux" or os.environ.get("SPECSCOPE_NO_OPENBLAS"):
         return
     lib = system_openblas()
@@ -38,11 +39,11 @@ def preload_openblas(argv: list[str]) -> None:
         return
     env = dict(os.environ)
     env["LD_PRELOAD"] = ":".join(p for p in (lib, env.get("LD_PRELOAD")) if p)
-    os.execve(sys.executable, [sys.executable, "-m", "app", *argv], env)
+    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
 
 
 def entry() -> int:
-    preload_openblas(sys.argv[1:])
+    preload_openblas()
     from app.cli import main
 
     return main()

@@ -31,6 +31,9 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from app.launch import preload_openblas  # noqa: E402
+
+preload_openblas()  # the process environment `specscope` runs in (MLX's CPU BLAS -> OpenBLAS)
 
 import mlx.core as mx  # noqa: E402
 

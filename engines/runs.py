@@ -88,11 +88,16 @@ def bench_case(engine: Engine, name: str, request: Request, runs: int, warmup: i
     )
 
 
-def write_bench(cases: list[BenchCase], settings: dict, model: dict, out_dir: Path) -> tuple[Path, Path]:
+def write_bench(cases: list[BenchCase], settings: dict, model: dict, out_dir: Path) -> tuple[Path, Path, dict]:
     out_dir.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
+    # A case whose output ended at once (EOS as the first token) has no decode rounds to time.
+    timed = [c for c in cases if c.plain_tok_s > 0 and c.spec_tok_s > 0]
     summary = {
-        "median_speedup": statistics.median(c.speedup for c in cases) if cases else 0.0,
+        "median_speedup": statistics.median(c.speedup for c in timed) if timed else None,
+        "geomean_speedup": statistics.geometric_mean(c.speedup for c in timed) if timed else None,
+        "median_tau": statistics.median(c.tau for c in timed) if timed else None,
+        "untimed_cases": [c.name for c in cases if c not in timed],
         "all_identical": all(c.identical for c in cases),
     }
     doc = {"settings": settings, "model": model, "machine": machine_info(), "summary": summary,
@@ -106,4 +111,4 @@ def write_bench(cases: list[BenchCase], settings: dict, model: dict, out_dir: Pa
         w.writeheader()
         for c in cases:
             w.writerow({k: getattr(c, k) for k in cols})
-    return json_path, csv_path
+    return json_path, csv_path, summary
