@@ -46,26 +46,23 @@ def test_adaptive_depth_holds_on_mixed_acceptance():
     assert c.steps == 3
 
 
-def test_skip_streak_skips_one_round_after_threshold_zero_accepts():
-    s = SkipStreak(threshold=2)
+def skips_when_nothing_is_accepted(threshold: int, rounds: int = 6) -> list[bool]:
+    """The skip decision of each round when every drafted round accepts nothing."""
+    s = SkipStreak(threshold=threshold)
     decisions = []
-    for _ in range(6):
-        skip = s.should_skip()
-        decisions.append(skip)
-        if not skip:
+    for _ in range(rounds):
+        decisions.append(s.should_skip())
+        if not decisions[-1]:
             s.record(proposed=3, accepted=0)
-    assert decisions == [False, False, True, False, False, True]
+    return decisions
+
+
+def test_skip_streak_skips_one_round_after_threshold_zero_accepts():
+    assert skips_when_nothing_is_accepted(2) == [False, False, True, False, False, True]
 
 
 def test_skip_streak_threshold_one_does_not_skip_forever():
-    s = SkipStreak(threshold=1)
-    decisions = []
-    for _ in range(6):
-        skip = s.should_skip()
-        decisions.append(skip)
-        if not skip:
-            s.record(proposed=3, accepted=0)
-    assert decisions == [False, True, False, True, False, True]
+    assert skips_when_nothing_is_accepted(1) == [False, True, False, True, False, True]
 
 
 def test_skip_streak_resets_on_any_accept_and_off_by_default():
