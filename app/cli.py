@@ -274,7 +274,7 @@ def cmd_bench(argv: list[str]) -> int:
         speedup = f"{c.speedup:>7.2f}x" if c.plain_tok_s and c.spec_tok_s else "    n/a "  # ended at once
         print(f"{name:<22} {c.plain_tok_s:>11.1f} {c.spec_tok_s:>10.1f} {speedup} {c.tau:>5.2f} "
               f"{100 * c.acceptance:>6.0f}% {'yes' if c.identical else 'NO':>5}", file=sys.stderr, flush=True)
-    settings = {k: v for k, v in vars(args).items()} | {"spec": cases[0][1].spec.__dict__ if cases else None}
+    settings = vars(args) | {"spec": cases[0][1].spec.__dict__ if cases else None}
     json_path, csv_path, summary = write_bench(results, settings, engine.model_info(), Path(args.out))
     if summary["median_speedup"] is not None:
         print(f"speedup: median {summary['median_speedup']:.2f}x, geometric mean {summary['geomean_speedup']:.2f}x, "

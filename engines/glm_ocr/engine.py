@@ -31,7 +31,7 @@ from engines.glm_ocr.runtime import Runtime
 from engines.speculative.rounds import Round
 from engines.speculative.sampling import rejection_verify, target_probs
 from engines.speculative.schedule import DraftSchedule
-from engines.speculative.verify import Verdict, clip_emitted, verify_greedy
+from engines.speculative.verify import Verdict, accept_flags, clip_emitted, verify_greedy
 
 
 # ----------------------------------------------------------------------------- positions
@@ -441,7 +441,7 @@ class OcrEngine:
         now = time.perf_counter()
         rnd = Round(
             index=index, proposed=len(drafts), accepted=n_acc, tokens=kept, from_draft=from_draft, text=delta,
-            accept_flags=[True] * n_acc + [False] * (len(drafts) - n_acc), draft_s=draft_s, verify_s=verify_s,
+            accept_flags=accept_flags(len(drafts), n_acc), draft_s=draft_s, verify_s=verify_s,
             wall_s=now - t0, t_s=now - t_start, prefill=prefill, steps=steps, finish=finish,
         )
         if note:

@@ -40,7 +40,9 @@ from engines.mlx_chat.proposers import (
 )
 from engines.speculative.rounds import Round
 from engines.speculative.schedule import DraftSchedule
-from engines.speculative.verify import Verdict, clip_emitted, clip_stop_strings, verify_greedy, verify_sampled
+from engines.speculative.verify import (
+    Verdict, accept_flags, clip_emitted, find_stop, verify_greedy, verify_sampled,
+)
 
 PREFILL_CHUNK = 2048
 
@@ -374,17 +376,17 @@ class ChatEngine:
         if finish:
             run.detokenizer.finalize()
             pieces.append(run.detokenizer.last_segment)
-        text, stopped = clip_stop_strings(run.text, "".join(pieces), run.stop)
-        if stopped:  # a stop string inside the burst: drop the tokens after the one completing it
-            joined = run.text + "".join(pieces)
-            found = [i + len(s) for s in run.stop if (i := joined.find(s, max(0, len(run.text) - len(s) + 1))) >= 0]
-            end = min(found) - len(run.text)
+        text = "".join(pieces)
+        stop = find_stop(run.text, text, run.stop)
+        if stop is not None:  # a stop string inside the burst: drop the tokens after the one completing it
+            start, end = stop
+            text = text[: max(0, start)]
             tokens = tokens[: next((i + 1 for i, e in enumerate(ends) if e >= end), len(tokens))]
             finish = "stop"
         run.text += text
         accepted = min(settled.verdict.accepted, len(tokens))
         proposed = step.k if step else 0
-        flags = [True] * settled.verdict.accepted + [False] * (proposed - settled.verdict.accepted)
+        flags = accept_flags(proposed, settled.verdict.accepted)
         rnd = Round(
             index=run.index,
             proposed=proposed,

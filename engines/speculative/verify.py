@@ -17,10 +17,6 @@ class Verdict:
     accepted: int  # how many drafts were accepted (a prefix)
     tokens: list[int]  # the accepted drafts followed by exactly one target token
 
-    @property
-    def accept_flags(self) -> list[bool]:
-        return [True] * self.accepted
-
 
 def verify_greedy(drafts: Sequence[int], target: Sequence[int]) -> Verdict:
     """T=0. target[i] is the target's argmax at the position where drafts[i] was placed, and
@@ -63,14 +59,21 @@ def clip_emitted(
     return kept, None
 
 
-def clip_stop_strings(text_so_far: str, new_text: str, stop: Sequence[str]) -> tuple[str, bool]:
-    """Cut the new text at the first stop string that the joined text contains (a stop string
-    may straddle the burst boundary). Returns (text to emit, stopped)."""
+def find_stop(text_so_far: str, new_text: str, stop: Sequence[str]) -> tuple[int, int] | None:
+    """The earliest stop string that ends inside `new_text` (it may start in `text_so_far`, as
+    one can straddle a burst boundary): (start, end) as offsets into new_text, start possibly
+    negative. None if there is none."""
     if not stop:
-        return new_text, False
+        return None
     joined = text_so_far + new_text
-    start = max(0, len(text_so_far) - max(len(s) for s in stop) + 1)
-    cut = min((i for s in stop if (i := joined.find(s, start)) >= 0), default=-1)
-    if cut < 0:
-        return new_text, False
-    return joined[len(text_so_far):cut] if cut >= len(text_so_far) else "", True
+    first = max(0, len(text_so_far) - max(len(s) for s in stop) + 1)
+    hits = [(i, i + len(s)) for s in stop if (i := joined.find(s, first)) >= 0]
+    if not hits:
+        return None
+    start, end = min(hits)
+    return start - len(text_so_far), end - len(text_so_far)
+
+
+def accept_flags(proposed: int, accepted: int) -> list[bool]:
+    """Round.accept_flags: the verdict on each drafted position (an accepted prefix)."""
+    return [True] * accepted + [False] * (proposed - accepted)
