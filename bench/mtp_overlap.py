@@ -11,13 +11,23 @@ the replay drafter (tests/engines/gemma4/replay.py): the real assistant forward 
 step, then its token is replaced by the target's own greedy output, wrong at --error-rate.
 
 Figures, all measured in this process:
-  ideal speedup     = tau * t_plain / (t_draft(k) + t_verify(k)): isolated timings of one
-                      plain target step, a k-step drafter chain and a verify forward of k + 1
-                      tokens (+ rollback), with tau (tokens per round) from the MTP run.
+  ideal speedup     = tau * t_plain / (t_draft(k) + t_verify(k)): isolated costs of one plain
+                      target step, a k-step drafter chain (the proposer's own code) and a
+                      verify forward of k + 1 tokens (+ rollback), with tau (tokens per round)
+                      from the MTP run. The costs are "streamed": n ops issued back to back,
+                      one wait, divided by n -- what an op costs in a pipelined loop, which is
+                      how ChatEngine runs both plain decoding and MTP rounds. ("Synced" costs,
+                      each op waited for on its own, are printed too; they add a host round
+                      trip to every op, and so overstate the plain step most.)
   realized speedup  = decode tok/s with MTP / decode tok/s plain, both through ChatEngine.
   realized / ideal  = how much of the ideal the round loop keeps (goal >= 0.95).
-  overlap gain      = decode tok/s with depth-2 overlap / without.
+  overlap gain      = decode tok/s with depth-2 overlap / without (SPECSCOPE_MTP_OVERLAP=0).
+  compile gain      = decode tok/s with the compiled drafter step / eager (SPECSCOPE_MTP_COMPILE=0).
   memory            = drafter parameter bytes; peak MLX memory of a plain run and an MTP run.
+
+The machine is shared and noisy: every repeat measures everything back to back, in an order
+that rotates between repeats; each ratio uses one repeat's own numbers; we print the median
+and the spread (min..max) over repeats.
 """
 
 from __future__ import annotations
@@ -37,11 +47,12 @@ preload_openblas()  # the process environment `specscope` runs in (MLX's CPU BLA
 
 import mlx.core as mx  # noqa: E402
 
-from engines import Request, SpecConfig  # noqa: E402
+from engines import Request, Sampling, SpecConfig  # noqa: E402
 from engines.mlx_chat.cache import make_rollback_cache, rollback  # noqa: E402
 from engines.mlx_chat.engine import ChatEngine  # noqa: E402
 from engines.mlx_chat.gemma4_assistant import assistant_info  # noqa: E402
 from engines.mlx_chat.mtp import Gemma4Target, MTPProposer, preload_drafter  # noqa: E402
+from engines.mlx_chat.proposers import ProposerContext  # noqa: E402
 from engines.speculative.rounds import session_stats  # noqa: E402
 from tests.engines.gemma4.checkpoints import AssistantSpec, TargetSpec, build_assistant, build_target  # noqa: E402
 from tests.engines.gemma4.replay import ReplayMTPProposer  # noqa: E402
@@ -86,45 +97,73 @@ def decode(engine: ChatEngine, spec: SpecConfig, tokens: int):
 
 
 def isolated_timings(engine: ChatEngine, proposer: MTPProposer, ids: list[int], k: int, n: int = 20):
-    """Median seconds of: one plain target step; a k-step drafter chain; a verify forward of
-    k + 1 tokens followed by the rollback of k (the worst case, every draft rejected)."""
+    """Seconds per op of: one plain target step; a k-step drafter chain (proposer.propose on
+    the settled state, as the loop without overlap calls it); a verify forward of k + 1
+    tokens followed by the rollback of k + 1. Two ways, as dicts {plain, draft, verify}:
+
+    synced    median of n ops, each built, evaluated and waited for on its own.
+    streamed  n ops issued back to back with async_eval, one wait at the end, divided by n:
+              the host builds op i+1 while op i runs, as in the round loop."""
     target = proposer.target
     cache = make_rollback_cache(engine.model)
     _, hidden = target.forward(mx.array(ids)[None], cache)
     mx.eval(hidden)
-    h = hidden[0, -1]
+    ctx = ProposerContext(list(ids), Sampling(), engine.model, cache, hidden=hidden[0, -1])
     token = mx.array([ids[-1]], dtype=mx.uint32)
 
-    def timed(fn):
-        out = []
-        for _ in range(n):
-            t0 = time.perf_counter()
-            fn()
-            out.append(time.perf_counter() - t0)
-        return statistics.median(out)
+    def plain_step(tok):
+        logits, hid = target.forward(tok[None], cache)
+        return mx.argmax(logits[0, -1:], axis=-1).astype(mx.uint32), hid
 
-    def plain_step():
-        logits, hid = target.forward(token[None], cache)
-        mx.eval(mx.argmax(logits[0, -1]), hid)
+    def plain():
+        out = plain_step(token)
         rollback(cache, 1)
+        return list(out)
 
     def draft_chain():
-        kv = target.drafter_kv(cache)
-        tok, hh, out = token, h, []
-        for _ in range(k):
-            step = proposer.drafter.step(target.embed(tok)[0], hh, len(ids), kv)
-            tok = mx.argmax(step.logits, axis=-1, keepdims=True)
-            hh = step.h_next
-            out.append(tok)
-        mx.eval(*out, hh)
+        return [proposer.propose(ctx, k).tokens]
 
     def verify():
         inputs = mx.concatenate([token, mx.zeros((k,), dtype=mx.uint32)])
         logits, hid = target.forward(inputs[None], cache)
-        mx.eval(mx.argmax(logits[0], axis=-1), hid)
         rollback(cache, k + 1)
+        return [mx.argmax(logits[0], axis=-1), hid]
 
-    return timed(plain_step), timed(draft_chain), timed(verify)
+    def synced(op):
+        times = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            mx.eval(op())
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+
+    def streamed(op):
+        mx.eval(op())  # warm
+        t0 = time.perf_counter()
+        outs = []
+        for _ in range(n):
+            outs.append(op())
+            mx.async_eval(outs[-1])
+        mx.eval(outs)
+        return (time.perf_counter() - t0) / n
+
+    def plain_streamed():
+        """n plain steps, each fed the previous one's lazy token (as the loop does)."""
+        mx.eval(plain())
+        t0 = time.perf_counter()
+        tok = token
+        for _ in range(n):
+            tok, hid = plain_step(tok)
+            mx.async_eval(tok, hid)
+        mx.eval(tok)
+        elapsed = (time.perf_counter() - t0) / n
+        rollback(cache, n)
+        return elapsed
+
+    return (
+        {"plain": synced(plain), "draft": synced(draft_chain), "verify": synced(verify)},
+        {"plain": plain_streamed(), "draft": streamed(draft_chain), "verify": streamed(verify)},
+    )
 
 
 def main() -> None:
@@ -133,7 +172,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3, help="drafts per round (B - 1)")
     ap.add_argument("--error-rate", type=float, default=0.2, help="replayed drafts made wrong")
     ap.add_argument("--tokens", type=int, default=128)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--root", default="/tmp/specscope_bench_mtp")
     args = ap.parse_args()
 
@@ -151,58 +190,79 @@ def main() -> None:
     before = mx.get_active_memory()
     preload_drafter(engine, str(assistant_dir))
     resident = mx.get_active_memory() - before
-    proposer = MTPProposer(engine.mtp_drafters[str(assistant_dir)], Gemma4Target.of(engine.model))
-    info = assistant_info(proposer.drafter)
+    drafter = engine.mtp_drafters[str(assistant_dir)]
+    proposer = MTPProposer(drafter, Gemma4Target.of(engine.model), overlap=False)
+    info = assistant_info(drafter)
 
-    def mtp_run(overlap: bool):
+    def mtp_run(overlap: bool = True, compiled: bool = True):
         def make(drafter, target, **_):
-            return ReplayMTPProposer(drafter, target, overlap, reference=reference, error_rate=args.error_rate, seed=0)
+            return ReplayMTPProposer(drafter, target, overlap, compiled, reference=reference,
+                                     error_rate=args.error_rate, seed=0)
         engine.mtp_proposer = make
         rounds, stats = decode(engine, spec, args.tokens)
         assert [t for r in rounds for t in r.tokens] == reference[len(ids):], "MTP output differs from plain"
         return stats
 
     mx.reset_peak_memory()
-    mtp_run(True)  # warm-up
+    mtp_run()  # warm-up (and the compiled step's first trace)
+    mtp_run(compiled=False)
     peak_mtp = mx.get_peak_memory()
 
-    # The machine is shared: each repeat measures everything back to back (isolated timings,
-    # plain, overlap on, overlap off) and its ratios use only its own numbers; we report the
-    # median over repeats.
+    runs = {
+        "plain": lambda: decode(engine, SpecConfig(), args.tokens)[1],
+        "on": lambda: mtp_run(),
+        "off": lambda: mtp_run(overlap=False),
+        "eager": lambda: mtp_run(compiled=False),
+    }
     reps = []
-    for _ in range(args.repeats):
-        t_plain, t_draft, t_verify = isolated_timings(engine, proposer, ids, args.steps)
-        _, plain = decode(engine, SpecConfig(), args.tokens)
-        on, off = mtp_run(True), mtp_run(False)
-        ideal = on.tau * t_plain / (t_draft + t_verify)
+    for i in range(args.repeats):
+        synced, streamed = isolated_timings(engine, proposer, ids, args.steps)
+        order = list(runs)[i % len(runs):] + list(runs)[: i % len(runs)]
+        stats = {name: runs[name]() for name in order}
+        plain, on = stats["plain"], stats["on"]
+        ideal = on.tau * streamed["plain"] / (streamed["draft"] + streamed["verify"])
+        ideal_synced = on.tau * synced["plain"] / (synced["draft"] + synced["verify"])
+        speedup = {name: st.decode_tok_s / plain.decode_tok_s for name, st in stats.items()}
         reps.append(dict(
-            t_plain=t_plain, t_draft=t_draft, t_verify=t_verify, ideal=ideal,
-            plain=plain.decode_tok_s, on=on.decode_tok_s, off=off.decode_tok_s,
-            ratio_on=on.decode_tok_s / plain.decode_tok_s / ideal,
-            ratio_off=off.decode_tok_s / plain.decode_tok_s / ideal,
-            efficiency=(t_draft + t_verify) / on.mean_round_s,
-            gain=on.decode_tok_s / off.decode_tok_s,
+            **{f"sync_{k}": v for k, v in synced.items()}, **{f"stream_{k}": v for k, v in streamed.items()},
+            ideal=ideal, ideal_synced=ideal_synced,
+            **{f"tok_s_{name}": st.decode_tok_s for name, st in stats.items()},
+            **{f"speedup_{name}": v for name, v in speedup.items()},
+            ratio=speedup["on"] / ideal, ratio_off=speedup["off"] / ideal, ratio_synced=speedup["on"] / ideal_synced,
+            overlap_gain=on.decode_tok_s / stats["off"].decode_tok_s,
+            compile_gain=on.decode_tok_s / stats["eager"].decode_tok_s,
             tau=on.tau, acceptance=on.acceptance_rate, draft_wait=on.draft_s / max(on.decode_rounds, 1),
-            round=on.mean_round_s, plain_round=plain.mean_round_s,
+            round=on.mean_round_s, round_off=stats["off"].mean_round_s, plain_round=plain.mean_round_s,
         ))
-    m = {k: statistics.median(r[k] for r in reps) for k in reps[0]}
-    ratios = ", ".join(f"{r['ratio_on']:.3f}" for r in reps)
-    gains = ", ".join(f"{r['gain']:.3f}" for r in reps)
+
+    def med(key):
+        return statistics.median(r[key] for r in reps)
+
+    def spread(key):
+        values = [r[key] for r in reps]
+        return f"{med(key):.3f} ({min(values):.3f}..{max(values):.3f})"
+
+    def ms(key):
+        return f"{med(key) * 1e3:.1f} ms"
 
     print(f"target {args.size}: {target_dir}  assistant: {info.head} head, {info.layers} layers, "
           f"hidden {info.hidden_size}")
     print(f"steps {args.steps} (B={args.steps + 1}), replay error rate {args.error_rate}, {args.tokens} tokens, "
-          f"median of {args.repeats} repeats")
-    print(f"acceptance {m['acceptance']:.3f}  tau {m['tau']:.2f} tokens/round")
-    print(f"isolated: plain step {m['t_plain'] * 1e3:.1f} ms, draft chain x{args.steps} {m['t_draft'] * 1e3:.1f} ms "
-          f"({m['t_draft'] / args.steps * 1e3:.1f} ms/step), verify {args.steps + 1} tokens {m['t_verify'] * 1e3:.1f} ms")
-    print(f"in-loop: draft wait {m['draft_wait'] * 1e3:.1f} ms, MTP round {m['round'] * 1e3:.1f} ms, "
-          f"plain round {m['plain_round'] * 1e3:.1f} ms")
-    print(f"decode tok/s: plain {m['plain']:.1f}  mtp+overlap {m['on']:.1f}  mtp no-overlap {m['off']:.1f}")
-    print(f"ideal speedup {m['ideal']:.3f}  realized/ideal {m['ratio_on']:.3f} (no overlap: {m['ratio_off']:.3f})  "
-          f"per repeat: {ratios}")
-    print(f"round efficiency (isolated draft + verify) / in-loop MTP round: {m['efficiency']:.3f}")
-    print(f"depth-2 overlap gain: {m['gain']:.3f}x  per repeat: {gains}")
+          f"{args.repeats} repeats: medians (min..max)")
+    print(f"acceptance {med('acceptance'):.3f}  tau {med('tau'):.2f} tokens/round")
+    for kind in ("stream", "sync"):
+        print(f"isolated, {kind}ed: plain step {ms(kind + '_plain')}, draft chain x{args.steps} "
+              f"{ms(kind + '_draft')}, verify {args.steps + 1} tokens {ms(kind + '_verify')}")
+    print(f"in-loop: draft wait {ms('draft_wait')}, MTP round {ms('round')} (no overlap {ms('round_off')}), "
+          f"plain round {ms('plain_round')}")
+    print(f"decode tok/s: plain {med('tok_s_plain'):.1f}  mtp {med('tok_s_on'):.1f}  "
+          f"no overlap {med('tok_s_off'):.1f}  eager drafter {med('tok_s_eager'):.1f}")
+    print(f"speedup over plain: {spread('speedup_on')}; no overlap {spread('speedup_off')}; "
+          f"eager drafter {spread('speedup_eager')}")
+    print(f"ideal speedup: {spread('ideal')} (from synced costs: {spread('ideal_synced')})")
+    print(f"realized / ideal: {spread('ratio')}; no overlap {spread('ratio_off')}; "
+          f"against the synced ideal {spread('ratio_synced')}")
+    print(f"depth-2 overlap gain: {spread('overlap_gain')}x   drafter compile gain: {spread('compile_gain')}x")
     print(f"memory: drafter parameters {info.bytes / 2**20:.2f} MiB ({info.parameters:,} params), "
           f"resident after loading {resident / 2**20:.2f} MiB; peak MLX memory plain {peak_plain / 2**20:.1f} MiB, "
           f"with MTP {peak_mtp / 2**20:.1f} MiB (+{(peak_mtp - peak_plain) / 2**20:.1f} MiB)")

@@ -5,7 +5,9 @@ One round = one target forward:
     launch   the schedule picks k; the proposer drafts k tokens (propose);
              the target reads [last token, drafts] in one forward (verify), and the per-position
              results -- argmax ids at T=0, accept flags + residual samples + bonus at T>0 --
-             are computed in the graph and evaluated asynchronously.
+             are computed in the graph and evaluated asynchronously. A proposer that can
+             draft on a verdict still in the graph (MTP) is handed it now (anticipate), so
+             the next round's drafts queue right behind this verify (depth-2 overlap).
     settle   wait for those few ints; accept the longest agreeing prefix plus one target token
              (verify_greedy / verify_sampled); roll the caches back over the rejected drafts;
              clip at EOS and max_tokens; tell the proposer what was accepted (commit).
@@ -34,6 +36,7 @@ from engines.mlx_chat.proposers import (
     EMPTY,
     Draft,
     DraftModelProposer,
+    LazyVerdict,
     NGramProposer,
     Proposer,
     ProposerContext,
@@ -87,6 +90,7 @@ class Step:
     sampled: mxs.SampledVerdict | None = None  # T>0 with drafts
     token: mx.array | None = None  # [1] T>0 plain sample
     hidden: mx.array | None = None  # [k+1, D] when the proposer needs it
+    note: str | None = None  # said by this step's Round (speculation stopped while it ran)
 
     @property
     def k(self) -> int:
@@ -186,7 +190,8 @@ class ChatEngine:
         step = self._launch(run)
         while step is not None:
             # Plain decoding needs no verdict to start the next forward: feed it the lazy token.
-            ahead = self._launch(run, after=step) if not run.schedule.enabled and run.remaining > 1 else None
+            plain = step.k == 0 and not run.schedule.enabled  # (it may have just been disabled)
+            ahead = self._launch(run, after=step) if plain and run.remaining > 1 else None
             settled = self._settle(run, step)
             finish = settled.finish or ("cancelled" if should_stop() else None)
             if not finish and ahead is None:
@@ -308,7 +313,8 @@ class ChatEngine:
         if steps:
             try:
                 draft = run.proposer.propose(run.ctx, steps)
-                mx.eval(draft.tokens)  # drafting time is its own telemetry
+                if not draft.overlapped:  # drafted ahead: already queued before this verify
+                    mx.eval(draft.tokens)  # drafting time is its own telemetry
             except Exception as e:
                 self._stop_speculating(run, e)
                 draft = EMPTY
@@ -332,7 +338,22 @@ class ChatEngine:
             outputs = [step.token]
         mx.async_eval(*outputs, *([hidden] if hidden is not None else []))
         step.build_s = time.perf_counter() - t1
+        if run.proposer is not None and run.proposer.drafts_ahead and run.schedule.enabled:
+            self._anticipate(run, step)
         return step
+
+    def _anticipate(self, run: Run, step: Step) -> None:
+        """Depth-2 overlap: hand the proposer this round's verdict while it is still in the
+        graph, so it can queue the next round's draft right behind the verify."""
+        try:
+            accepted, token = mxs.verdict_in_graph(step.draft.tokens, step.argmax, step.sampled, step.token)
+            hidden = mx.take(step.hidden, accepted, axis=0) if step.hidden is not None else None
+            verdict = LazyVerdict(run.ctx.position, step.draft.tokens, accepted, token, hidden)
+            run.proposer.anticipate(run.ctx, verdict)
+        except Exception as e:
+            # this step's drafts are verified as usual; its Round says speculation stopped
+            self._stop_speculating(run, e)
+            step.note, run.note = run.note, None
 
     def _settle(self, run: Run, step: Step) -> Settled:
         """Wait for the verify results; accept a prefix + one target token; roll back."""
@@ -402,7 +423,7 @@ class ChatEngine:
             prefill=prefill,
             steps=step.steps if step else 0,
             finish=finish,
-            note=run.note,
+            note=run.note or (step.note if step else None),
         )
         run.note = None
         run.index += 1

@@ -19,7 +19,7 @@ from mlx_lm.models import gemma4_text
 
 from engines import EngineError
 from engines.mlx_chat.gemma4_assistant import Model as Assistant
-from engines.mlx_chat.proposers import Draft
+from engines.mlx_chat.proposers import Draft, LazyVerdict
 
 
 def gemma4_text_model(model) -> gemma4_text.Model:
@@ -98,6 +98,37 @@ class Gemma4Target:
             kv[kind] = (keys, values)
         return kv
 
+    def drafter_view(self, cache: list, last_kept: mx.array):
+        """The drafter's K/V as (kv, masks): per attention type the whole K/V buffer of the
+        layer it reads, and a boolean mask of the entries drafter_kv() would hand over once
+        everything after position `last_kept` is rolled back: for full attention every
+        position <= last_kept, for sliding attention the last `sliding_window` of them.
+
+        Why buffers and masks rather than drafter_kv's exact slices: last_kept may still be
+        lazy (a verdict the host has not read: depth-2 overlap), and a buffer's shape changes
+        only when the cache grows it, so the compiled drafter step is traced once per growth
+        rather than once per token. Entries past the cache's offset (rejected drafts, unused
+        capacity) are masked out."""
+        kv, masks = {}, {}
+        for kind, idx in self.kv_layer.items():
+            keys, values, first = cache_buffer(cache[idx])
+            positions = mx.arange(first, first + keys.shape[2], dtype=mx.int32)
+            visible = positions <= last_kept
+            if kind == "sliding_attention":
+                visible = visible & (positions > last_kept - self.sliding_window)
+            kv[kind], masks[kind] = (keys, values), visible
+        return kv, masks
+
+
+def cache_buffer(c) -> tuple[mx.array, mx.array, int]:
+    """A rollback cache's whole K/V buffers, as written (rejected drafts and unused capacity
+    included), and the position held by their first entry."""
+    if hasattr(c, "window_contents"):  # engine.cache.WindowKVCache: entry j holds position start + j
+        return c.keys, c.values, c.start
+    if isinstance(getattr(c, "keys", None), mx.array) and not hasattr(c, "_temporal_order"):  # KVCache
+        return c.keys, c.values, 0
+    raise EngineError(f"MTP cannot read K/V from a {type(c).__name__} (quantized KV is not supported)")
+
 
 def cache_keys_values(c) -> tuple[mx.array, mx.array]:
     """A layer cache's keys/values [1, heads, n, dim] in temporal order, oldest first."""
@@ -140,104 +171,132 @@ def check_compatible(target: Gemma4Target, drafter: Assistant) -> None:
 @dataclass
 class Chain:
     """A draft chain in progress for one target state. Every array may still be lazy: step
-    i+1 embeds step i's token in the graph, so k steps are one graph and one wait."""
+    i+1 embeds step i's token in the graph, so k steps are one graph and one wait -- or none,
+    when the chain was anticipated (depth-2 overlap) and goes straight into the next verify."""
 
-    position: int  # of the last accepted token (not yet in the target's cache)
-    last_token: int
-    context: list[int]  # prompt + accepted tokens (the loop's list: append-only), up to position
+    position: mx.array  # [] int32: of the token the first step embeds (not yet in the target's cache)
+    context: list[int]  # the loop's ctx.tokens (append-only) when the chain began
     kv: dict[str, tuple[mx.array, mx.array]]  # the target K/V snapshot the drafter reads
+    masks: dict[str, mx.array | None]  # which of those entries it sees (None: all)
     token: mx.array  # [1] the token the next step embeds
     h: mx.array  # [backbone_hidden] the next step's h_prev
     tokens: list[mx.array]  # drafted so far, [1] each
     qs: list[mx.array]  # the drafter's distributions [V], T>0 only
+    after: LazyVerdict | None = None  # anticipated: built on this verdict, before the host read it
+    ready: bool = False  # anticipated, and that round has since been settled (commit)
 
     def outputs(self) -> list[mx.array]:
         return [*self.tokens, *self.qs, self.h]
+
+    def history(self) -> list[int]:
+        """The token ids up to and including the one the first step embeds. For an
+        anticipated chain this reads the verdict, i.e. waits for the verify (tests only)."""
+        if self.after is None:
+            return self.context[: int(self.position.item()) + 1]
+        v = self.after
+        accepted = int(v.accepted.item())
+        return self.context[: v.position + 1] + v.drafts[:accepted].tolist() + v.token.tolist()
 
 
 class MTPProposer:
     """Gemma 4 MTP drafting for the round loop (see proposers.py for the protocol).
 
-    propose(ctx, k)  chains the drafter k times from the target's state: the last accepted
-                     token, the target's hidden state at the position before it (ctx.hidden,
-                     set by the loop from the last *accepted* position), and its cache K/V.
-    commit(ctx)      depth-2 overlap: as soon as the round's accepted token is known (the
-                     target's cache already rolled back), start the next round's chain and
-                     let MLX evaluate it asynchronously; propose() then picks it up, cut
-                     or extended to the k the schedule asks for.
-    drain()          the loop is about to change the target's cache (verify writes, rollback):
-                     wait for any chain in flight and drop it. (MLX arrays are immutable, so a
-                     chain could never read a changed cache; draining keeps the contract of
-                     the reference anyway and stops a stale chain competing for the device.)
+    propose(ctx, k)     chains the drafter k times from the target's state: the last accepted
+                        token, the target's hidden state at the position before it (ctx.hidden,
+                        set by the loop from the last *accepted* position), and its cache K/V.
+                        If the chain was anticipated it is only cut or extended to k, and
+                        handed back unevaluated: the verify reads it in the graph.
+    anticipate(ctx, v)  depth-2 overlap: right after a verify is launched, chain the next
+                        round's drafts on its verdict *in the graph*: the accepted count, the
+                        target's token and hidden state at the accepted position, the position
+                        that follows, and a mask that hides the K/V of drafts the rollback will
+                        drop. MLX runs the chain right behind the verify while the host reads
+                        the verdict, rolls back and reports; k is last round's (k_hint).
+    commit(ctx)         the anticipated round is settled: its chain is the next round's.
+    drain()             nothing to wait for: a chain reads the MLX arrays the cache held when
+                        it was built, and cache writes make new arrays (see proposers.py).
     """
 
     name = "mtp"
     needs_hidden = True
 
-    def __init__(self, drafter: Assistant, target: Gemma4Target, overlap: bool = True):
+    def __init__(self, drafter: Assistant, target: Gemma4Target, overlap: bool = True, compiled: bool = True):
         check_compatible(target, drafter)
         self.drafter = drafter
         self.target = target
         self.overlap = overlap
+        self.drafts_ahead = overlap  # the loop calls anticipate()
+        self.compiled = compiled
+        self.drafter_step = drafter.compiled_step() if compiled else drafter.step
         self.pending: Chain | None = None
-        self.k_hint = 0  # drafts asked last round: the guess for the chain started in commit
-        self.error: BaseException | None = None  # raised in drain, re-raised by propose
-        self.overlap_hits = 0  # rounds whose chain had been started in commit
+        self.k_hint = 0  # drafts asked last round: the guess for an anticipated chain
+        self.overlap_hits = 0  # rounds whose chain had been anticipated
 
     # -- protocol ----------------------------------------------------------------------------
     def start(self, ctx) -> None:
-        self.pending, self.k_hint, self.error = None, 0, None
+        self.pending, self.k_hint = None, 0
         if ctx.hidden is None:
             raise EngineError("MTP needs the target's hidden state; the round loop did not provide it")
 
     def propose(self, ctx, k: int) -> Draft:
-        if self.error is not None:
-            error, self.error = self.error, None
-            raise error
-        chain = self._take_pending(ctx) or self._begin(ctx)
+        chain, self.pending = self.pending, None
+        overlapped = chain is not None and chain.ready
+        if overlapped:
+            self.overlap_hits += 1
+        else:
+            chain = self._begin(ctx)
         self._extend(chain, k, ctx.sampling)
         self.k_hint = k
         tokens = mx.concatenate(chain.tokens[:k]).astype(mx.uint32)
         q = mx.stack(chain.qs[:k]) if chain.qs else None
-        return Draft(tokens, q)
+        return Draft(tokens, q, overlapped=overlapped)
 
-    def commit(self, ctx) -> None:
+    def anticipate(self, ctx, verdict: LazyVerdict) -> None:
         self.pending = None
-        if self.overlap and self.k_hint:
-            chain = self._begin(ctx)
+        if self.k_hint and verdict.hidden is not None:
+            chain = self._begin_after(ctx, verdict)
             self._extend(chain, self.k_hint, ctx.sampling)
             mx.async_eval(*chain.outputs())
             self.pending = chain
 
+    def commit(self, ctx) -> None:
+        if self.pending is not None:
+            self.pending.ready = True
+
     def drain(self) -> None:
-        chain, self.pending = self.pending, None
-        if chain is not None:
-            try:
-                mx.eval(*chain.outputs())
-            except Exception as e:  # the loop does not expect drain to fail: report it next round
-                self.error = e
+        pass
 
     # -- the chain ---------------------------------------------------------------------------
     def _begin(self, ctx) -> Chain:
-        position = ctx.position
-        last = int(ctx.tokens[-1])
+        """A chain on the settled state: the host knows the last token and its position."""
+        position = mx.array(ctx.position, dtype=mx.int32)
+        kv, masks = self.target.drafter_view(ctx.target_cache, position - 1)
         return Chain(
             position=position,
-            last_token=last,
             context=ctx.tokens,
-            kv=self.target.drafter_kv(ctx.target_cache),
-            token=mx.array([last], dtype=mx.uint32),
+            kv=kv,
+            masks=masks,
+            token=mx.array(ctx.tokens[-1:], dtype=mx.uint32),
             h=ctx.hidden.reshape(-1),
             tokens=[],
             qs=[],
         )
 
-    def _take_pending(self, ctx) -> Chain | None:
-        chain, self.pending = self.pending, None
-        if chain is not None and chain.position == ctx.position and chain.last_token == int(ctx.tokens[-1]):
-            self.overlap_hits += 1
-            return chain
-        return None
+    def _begin_after(self, ctx, verdict: LazyVerdict) -> Chain:
+        """A chain on the state a launched round's verdict will leave (all of it lazy)."""
+        position = verdict.next_position
+        kv, masks = self.target.drafter_view(ctx.target_cache, position - 1)
+        return Chain(
+            position=position,
+            context=ctx.tokens,
+            kv=kv,
+            masks=masks,
+            token=verdict.token,
+            h=verdict.hidden.reshape(-1),
+            tokens=[],
+            qs=[],
+            after=verdict,
+        )
 
     def _extend(self, chain: Chain, k: int, sampling) -> None:
         """Draft until the chain holds k tokens: argmax in the graph at T=0; at T>0 a sample
@@ -256,7 +315,6 @@ class MTPProposer:
             chain.tokens.append(token)
             chain.token, chain.h = token, step.h_next
 
-
     def target_forward(self, tokens: mx.array, cache: list) -> tuple[mx.array, mx.array]:
         """The loop's target forward while MTP runs: logits and final-norm hidden states, for
         gemma4_text and for the text part of gemma4 alike."""
@@ -264,7 +322,8 @@ class MTPProposer:
 
     def _step(self, chain: Chain):
         """One drafter forward from the chain's current token and h_prev."""
-        return self.drafter.step(self.target.embed(chain.token)[0], chain.h, chain.position, chain.kv)
+        embedding = self.target.embed(chain.token)[0]
+        return self.drafter_step(embedding, chain.h, chain.position, chain.kv, chain.masks)
 
 
 def load_drafter(path: str) -> Assistant:
@@ -313,7 +372,9 @@ def make_mtp_proposer(engine, request) -> MTPProposer:
     # Depth-2 overlap is on by default; SPECSCOPE_MTP_OVERLAP=0 turns it off for A/B runs
     # (the reference's LLAMA_PIPELINE_DEPTH2=0).
     overlap = os.environ.get("SPECSCOPE_MTP_OVERLAP", "1") != "0"
+    # The drafter step is compiled by default; SPECSCOPE_MTP_COMPILE=0 runs it eagerly.
+    compiled = os.environ.get("SPECSCOPE_MTP_COMPILE", "1") != "0"
     # `engine.mtp_proposer` (a class or factory with MTPProposer's signature) lets the benchmark
     # and the tests run a replaying drafter through the real loop, like ChatEngine.accept_rule.
     factory = engine.__dict__.get("mtp_proposer", MTPProposer)
-    return factory(drafters[path], target, overlap=overlap)
+    return factory(drafters[path], target, overlap=overlap, compiled=compiled)

@@ -7,14 +7,22 @@ The protocol (what the round loop in engine.py calls, in order):
                         drafts were sampled, the drafter's distributions q [k, V] for rejection
                         sampling (None = a point-mass proposal: n-gram, greedy drafting).
                         Returning fewer than k (or none) is fine: the round verifies what it got.
+    anticipate(ctx, v)  only if `drafts_ahead`: right after a round's verify forward is
+                        launched, before the host has read its verdict. v (LazyVerdict) holds
+                        that verdict as lazy arrays, so the proposer can put the next round's
+                        draft into the graph behind the verify (depth-2 overlap) and hand it
+                        to the next propose() unevaluated.
     commit(ctx)         after every round (plain rounds too), once the target's cache has been
                         rolled back: ctx.tokens holds every accepted token, the last of which
                         is not yet in the target's cache; ctx.hidden is the target's final
                         hidden state at the position that produced it (if needs_hidden).
-    drain()             before the round loop changes the target's cache destructively
-                        (verify writes, rollback): a proposer that drafts asynchronously
-                        (depth-2 overlap) must finish or cancel reads of that cache here.
+    drain()             before the round loop changes the target's cache (verify writes,
+                        rollback): a proposer whose drafter reads that cache in place must
+                        finish or cancel those reads here. (MLX arrays are immutable: a write
+                        makes a new array, and a graph keeps the version it read, so the MLX
+                        proposers have nothing to wait for.)
 
+`drafts_ahead = True` asks the loop to call anticipate (MTP with overlap on).
 `needs_hidden = True` asks the loop to run the target as model.model(...) + head, so ctx.hidden
 is set (Gemma 4 MTP reads it, with ctx.target_cache for the K/V of the last full and sliding
 layers, ctx.position for RoPE). The context object is `ProposerContext` below.
@@ -51,9 +59,26 @@ class ProposerContext:
 
 
 @dataclass
+class LazyVerdict:
+    """A launched round's verdict, still in the graph (sampling.verdict_in_graph)."""
+
+    position: int  # of the round's first input: ctx.position when it was launched
+    drafts: mx.array  # [k] the round's drafts
+    accepted: mx.array  # [] int32: how many of them the target accepts
+    token: mx.array  # [1] uint32: the target's token after them (the next round's last token)
+    hidden: mx.array | None  # [D] the target's final hidden state that produced `token`
+
+    @property
+    def next_position(self) -> mx.array:
+        """Position of `token`: the next round's ctx.position."""
+        return self.position + 1 + self.accepted
+
+
+@dataclass
 class Draft:
     tokens: mx.array  # [k] int
     q: mx.array | None = None  # [k, V] drafter probabilities, or None (point mass)
+    overlapped: bool = False  # drafted ahead in the graph: the loop feeds it on without waiting
 
     @property
     def size(self) -> int:
@@ -66,10 +91,13 @@ EMPTY = Draft(mx.array([], dtype=mx.uint32))
 class Proposer(Protocol):
     name: str
     needs_hidden: bool
+    drafts_ahead: bool
 
     def start(self, ctx: ProposerContext) -> None: ...
 
     def propose(self, ctx: ProposerContext, k: int) -> Draft: ...
+
+    def anticipate(self, ctx: ProposerContext, verdict: LazyVerdict) -> None: ...
 
     def commit(self, ctx: ProposerContext) -> None: ...
 
@@ -85,6 +113,7 @@ class NGramProposer:
     n_max: int = 4
     name: str = "ngram"
     needs_hidden: bool = False
+    drafts_ahead: bool = False  # the lookup needs the accepted tokens themselves
     index: NGramIndex = field(init=False)
 
     def __post_init__(self):
@@ -114,6 +143,7 @@ class DraftModelProposer:
 
     name = "draft"
     needs_hidden = False
+    drafts_ahead = False  # its cache offsets are host ints: it drafts once the verdict is read
 
     def __init__(self, model: Any):
         self.model = model

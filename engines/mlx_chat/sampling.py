@@ -96,3 +96,28 @@ def rejection_verify(
         residual=sample(residual),
         bonus=sample(p[k]),
     )
+
+
+def verdict_in_graph(
+    drafts: mx.array,
+    argmax: mx.array | None = None,
+    sampled: SampledVerdict | None = None,
+    token: mx.array | None = None,
+) -> tuple[mx.array, mx.array]:
+    """A launched round's verdict before the host reads it, lazily: (accepted [] int32, the
+    token after the accepted drafts [1] uint32). The in-graph twin of verify_greedy (argmax
+    [k+1]) and verify_sampled (sampled); `token` is a plain round's sample (no drafts).
+    Depth-2 overlap drafts the next round from it while the host is still waiting."""
+    k = drafts.shape[0]
+    if argmax is not None:
+        if k == 0:
+            return mx.array(0, dtype=mx.int32), argmax[-1:].astype(mx.uint32)
+        matches = (argmax[:k] == drafts).astype(mx.int32)
+        accepted = mx.cumprod(matches).sum()  # the agreeing prefix
+        return accepted, mx.take(argmax, accepted).reshape(1).astype(mx.uint32)
+    if sampled is not None:
+        accepted = mx.cumprod(sampled.accept.astype(mx.int32)).sum()
+        residual = mx.take(sampled.residual, mx.minimum(accepted, k - 1))
+        last = mx.where(accepted < k, residual, sampled.bonus)
+        return accepted, last.reshape(1).astype(mx.uint32)
+    return mx.array(0, dtype=mx.int32), token.reshape(1).astype(mx.uint32)

@@ -148,3 +148,41 @@ def test_loader_reads_transformers_own_config_spelling(edge_pair, tmp_path):
     a, b = load_assistant(edge_pair.assistant), load_assistant(raw)
     assert b.text.global_head_dim == a.text.global_head_dim == 32
     assert b.model.layers[full].self_attn.head_dim == 32
+
+
+@pytest.mark.parametrize("context", [5, 3 * SLIDING_WINDOW])  # inside and past the sliding window
+def test_view_with_masks_and_compiled_step_match_the_exact_kv(edge_pair, context):
+    """What the round loop runs -- the compiled drafter step on whole K/V buffers with masks,
+    from a cache that still holds a verify's rejected drafts (drafter_view) -- equals the
+    eager step on exactly the K/V plain decoding holds (drafter_kv), for every accepted count.
+    Evaluated only after the cache has been written again and rolled back: a chain keeps the
+    arrays it read, which is why the MLX proposer's drain() has nothing to wait for."""
+    from engines.mlx_chat.cache import make_rollback_cache, rollback
+
+    mlx_target, _ = load_targets(edge_pair.target)
+    target = Gemma4Target.of(mlx_target)
+    drafter = load_assistant(edge_pair.assistant)
+    k = 3
+    ids = np.random.RandomState(context).randint(6, 512, size=(1, context + k + 8))
+    h = mx.array(np.random.RandomState(1).standard_normal(target.hidden_size).astype(np.float32))
+
+    cache = make_rollback_cache(mlx_target)
+    target.forward(mx.array(ids[:, :context]), cache)  # the prompt
+    target.forward(mx.array(ids[:, context : context + k]), cache)  # a verify: k inputs written
+    lazy = []
+    for accepted in range(k):  # the state after keeping `accepted` of them
+        position = context + accepted
+        kv, masks = target.drafter_view(cache, mx.array(position - 1))
+        emb = target.embed(mx.array([int(ids[0, position])]))[0]
+        lazy.append(drafter.compiled_step()(emb, h, mx.array(position), kv, masks))
+    target.forward(mx.array(ids[:, context + k : context + k + 8]), cache)  # the cache moves on
+    rollback(cache, 5)
+
+    for accepted, ours in enumerate(lazy):
+        position = context + accepted
+        fresh = make_rollback_cache(mlx_target)
+        target.forward(mx.array(ids[:, :position]), fresh)
+        emb = target.embed(mx.array([int(ids[0, position])]))[0]
+        want = drafter.step(emb, h, position, target.drafter_kv(fresh))
+        np.testing.assert_allclose(np.array(ours.logits), np.array(want.logits), atol=ATOL, rtol=1e-4)
+        np.testing.assert_allclose(np.array(ours.h_next), np.array(want.h_next), atol=ATOL, rtol=1e-4)

@@ -128,8 +128,8 @@ def test_replayed_drafts_lossless_and_accepted_often(engine_and_pair, adaptive):
     _, hidden_all = target.forward(mx.array(reference)[None], cache)
     proposers = []
 
-    def factory(drafter, tgt, overlap=True):
-        p = replay_factory(reference=reference, error_rate=0.25, seed=1)(drafter, tgt, overlap)
+    def factory(drafter, tgt, overlap=True, compiled=True):
+        p = replay_factory(reference=reference, error_rate=0.25, seed=1)(drafter, tgt, overlap, compiled)
         proposers.append(p)
         return p
 
@@ -147,20 +147,27 @@ def test_replayed_drafts_lossless_and_accepted_often(engine_and_pair, adaptive):
     assert 0.4 < accepted / proposed < 0.95, (accepted, proposed)
 
     # h_idx and rollback: what each chain read is what plain decoding holds at that point
-    checked = 0
+    # (an anticipated chain sees the K/V of every verified input; its masks must hide the
+    # drafts the rollback dropped)
+    checked = anticipated = 0
     for p in proposers:
-        for position, h_prev, kv in p.seen[::5]:
-            np.testing.assert_allclose(np.array(h_prev), np.array(hidden_all[0, position - 1]), atol=1e-4)
+        for seen in p.seen[::5]:
+            position = int(np.array(seen.position))
+            if position >= len(reference):  # anticipated past max_tokens, never used
+                continue
+            np.testing.assert_allclose(np.array(seen.h_prev), np.array(hidden_all[0, position - 1]), atol=1e-4)
             fresh = engine.model.make_cache()
             engine.model(mx.array(reference[:position])[None], cache=fresh)
             want = target.drafter_kv(fresh)
+            kv = seen.visible_kv()
             for kind in kv:
                 assert kv[kind][0].shape == want[kind][0].shape
-                np.testing.assert_allclose(np.array(kv[kind][0]), np.array(want[kind][0]), atol=1e-4)
-                np.testing.assert_allclose(np.array(kv[kind][1]), np.array(want[kind][1]), atol=1e-4)
+                np.testing.assert_allclose(kv[kind][0], np.array(want[kind][0]), atol=1e-4)
+                np.testing.assert_allclose(kv[kind][1], np.array(want[kind][1]), atol=1e-4)
             assert kv["sliding_attention"][0].shape[2] == min(position, SLIDING_WINDOW)
             checked += 1
-    assert checked > 10
+            anticipated += seen.anticipated
+    assert checked > 10 and 0 < anticipated < checked
 
 
 def test_depth2_overlap_on_and_off_agree(edge_engine, edge_pair):
@@ -225,11 +232,18 @@ class RaisingDrafter:
     def __getattr__(self, name):
         return getattr(self.drafter, name)
 
-    def step(self, *args):
+    def _call(self, forward, args):
         self.calls += 1
         if self.calls == self.fail_at:
             raise RuntimeError("drafter exploded")
-        return self.drafter.step(*args)
+        return forward(*args)
+
+    def step(self, *args):
+        return self._call(self.drafter.step, args)
+
+    def compiled_step(self):
+        compiled = self.drafter.compiled_step()
+        return lambda *args: self._call(compiled, args)
 
 
 @pytest.mark.parametrize("overlap", ["1", "0"])

@@ -134,3 +134,36 @@ def test_rejection_verify_accepts_with_probability_min_1_p_over_q():
     freq = np.array(accepts).mean(axis=0)
     want = np.minimum(1.0, p[np.arange(3), drafts] / q[np.arange(3), drafts])
     np.testing.assert_allclose(freq, want, atol=4 * np.sqrt(0.25 / n))
+
+
+@pytest.mark.parametrize("k", [0, 1, 3, 6])
+def test_verdict_in_graph_equals_the_host_verdict(k):
+    """What depth-2 overlap drafts from (the verdict still in the graph) is what the loop then
+    reads on the host (verify_greedy / verify_sampled), for every accepted count."""
+    from engines.speculative.verify import verify_greedy, verify_sampled
+
+    rng = np.random.default_rng(k)
+    seen = set()
+    for _ in range(60):
+        drafts = rng.integers(0, 4, size=k)
+        # T=0: argmax agrees with a random prefix of the drafts
+        argmax = rng.integers(0, 4, size=k + 1)
+        cut = rng.integers(0, k + 1)
+        argmax[:cut] = drafts[:cut]
+        accepted, token = mxs.verdict_in_graph(mx.array(drafts, dtype=mx.uint32), argmax=mx.array(argmax))
+        want = verify_greedy(drafts.tolist(), argmax.tolist())
+        assert (int(accepted.item()), token.tolist()) == (want.accepted, want.tokens[-1:])
+        seen.add(want.accepted)
+        if k == 0:
+            continue
+        # T>0: accept flags, residual samples, bonus
+        accept = rng.random(k) < 0.7
+        residual, bonus = rng.integers(10, 20, size=k), int(rng.integers(20, 30))
+        verdict = mxs.SampledVerdict(mx.array(accept), mx.array(residual), mx.array(bonus))
+        accepted, token = mxs.verdict_in_graph(mx.array(drafts, dtype=mx.uint32), sampled=verdict)
+        want = verify_sampled(drafts.tolist(), accept.tolist(), residual.tolist(), bonus)
+        assert (int(accepted.item()), token.tolist()) == (want.accepted, want.tokens[-1:])
+    assert seen == set(range(k + 1))
+    # a plain round's sample
+    accepted, token = mxs.verdict_in_graph(mx.array([], dtype=mx.uint32), token=mx.array([5]))
+    assert (int(accepted.item()), token.tolist()) == (0, [5])
