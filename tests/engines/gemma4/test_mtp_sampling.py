@@ -48,13 +48,15 @@ def setup(edge_pair):
     return engine, oracle, exact
 
 
-def sample_runs(engine, pair, oracle, n):
-    engine.mtp_proposer = replay_factory(oracle=oracle, error_rate=0.5, temperature=SAMPLING["temperature"])
+def sample_runs(engine, pair, oracle, n, steps=2, made=None):
+    factory = replay_factory(oracle=oracle, error_rate=0.5, temperature=SAMPLING["temperature"])
+    made = [] if made is None else made
+    engine.mtp_proposer = lambda *args, **kw: made.append(factory(*args, **kw)) or made[-1]
     counts, proposed, accepted = Counter(), 0, 0
     try:
         for seed in range(n):
             request = Request(prompt=PROMPT, max_tokens=MAX_TOKENS, sampling=Sampling(seed=seed, **SAMPLING),
-                              spec=SpecConfig(method="mtp", steps=2, draft_model=str(pair.assistant)))
+                              spec=SpecConfig(method="mtp", steps=steps, draft_model=str(pair.assistant)))
             rounds = list(engine.generate(request))
             assert all(r.note is None for r in rounds)
             counts[tuple(t for r in rounds for t in r.tokens)[:LENGTH]] += 1
@@ -65,11 +67,18 @@ def sample_runs(engine, pair, oracle, n):
     return counts, proposed, accepted
 
 
-def test_mtp_sampling_is_lossless(setup, edge_pair):
+@pytest.mark.parametrize("steps", [2, 1])
+def test_mtp_sampling_is_lossless(setup, edge_pair, steps):
+    """steps=2: the first decode round drafts both counted tokens. steps=1: a second round
+    usually follows, drafted ahead on the first one's verdict while it was still in the graph
+    (depth-2 overlap), so the sampled drafts and q of an anticipated chain are verified too."""
     engine, oracle, exact = setup
-    counts, proposed, accepted = sample_runs(engine, edge_pair, oracle, N)
+    made = []
+    counts, proposed, accepted = sample_runs(engine, edge_pair, oracle, N, steps, made)
     assert 0.3 * proposed < accepted < proposed  # both branches of rejection sampling ran
     assert chi_square_pvalue(counts, exact, N) > 1e-3
+    if steps == 1:
+        assert sum(p.overlap_hits for p in made) > N / 3
 
 
 def test_the_test_rejects_a_lossy_acceptance_rule(setup, edge_pair):
