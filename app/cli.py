@@ -334,15 +334,7 @@ def main(argv: list[str] | None = None) -> int:
 
         p = Parser(prog="specscope", description="Specscope desktop app.")
         add_gui_arguments(p)
-        code = run_gui(p.parse_args(argv))
-        # The window has saved settings and sessions by now. Leave without the interpreter's
-        # final teardown: after an A/B compare in the window, PySide6 6.12's objects hit a
-        # refcount error there ("Fatal Python error: none_dealloc" during the last garbage
-        # collection; reproduced with --screenshot --compare on a 160-token chat, not with
-        # the same runs outside Qt), which would turn a clean quit into a crash report.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+        return run_gui(p.parse_args(argv))
     except (UsageError, EngineError, TraceError) as e:
         print(f"specscope: error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
         return EXIT_BAD_INPUT

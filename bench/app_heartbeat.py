@@ -45,21 +45,6 @@ PROMPT = "Write a long story about a lighthouse keeper and the sea, with many ch
 SYSTEM = "You are a storyteller. Your stories are long and detailed."  # so that it runs to max tokens
 
 
-def pin_singletons() -> None:
-    """PySide6 6.12 on Python < 3.12 drops a reference to None on each call of a Qt method that
-    returns nothing (measured: QPainter.setPen, drawLine, QObject.setObjectName: -1 each; one
-    pyqtgraph axis repaint: -136), and one to True/False on each emit of a Signal(bool) to a
-    Python slot. None starts at ~80k references here, True and False at a few thousand, so a long
-    run in one process ends in 'Fatal Python error: none_dealloc' (or bool_dealloc). From Python
-    3.12 these objects are immortal. Raising their counts lets the measurement run to its end; it
-    does not fix the app, which drains them the same way."""
-    if sys.version_info < (3, 12):
-        import ctypes
-
-        for obj in (None, True, False):
-            ctypes.c_ssize_t.from_address(id(obj)).value += 1 << 40  # ob_refcnt, PyObject's first field
-
-
 class Heartbeat:
     """Every gap between ticks, as (wall, GUI-thread CPU) seconds, from start() to stop()."""
 
@@ -269,7 +254,6 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds allowed per run")
     args = parser.parse_args()
 
-    pin_singletons()
     with tempfile.TemporaryDirectory() as home:
         os.environ["SPECSCOPE_HOME"] = home  # settings and autosaves never touch the user's
         from PySide6.QtWidgets import QApplication

@@ -24,7 +24,8 @@ PROMPT = (
 
 
 def test_screenshot_of_an_ab_compare_exits_cleanly(specscope_home):
-    """On the embedded SmolLM2 (this run crashed at teardown before app/cli.py left via os._exit)."""
+    """On the embedded SmolLM2. With PySide6 6.12.0 on Python 3.11 this run crashed at teardown
+    ("none_dealloc"; see test_qt_refcounts.py)."""
     shot = specscope_home / "compare.png"
     env = dict(os.environ, SPECSCOPE_HOME=str(specscope_home), QT_QPA_PLATFORM="offscreen", HF_HUB_OFFLINE="1")
     out = subprocess.run(
