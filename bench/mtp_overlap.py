@@ -27,7 +27,8 @@ Figures, all measured in this process:
 
 The machine is shared and noisy: every repeat measures everything back to back, in an order
 that rotates between repeats; each ratio uses one repeat's own numbers; we print the median
-and the spread (min..max) over repeats.
+and the spread (min..max) over repeats, and the same ratios from the best of the repeats
+(fastest run, cheapest op), since interference only ever slows a measurement down.
 """
 
 from __future__ import annotations
@@ -191,7 +192,9 @@ def main() -> None:
     preload_drafter(engine, str(assistant_dir))
     resident = mx.get_active_memory() - before
     drafter = engine.mtp_drafters[str(assistant_dir)]
-    proposer = MTPProposer(drafter, Gemma4Target.of(engine.model), overlap=False)
+    # the drafter the MTP runs use, replay included, so the ideal prices the same chain
+    proposer = ReplayMTPProposer(drafter, Gemma4Target.of(engine.model), overlap=False, reference=reference,
+                                 error_rate=args.error_rate, seed=0)
     info = assistant_info(drafter)
 
     def mtp_run(overlap: bool = True, compiled: bool = True):
@@ -263,6 +266,14 @@ def main() -> None:
     print(f"realized / ideal: {spread('ratio')}; no overlap {spread('ratio_off')}; "
           f"against the synced ideal {spread('ratio_synced')}")
     print(f"depth-2 overlap gain: {spread('overlap_gain')}x   drafter compile gain: {spread('compile_gain')}x")
+    # Interference on a shared machine only ever slows a run down, so the fastest of the repeats
+    # is the least disturbed estimate of each quantity (timeit's rule): ratios of the bests.
+    best = {k: (min if k.startswith(("stream_", "sync_")) else max)(r[k] for r in reps) for k in reps[0]}
+    best_ideal = med("tau") * best["stream_plain"] / (best["stream_draft"] + best["stream_verify"])
+    best_speedup = best["tok_s_on"] / best["tok_s_plain"]
+    print(f"best of {args.repeats} (fastest run or op of each kind): speedup {best_speedup:.3f}, ideal "
+          f"{best_ideal:.3f}, realized / ideal {best_speedup / best_ideal:.3f}; overlap gain "
+          f"{best['tok_s_on'] / best['tok_s_off']:.3f}x, compile gain {best['tok_s_on'] / best['tok_s_eager']:.3f}x")
     print(f"memory: drafter parameters {info.bytes / 2**20:.2f} MiB ({info.parameters:,} params), "
           f"resident after loading {resident / 2**20:.2f} MiB; peak MLX memory plain {peak_plain / 2**20:.1f} MiB, "
           f"with MTP {peak_mtp / 2**20:.1f} MiB (+{(peak_mtp - peak_plain) / 2**20:.1f} MiB)")
