@@ -270,33 +270,18 @@ class MTPProposer:
     def _begin(self, ctx) -> Chain:
         """A chain on the settled state: the host knows the last token and its position."""
         position = mx.array(ctx.position, dtype=mx.int32)
-        kv, masks = self.target.drafter_view(ctx.target_cache, position - 1)
-        return Chain(
-            position=position,
-            context=ctx.tokens,
-            kv=kv,
-            masks=masks,
-            token=mx.array(ctx.tokens[-1:], dtype=mx.uint32),
-            h=ctx.hidden.reshape(-1),
-            tokens=[],
-            qs=[],
-        )
+        return self._chain(ctx, position, mx.array(ctx.tokens[-1:], dtype=mx.uint32), ctx.hidden)
 
     def _begin_after(self, ctx, verdict: LazyVerdict) -> Chain:
         """A chain on the state a launched round's verdict will leave (all of it lazy)."""
-        position = verdict.next_position
+        return self._chain(ctx, verdict.next_position, verdict.token, verdict.hidden, after=verdict)
+
+    def _chain(self, ctx, position: mx.array, token: mx.array, hidden: mx.array,
+               after: LazyVerdict | None = None) -> Chain:
+        """A chain from `token` at `position`, the target's K/V before it, and the target's
+        hidden state that produced it."""
         kv, masks = self.target.drafter_view(ctx.target_cache, position - 1)
-        return Chain(
-            position=position,
-            context=ctx.tokens,
-            kv=kv,
-            masks=masks,
-            token=verdict.token,
-            h=verdict.hidden.reshape(-1),
-            tokens=[],
-            qs=[],
-            after=verdict,
-        )
+        return Chain(position, ctx.tokens, kv, masks, token, hidden.reshape(-1), tokens=[], qs=[], after=after)
 
     def _extend(self, chain: Chain, k: int, sampling) -> None:
         """Draft until the chain holds k tokens: argmax in the graph at T=0; at T>0 a sample
