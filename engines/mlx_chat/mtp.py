@@ -177,7 +177,7 @@ class Chain:
     position: mx.array  # [] int32: of the token the first step embeds (not yet in the target's cache)
     context: list[int]  # the loop's ctx.tokens (append-only) when the chain began
     kv: dict[str, tuple[mx.array, mx.array]]  # the target K/V snapshot the drafter reads
-    masks: dict[str, mx.array | None]  # which of those entries it sees (None: all)
+    masks: dict[str, mx.array]  # which of those entries it sees
     token: mx.array  # [1] the token the next step embeds
     h: mx.array  # [backbone_hidden] the next step's h_prev
     tokens: list[mx.array]  # drafted so far, [1] each
@@ -187,15 +187,6 @@ class Chain:
 
     def outputs(self) -> list[mx.array]:
         return [*self.tokens, *self.qs, self.h]
-
-    def history(self) -> list[int]:
-        """The token ids up to and including the one the first step embeds. For an
-        anticipated chain this reads the verdict, i.e. waits for the verify (tests only)."""
-        if self.after is None:
-            return self.context[: int(self.position.item()) + 1]
-        v = self.after
-        accepted = int(v.accepted.item())
-        return self.context[: v.position + 1] + v.drafts[:accepted].tolist() + v.token.tolist()
 
 
 class MTPProposer:
@@ -226,7 +217,6 @@ class MTPProposer:
         self.target = target
         self.overlap = overlap
         self.drafts_ahead = overlap  # the loop calls anticipate()
-        self.compiled = compiled
         self.drafter_step = drafter.compiled_step() if compiled else drafter.step
         self.pending: Chain | None = None
         self.k_hint = 0  # drafts asked last round: the guess for an anticipated chain

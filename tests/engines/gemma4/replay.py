@@ -100,7 +100,7 @@ class ReplayMTPProposer(MTPProposer):
             onehot = mx.arange(vocab) == choice
             return DraftStep(mx.where(onehot, step.logits.max() + BOOST, step.logits), step.h_next)
         drafted = tuple(int(t.item()) for t in chain.tokens)  # T>0 (tests only): sync per step
-        p = self.oracle(tuple(chain.history()) + drafted)
+        p = self.oracle(tuple(history(chain)) + drafted)
         least = np.where(p > 0, p, np.inf).argmin()  # the least likely token the target allows
         q = (1 - self.error_rate) * p
         q[least] += self.error_rate
@@ -109,6 +109,16 @@ class ReplayMTPProposer(MTPProposer):
             logits = mx.array(np.maximum(self.temperature * np.log(q), -1e30), dtype=mx.float32)
         logits = logits + 0.0 * step.logits
         return DraftStep(logits, step.h_next)
+
+
+def history(chain: Chain) -> list[int]:
+    """The token ids up to and including the one the chain's first step embeds. For an
+    anticipated chain this reads its verdict, i.e. waits for the verify."""
+    if chain.after is None:
+        return chain.context[: int(chain.position.item()) + 1]
+    v = chain.after
+    accepted = int(v.accepted.item())
+    return chain.context[: v.position + 1] + v.drafts[:accepted].tolist() + v.token.tolist()
 
 
 def replay_factory(**kwargs):
