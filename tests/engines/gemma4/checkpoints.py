@@ -26,8 +26,8 @@ EOS_ID = 1  # "<eos>"; the target's random weights almost never pick it
 SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
 
 CHAT_TEMPLATE = (
-    "{{ bos_token }}{% for m in messages %}<start_of_turn> {{ m['role'] }} {{ m['content'] }} "
-    "<end_of_turn> {% endfor %}{% if add_generation_prompt %}<start_of_turn> model {% endif %}"
+    "{{ bos_token }}{% for m in messages %}<start_of_turn>{{ m['role'] }} {{ m['content'] }}<end_of_turn>"
+    "{% endfor %}{% if add_generation_prompt %}<start_of_turn>model{% endif %}"
 )
 
 
@@ -67,17 +67,24 @@ EDGE_TARGET = TargetSpec(
 
 
 def write_tokenizer(path: str | Path, vocab_size: int = VOCAB) -> None:
-    """A word-level tokenizer "w6 w7 ..." over the whole vocabulary, saved as tokenizer.json."""
+    """A word-level tokenizer over the whole vocabulary ("w6 w7 ..."), saved as tokenizer.json,
+    spelled the way Gemma's SentencePiece tokenizers are: words carry the "▁" prefix and the
+    decoder replaces it with a space. So mlx-lm streams its text with the same detokenizer as a
+    real Gemma checkpoint (SPMStreamingDetokenizer, constant work per token) rather than the
+    naive one that re-decodes the whole line at every token."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     vocab = {tok: i for i, tok in enumerate(SPECIALS)}
-    vocab.update({f"w{i}": i for i in range(len(SPECIALS), vocab_size)})
+    vocab.update({f"▁w{i}": i for i in range(len(SPECIALS), vocab_size)})
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
+    tok.decoder = decoders.Sequence([
+        decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0),
+    ])
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>", unk_token="<unk>",
+        additional_special_tokens=["<start_of_turn>", "<end_of_turn>"],
     )
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(str(path))
