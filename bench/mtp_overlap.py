@@ -25,6 +25,13 @@ Figures, all measured in this process:
   compile gain      = decode tok/s with the compiled drafter step / eager (SPECSCOPE_MTP_COMPILE=0).
   memory            = drafter parameter bytes; peak MLX memory of a plain run and an MTP run.
 
+One BLAS thread, unless OPENBLAS_NUM_THREADS says otherwise. What this measures is whether the
+loop keeps the device busy while the host reads verdicts, rolls back and builds graphs, which
+presumes a device beside the host, as a Mac's GPU is. On this 2-core machine MLX's CPU
+"device" with OpenBLAS's default two threads takes both cores, so host work can only take
+time from it and no overlap exists to measure (the repeats then also spread twice as wide).
+One BLAS thread leaves the device one core and the host the other.
+
 The machine is shared and noisy: every repeat measures everything back to back, in an order
 that rotates between repeats; each ratio uses one repeat's own numbers; we print the median
 and the spread (min..max) over repeats, and the same ratios from the best of the repeats
@@ -41,6 +48,7 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # the device one core, the host the other (see above)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from app.launch import preload_openblas  # noqa: E402
 
@@ -80,15 +88,20 @@ SIZES = {
 PROMPT = " ".join(f"w{10 + 7 * i}" for i in range(40))
 
 
+CHECKPOINTS_VERSION = "2"  # bump when the builders change: older cached checkpoints are rebuilt
+
+
 def checkpoints(size: str, root: Path) -> tuple[Path, Path]:
     target_spec, assistant_spec = SIZES[size]
     target, assistant = root / f"{size}_target", root / f"{size}_assistant"
-    if not (target / "config.json").is_file():
+    stamp = root / f"{size}.version"
+    if not stamp.is_file() or stamp.read_text() != CHECKPOINTS_VERSION:
         import torch
 
         torch.set_num_threads(1)
         build_target(target, target_spec)
         build_assistant(assistant, target, assistant_spec)
+        stamp.write_text(CHECKPOINTS_VERSION)
     return target, assistant
 
 
@@ -194,13 +207,13 @@ def main() -> None:
     drafter = engine.mtp_drafters[str(assistant_dir)]
     # the drafter the MTP runs use, replay included, so the ideal prices the same chain
     proposer = ReplayMTPProposer(drafter, Gemma4Target.of(engine.model), overlap=False, reference=reference,
-                                 error_rate=args.error_rate, seed=0)
+                                 error_rate=args.error_rate, seed=0, record=False)
     info = assistant_info(drafter)
 
     def mtp_run(overlap: bool = True, compiled: bool = True):
         def make(drafter, target, **_):
             return ReplayMTPProposer(drafter, target, overlap, compiled, reference=reference,
-                                     error_rate=args.error_rate, seed=0)
+                                     error_rate=args.error_rate, seed=0, record=False)
         engine.mtp_proposer = make
         rounds, stats = decode(engine, spec, args.tokens)
         assert [t for r in rounds for t in r.tokens] == reference[len(ids):], "MTP output differs from plain"
@@ -251,7 +264,7 @@ def main() -> None:
     print(f"target {args.size}: {target_dir}  assistant: {info.head} head, {info.layers} layers, "
           f"hidden {info.hidden_size}")
     print(f"steps {args.steps} (B={args.steps + 1}), replay error rate {args.error_rate}, {args.tokens} tokens, "
-          f"{args.repeats} repeats: medians (min..max)")
+          f"{args.repeats} repeats, OPENBLAS_NUM_THREADS={os.environ['OPENBLAS_NUM_THREADS']}: medians (min..max)")
     print(f"acceptance {med('acceptance'):.3f}  tau {med('tau'):.2f} tokens/round")
     for kind in ("stream", "sync"):
         print(f"isolated, {kind}ed: plain step {ms(kind + '_plain')}, draft chain x{args.steps} "
