@@ -155,8 +155,8 @@ def isolated_timings(engine: ChatEngine, proposer: MTPProposer, ids: list[int], 
         drafts (reading them in the graph), then the rollback of k + 1; no verdict read, no
         bookkeeping, no report. Streamed, this is what a loop that added nothing would cost
         per round: the drafter's and the target's ops alternate, as in the loop, which on a
-        CPU costs more than the two streamed apart (not for the data dependency, which costs
-        nothing measurable; most likely each model evicts the other's weights from the caches)."""
+        CPU costs more than the two streamed apart (not for the data dependency: interleaving
+        them without it costs the same)."""
         drafts = proposer.propose(ctx, k).tokens
         mx.async_eval(drafts)
         logits, hid = target.forward(mx.concatenate([token, drafts])[None], cache)
