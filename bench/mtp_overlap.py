@@ -228,13 +228,13 @@ def main() -> None:
     drafter = engine.mtp_drafters[str(assistant_dir)]
     # the drafter the MTP runs use, replay included, so the ideal prices the same chain
     proposer = ReplayMTPProposer(drafter, Gemma4Target.of(engine.model), overlap=False, reference=reference,
-                                 error_rate=args.error_rate, seed=0, record=False)
+                                 error_rate=args.error_rate, seed=0)
     info = assistant_info(drafter)
 
     def mtp_run(overlap: bool = True, compiled: bool = True):
         def make(drafter, target, **_):
             return ReplayMTPProposer(drafter, target, overlap, compiled, reference=reference,
-                                     error_rate=args.error_rate, seed=0, record=False)
+                                     error_rate=args.error_rate, seed=0)
         engine.mtp_proposer = make
         rounds, stats = decode(engine, spec, args.tokens)
         assert [t for r in rounds for t in r.tokens] == reference[len(ids):], "MTP output differs from plain"

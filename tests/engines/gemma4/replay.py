@@ -63,28 +63,22 @@ class ReplayMTPProposer(MTPProposer):
     def __init__(self, drafter, target, overlap: bool = True, compiled: bool = True, *,
                  reference: list[int] | None = None,
                  oracle: Callable[[tuple[int, ...]], np.ndarray] | None = None,
-                 error_rate: float = 0.2, seed: int = 0, temperature: float = 1.0, record: bool = True):
+                 error_rate: float = 0.2, seed: int = 0, temperature: float = 1.0):
         super().__init__(drafter, target, overlap=overlap, compiled=compiled)
         self.reference, self.oracle = reference, oracle
         self.temperature = temperature  # the run's: logits = T log q, so target_probs gives q
         self.error_rate, self.seed = error_rate, seed
-        # Every chain begun, anticipated or not, for the tests to inspect. The benchmark turns
-        # this off: a Seen keeps the cache's K/V buffers alive, so the next verify's cache write
-        # cannot reuse them in place and copies them (about 4% of a small model's round).
-        self.record = record
-        self.seen: list[Seen] = []
+        self.seen: list[Seen] = []  # every chain begun, anticipated or not
         self.table = self.choices(reference, drafter.vocab_size) if reference is not None else None
 
     def _begin(self, ctx) -> Chain:
         chain = super()._begin(ctx)
-        if self.record:
-            self.seen.append(Seen(chain.position, chain.h, chain.kv, chain.masks, anticipated=False))
+        self.seen.append(Seen(chain.position, chain.h, chain.kv, chain.masks, anticipated=False))
         return chain
 
     def _begin_after(self, ctx, verdict) -> Chain:
         chain = super()._begin_after(ctx, verdict)
-        if self.record:
-            self.seen.append(Seen(chain.position, chain.h, chain.kv, chain.masks, anticipated=True))
+        self.seen.append(Seen(chain.position, chain.h, chain.kv, chain.masks, anticipated=True))
         return chain
 
     def choices(self, reference: list[int], vocab: int) -> mx.array:
