@@ -11,7 +11,7 @@ the replay drafter (tests/engines/gemma4/replay.py): the real assistant forward 
 step, then its token is replaced by the target's own greedy output, wrong at --error-rate.
 
 Figures, all measured in this process:
-  ideal speedup     = tau * t_plain / (t_draft(k) + t_verify(k)): isolated costs of one plain
+  ideal, apart      = tau * t_plain / (t_draft(k) + t_verify(k)): isolated costs of one plain
                       target step, a k-step drafter chain (the proposer's own code) and a
                       verify forward of k + 1 tokens (+ rollback), with tau (tokens per round)
                       from the MTP run. The costs are "streamed": n ops issued back to back,
