@@ -16,8 +16,10 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 from mlx_lm.models import gemma4_text
+from mlx_lm.models.cache import KVCache
 
 from engines import EngineError
+from engines.mlx_chat.cache import WindowKVCache
 from engines.mlx_chat.gemma4_assistant import Model as Assistant
 from engines.mlx_chat.proposers import Draft, LazyVerdict
 
@@ -80,35 +82,24 @@ class Gemma4Target:
             logits = gemma4_text.logit_softcap(text.final_logit_softcapping, logits)
         return logits, hidden
 
-    def drafter_kv(self, cache: list) -> dict[str, tuple[mx.array, mx.array]]:
-        """K/V the drafter reads, per attention type, in temporal order: every cached position
-        for full attention; for sliding attention the last `sliding_window` cached positions,
-        i.e. the window the last cached token attended to (what a sliding-window cache holds).
+    def drafter_view(self, cache: list, last_kept: mx.array):
+        """The drafter's K/V as (kv, masks): per attention type the whole K/V buffer of the
+        layer it reads, and a boolean mask of the entries it sees once everything after
+        position `last_kept` is rolled back: for full attention every position <= last_kept,
+        for sliding attention the last `sliding_window` of them, i.e. the window the last
+        kept token attended to (what a sliding-window cache holds).
 
-        The window is a choice the published code does not pin down: transformers' assistant
+        That window is a choice the published code does not pin down: transformers' assistant
         masks the sliding K/V it is handed with |q - kv| <= window (window + 1 positions when
         given more); llama.cpp applies its usual sliding-window mask at the query's position.
         All agree until the context passes the window; our parity test hands transformers
-        exactly the K/V we read, before and past the window."""
-        kv = {}
-        for kind, idx in self.kv_layer.items():
-            keys, values = cache_keys_values(cache[idx])
-            if kind == "sliding_attention":
-                keys, values = keys[..., -self.sliding_window :, :], values[..., -self.sliding_window :, :]
-            kv[kind] = (keys, values)
-        return kv
+        exactly the K/V we read, before and past the window.
 
-    def drafter_view(self, cache: list, last_kept: mx.array):
-        """The drafter's K/V as (kv, masks): per attention type the whole K/V buffer of the
-        layer it reads, and a boolean mask of the entries drafter_kv() would hand over once
-        everything after position `last_kept` is rolled back: for full attention every
-        position <= last_kept, for sliding attention the last `sliding_window` of them.
-
-        Why buffers and masks rather than drafter_kv's exact slices: last_kept may still be
-        lazy (a verdict the host has not read: depth-2 overlap), and a buffer's shape changes
-        only when the cache grows it, so the compiled drafter step is traced once per growth
-        rather than once per token. Entries past the cache's offset (rejected drafts, unused
-        capacity) are masked out."""
+        Why buffers and masks rather than exact slices: last_kept may still be lazy (a verdict
+        the host has not read: depth-2 overlap), and a buffer's shape changes only when the
+        cache grows it, so the compiled drafter step is traced once per growth rather than
+        once per token. Entries past the cache's offset (rejected drafts, unused capacity) are
+        masked out."""
         kv, masks = {}, {}
         for kind, idx in self.kv_layer.items():
             keys, values, first = cache_buffer(cache[idx])
@@ -123,21 +114,10 @@ class Gemma4Target:
 def cache_buffer(c) -> tuple[mx.array, mx.array, int]:
     """A rollback cache's whole K/V buffers, as written (rejected drafts and unused capacity
     included), and the position held by their first entry."""
-    if hasattr(c, "window_contents"):  # engine.cache.WindowKVCache: entry j holds position start + j
+    if isinstance(c, WindowKVCache):  # entry j holds position start + j
         return c.keys, c.values, c.start
-    if isinstance(getattr(c, "keys", None), mx.array) and not hasattr(c, "_temporal_order"):  # KVCache
+    if isinstance(c, KVCache):
         return c.keys, c.values, 0
-    raise EngineError(f"MTP cannot read K/V from a {type(c).__name__} (quantized KV is not supported)")
-
-
-def cache_keys_values(c) -> tuple[mx.array, mx.array]:
-    """A layer cache's keys/values [1, heads, n, dim] in temporal order, oldest first."""
-    if hasattr(c, "window_contents"):  # engine.cache.WindowKVCache: the last `window` positions
-        return c.window_contents()
-    if hasattr(c, "_temporal_order"):  # mlx-lm RotatingKVCache: a ring buffer
-        return c._temporal_order(c.keys), c._temporal_order(c.values)
-    if isinstance(getattr(c, "keys", None), mx.array):  # KVCache
-        return c.keys[..., : c.offset, :], c.values[..., : c.offset, :]
     raise EngineError(f"MTP cannot read K/V from a {type(c).__name__} (quantized KV is not supported)")
 
 
@@ -215,8 +195,7 @@ class MTPProposer:
         check_compatible(target, drafter)
         self.drafter = drafter
         self.target = target
-        self.overlap = overlap
-        self.drafts_ahead = overlap  # the loop calls anticipate()
+        self.drafts_ahead = overlap  # depth-2 overlap: the loop calls anticipate()
         self.drafter_step = drafter.compiled_step() if compiled else drafter.step
         self.pending: Chain | None = None
         self.k_hint = 0  # drafts asked last round: the guess for an anticipated chain

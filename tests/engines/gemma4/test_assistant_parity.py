@@ -12,6 +12,7 @@ mx = pytest.importorskip("mlx.core")
 from engines.mlx_chat.gemma4_assistant import CENTROID_MASK_VALUE, load_assistant  # noqa: E402
 from engines.mlx_chat.mtp import Gemma4Target  # noqa: E402
 from tests.engines.gemma4.checkpoints import SLIDING_WINDOW, load_assistant_hf  # noqa: E402
+from tests.engines.gemma4.reference import drafter_kv  # noqa: E402
 
 ATOL = 1e-4  # fp32: observed differences are ~5e-6
 
@@ -57,7 +58,7 @@ def test_drafter_matches_transformers_assistant(pair, context):
     cache = mlx_target.make_cache()
     _, hidden = target.forward(mx.array(prefix), cache)
     np.testing.assert_allclose(np.array(hidden[0, -1]), out.hidden_states[-1][0, -1].numpy(), atol=ATOL)
-    kv = target.drafter_kv(cache)
+    kv = drafter_kv(target, cache)
     assert kv["sliding_attention"][0].shape[2] == min(context, SLIDING_WINDOW)
     assert kv["full_attention"][0].shape[2] == context
     if out.shared_kv_states:  # KV-sharing targets (E2B-like) return what their producers stored
@@ -125,7 +126,7 @@ def test_quantized_mlx_conversion_loads_and_drafts_alike(edge_pair, tmp_path):
     ids = np.random.RandomState(3).randint(6, 512, size=(1, 20))
     cache = mlx_target.make_cache()
     _, hidden = target.forward(mx.array(ids), cache)
-    kv = target.drafter_kv(cache)
+    kv = drafter_kv(target, cache)
     emb = target.embed(mx.array([7]))[0]
     a, b = full.step(emb, hidden[0, -1], 20, kv), quant.step(emb, hidden[0, -1], 20, kv)
     np.testing.assert_allclose(np.array(b.h_next), np.array(a.h_next), atol=0.1, rtol=0.1)
@@ -183,6 +184,6 @@ def test_view_with_masks_and_compiled_step_match_the_exact_kv(edge_pair, context
         fresh = make_rollback_cache(mlx_target)
         target.forward(mx.array(ids[:, :position]), fresh)
         emb = target.embed(mx.array([int(ids[0, position])]))[0]
-        want = drafter.step(emb, h, position, target.drafter_kv(fresh))
+        want = drafter.step(emb, h, position, drafter_kv(target, fresh))
         np.testing.assert_allclose(np.array(ours.logits), np.array(want.logits), atol=ATOL, rtol=1e-4)
         np.testing.assert_allclose(np.array(ours.h_next), np.array(want.h_next), atol=ATOL, rtol=1e-4)

@@ -18,6 +18,7 @@ from engines import Request, SpecConfig  # noqa: E402
 from engines.mlx_chat.engine import ChatEngine  # noqa: E402
 from engines.mlx_chat.mtp import Gemma4Target, MTPProposer  # noqa: E402
 from tests.engines.gemma4.checkpoints import SLIDING_WINDOW  # noqa: E402
+from tests.engines.gemma4.reference import drafter_kv  # noqa: E402
 from tests.engines.gemma4.replay import replay_factory  # noqa: E402
 
 PROMPT = "w10 w20 w30 w40 w50 w60 w70 w80"
@@ -158,7 +159,7 @@ def test_replayed_drafts_lossless_and_accepted_often(engine_and_pair, adaptive):
             np.testing.assert_allclose(np.array(seen.h_prev), np.array(hidden_all[0, position - 1]), atol=1e-4)
             fresh = engine.model.make_cache()
             engine.model(mx.array(reference[:position])[None], cache=fresh)
-            want = target.drafter_kv(fresh)
+            want = drafter_kv(target, fresh)
             kv = seen.visible_kv()
             for kind in kv:
                 assert kv[kind][0].shape == want[kind][0].shape
@@ -189,8 +190,8 @@ def test_depth2_overlap_on_and_off_agree(edge_engine, edge_pair):
     finally:
         edge_engine.__dict__.pop("mtp_proposer", None)
     assert tokens_of(on) == tokens_of(off) == plain
-    assert made[0].overlap and made[0].overlap_hits > 0
-    assert not made[1].overlap and made[1].overlap_hits == 0
+    assert made[0].drafts_ahead and made[0].overlap_hits > 0
+    assert not made[1].drafts_ahead and made[1].overlap_hits == 0
     # the replay's errors depend on (position, step) only, so the rounds are the same
     assert [r.accepted for r in off] == [r.accepted for r in on]
     assert sum(r.accepted for r in on) > 0
@@ -201,9 +202,9 @@ def test_overlap_switch_from_the_environment(edge_engine, edge_pair, monkeypatch
     from engines.mlx_chat.mtp import make_mtp_proposer
 
     proposer = make_mtp_proposer(edge_engine, Request(spec=mtp(edge_pair, 3)))
-    assert isinstance(proposer, MTPProposer) and not proposer.overlap
+    assert isinstance(proposer, MTPProposer) and not proposer.drafts_ahead
     monkeypatch.delenv("SPECSCOPE_MTP_OVERLAP")
-    assert make_mtp_proposer(edge_engine, Request(spec=mtp(edge_pair, 3))).overlap
+    assert make_mtp_proposer(edge_engine, Request(spec=mtp(edge_pair, 3))).drafts_ahead
 
 
 def test_published_gemma4_layout_with_draft_model_at_load(tmp_path_factory):

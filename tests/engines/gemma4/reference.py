@@ -1,0 +1,31 @@
+"""What the drafter should read, worked out the plain way, for the tests to compare against:
+exact K/V slices in temporal order from any of the target's caches (mlx-lm's own, ring buffer
+included, or the round loop's rollback caches), where the product reads whole buffers through
+masks (mtp.Gemma4Target.drafter_view)."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from engines.mlx_chat.mtp import Gemma4Target
+
+
+def cache_keys_values(c) -> tuple[mx.array, mx.array]:
+    """A layer cache's keys/values [1, heads, n, dim] in temporal order, oldest first."""
+    if hasattr(c, "window_contents"):  # engine.cache.WindowKVCache: the last `window` positions
+        return c.window_contents()
+    if hasattr(c, "_temporal_order"):  # mlx-lm RotatingKVCache: a ring buffer
+        return c._temporal_order(c.keys), c._temporal_order(c.values)
+    return c.keys[..., : c.offset, :], c.values[..., : c.offset, :]  # KVCache
+
+
+def drafter_kv(target: Gemma4Target, cache: list) -> dict[str, tuple[mx.array, mx.array]]:
+    """K/V the drafter reads after the last cached token, per attention type: every cached
+    position for full attention, the last `sliding_window` of them for sliding attention."""
+    kv = {}
+    for kind, idx in target.kv_layer.items():
+        keys, values = cache_keys_values(cache[idx])
+        if kind == "sliding_attention":
+            keys, values = keys[..., -target.sliding_window :, :], values[..., -target.sliding_window :, :]
+        kv[kind] = (keys, values)
+    return kv
