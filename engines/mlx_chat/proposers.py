@@ -18,8 +18,9 @@ The protocol (what the round loop in engine.py calls, in order):
                         hidden state at the position that produced it (if needs_hidden).
     drain()             before the round loop changes the target's cache (verify writes,
                         rollback): a proposer whose drafter reads that cache in place must
-                        finish or cancel those reads here. (MLX arrays are immutable: a write
-                        makes a new array, and a graph keeps the version it read, so the MLX
+                        finish or cancel those reads here. (An MLX cache write computes a new
+                        version of the buffer -- `keys[...] = x` repoints the Python array at
+                        it -- while a graph built earlier keeps the version it read, so the MLX
                         proposers have nothing to wait for.)
 
 `drafts_ahead = True` asks the loop to call anticipate (MTP with overlap on).
