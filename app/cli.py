@@ -16,8 +16,15 @@ from pathlib import Path
 from engines import EngineError, Request, Sampling, SpecConfig
 from engines.speculative.schedule import MAX_STEPS, PRESETS
 from engines.speculative.trace import TraceError, TraceWriter
+from engines.validation import InvalidParameter, validate
 
 EXIT_BAD_INPUT = 2
+
+# Request fields as the CLI spells them, for InvalidParameter messages (engines.validation).
+FLAGS = {"temperature": "--temp", "top_p": "--top-p", "top_k": "--top-k", "seed": "--seed",
+         "max_tokens": "--max-tokens", "stop": "--stop", "spec": "--spec", "steps": "--steps",
+         "skip_streak": "--skip-streak", "ngram_min": "--ngram-min", "ngram_max": "--ngram-max",
+         "max_steps": "--preset's max steps", "min_steps": "min steps"}
 
 # Drafts per round when neither --steps nor --preset is given. N-gram drafts cost almost
 # nothing to make, so they go deeper than a model drafter's.
@@ -85,12 +92,6 @@ def spec_config(args: argparse.Namespace, builtin_drafter: bool = False) -> Spec
         steps = preset.steps
     else:
         steps = DEFAULT_STEPS[method]
-    if not 0 <= steps <= MAX_STEPS:
-        raise UsageError(f"--steps must be between 0 and {MAX_STEPS}, got {steps}")
-    if args.skip_streak < 0:
-        raise UsageError("--skip-streak must be >= 0")
-    if not 1 <= args.ngram_min <= args.ngram_max:
-        raise UsageError("need 1 <= --ngram-min <= --ngram-max")
     draft_model = getattr(args, "draft_model", None)
     if method in ("draft", "mtp") and steps > 0 and not draft_model and not builtin_drafter:
         raise UsageError(f"--spec {method} needs --draft-model PATH")
@@ -107,15 +108,13 @@ def spec_config(args: argparse.Namespace, builtin_drafter: bool = False) -> Spec
 
 
 def sampling(args: argparse.Namespace) -> Sampling:
-    if args.temp < 0:
-        raise UsageError("--temp must be >= 0")
-    if not 0 < args.top_p <= 1:
-        raise UsageError("--top-p must be in (0, 1]")
-    if args.top_k < 0:
-        raise UsageError("--top-k must be >= 0")
-    if args.max_tokens < 1:
-        raise UsageError("--max-tokens must be >= 1")
     return Sampling(temperature=args.temp, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
+
+
+def checked(request: Request) -> Request:
+    """The shared parameter check (engines.validation), before anything is loaded."""
+    validate(request)
+    return request
 
 
 def open_trace(args: argparse.Namespace) -> TraceWriter | None:
@@ -163,10 +162,10 @@ def cmd_chat(argv: list[str]) -> int:
     args = chat_parser().parse_args(argv)
     if not args.prompt.strip():
         raise UsageError("the prompt is empty")
-    request = Request(
+    request = checked(Request(
         kind="chat", prompt=args.prompt, system=args.system, max_tokens=args.max_tokens, stop=args.stop,
         ignore_chat_template=args.ignore_chat_template, spec=spec_config(args), sampling=sampling(args),
-    )
+    ))
     trace = open_trace(args)
     engine = load_chat_engine(args.model, request.spec.draft_model)
     return run_and_report(engine, request, args, trace)
@@ -176,10 +175,10 @@ def cmd_ocr(argv: list[str]) -> int:
     args = ocr_parser().parse_args(argv)
     if not Path(args.image).exists():
         raise UsageError(f"no such image: {args.image}")
-    request = Request(
+    request = checked(Request(
         kind="ocr", image=args.image, task=args.task, max_tokens=args.max_tokens,
         spec=spec_config(args, builtin_drafter=True), sampling=sampling(args),
-    )
+    ))
     trace = open_trace(args)
     from engines import load_engine
 
@@ -257,13 +256,13 @@ def cmd_bench(argv: list[str]) -> int:
         raise UsageError("--runs must be >= 1 and --warmup >= 0")
     if args.engine == "chat":
         spec = spec_config(args)
-        cases = [(name, Request(kind="chat", prompt=text, system=args.system, max_tokens=args.max_tokens,
-                                spec=spec, sampling=sampling(args))) for name, text in load_prompts(args.prompts)]
+        cases = [(name, checked(Request(kind="chat", prompt=text, system=args.system, max_tokens=args.max_tokens,
+                                        spec=spec, sampling=sampling(args)))) for name, text in load_prompts(args.prompts)]
         engine = load_chat_engine(args.model, spec.draft_model)
     else:
         spec = spec_config(args, builtin_drafter=True)
-        cases = [(Path(img).name, Request(kind="ocr", image=img, task=args.task, max_tokens=args.max_tokens,
-                                          spec=spec, sampling=sampling(args))) for img in args.images]
+        cases = [(Path(img).name, checked(Request(kind="ocr", image=img, task=args.task, max_tokens=args.max_tokens,
+                                                  spec=spec, sampling=sampling(args)))) for img in args.images]
         engine = load_engine("ocr", args.model, runtime=args.runtime)
     cases = cases[: args.limit] if args.limit else cases
     results = []
@@ -335,6 +334,9 @@ def main(argv: list[str] | None = None) -> int:
         p = Parser(prog="specscope", description="Specscope desktop app.")
         add_gui_arguments(p)
         return run_gui(p.parse_args(argv))
+    except InvalidParameter as e:
+        print(f"specscope: error: {FLAGS.get(e.name, e.name)} {e.problem}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     except (UsageError, EngineError, TraceError) as e:
         print(f"specscope: error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -36,6 +36,7 @@ from app.views.transcript import TranscriptView
 from app.worker import EngineCache, EngineLoader, RunSpec, RunWorker, start_worker
 from engines import EngineError, Request, SpecConfig
 from engines.speculative.session import Session
+from engines.validation import validate
 
 
 GIL_SWITCH_INTERVAL_S = 0.0005
@@ -307,6 +308,7 @@ class MainWindow(QMainWindow):
             request.prompt = prompt
             request.system = c.system_edit.toPlainText().strip() or None
             request.history = list(self.history)
+        validate(request)  # the same check as the CLI's and the server's (engines.validation)
         return request
 
     # --- runs -----------------------------------------------------------------------------

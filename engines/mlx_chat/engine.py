@@ -31,6 +31,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from engines import EngineError, Request, ShouldStop
 from engines.mlx_chat import sampling as mxs
 from engines.mlx_chat.cache import cache_arrays, make_rollback_cache, rollback
+from engines.mlx_chat.context import check_fits, context_length
 from engines.mlx_chat.loading import Head, LoadedModel, check_same_tokenizer, load_model
 from engines.mlx_chat.proposers import (
     EMPTY,
@@ -46,6 +47,7 @@ from engines.speculative.schedule import DraftSchedule
 from engines.speculative.verify import (
     Verdict, accept_flags, clip_emitted, find_stop, verify_greedy, verify_sampled,
 )
+from engines.validation import validate
 
 PREFILL_CHUNK = 2048
 
@@ -159,6 +161,10 @@ class ChatEngine:
             self._head = Head(self.model)
         return self._head
 
+    @property
+    def context_length(self) -> int | None:
+        return context_length(self.model)
+
     def decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids)
 
@@ -202,8 +208,9 @@ class ChatEngine:
 
     # -- the loop's helpers, in the order they run ------------------------------------------------
     def _start(self, request: Request) -> Run:
-        if request.max_tokens < 1:
-            raise EngineError(f"max_tokens must be at least 1, got {request.max_tokens}")
+        validate(request, self.context_length)
+        prompt_ids = self._prompt_ids(request)
+        check_fits(len(prompt_ids), request.max_tokens, self.context_length)  # before any forward
         if request.sampling.seed is not None:
             mx.random.seed(request.sampling.seed)
         spec = request.spec
@@ -221,7 +228,7 @@ class ChatEngine:
                 proposer, note = None, f"speculation unavailable: {e}"
         if cache is None:
             cache = make_prompt_cache(self.model)  # plain: the model's own caches, as mlx-lm
-        ctx = ProposerContext(self._prompt_ids(request), request.sampling, self.model, cache)
+        ctx = ProposerContext(prompt_ids, request.sampling, self.model, cache)
         return Run(
             request=request,
             ctx=ctx,

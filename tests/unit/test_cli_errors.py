@@ -13,6 +13,15 @@ CASES = {
     "draft without model": (["chat", "--prompt", "hi", "--spec", "draft"], "needs --draft-model"),
     "missing prompt": (["chat"], "required"),
     "bad temperature": (["chat", "--prompt", "hi", "--temp", "-1"], "--temp"),
+    # issue 16 item 5: these were accepted (garbage output, a traceback in mx.random.seed, an
+    # output cut to one character); engines.validation now turns each away before loading
+    "temperature nan": (["chat", "--prompt", "hi", "--temp", "nan"], "--temp must be a finite number"),
+    "temperature inf": (["chat", "--prompt", "hi", "--temp", "inf"], "--temp must be a finite number"),
+    "top-p nan": (["chat", "--prompt", "hi", "--top-p", "nan"], "--top-p must be in (0, 1]"),
+    "negative top-k": (["chat", "--prompt", "hi", "--top-k", "-1"], "--top-k must be"),
+    "negative seed": (["chat", "--prompt", "hi", "--seed", "-1"], "--seed must be"),
+    "empty stop string": (["chat", "--prompt", "hi", "--stop", ""], "--stop strings must be non-empty"),
+    "ocr nan temperature": (["ocr", "/etc/hostname", "--model", "/nonexistent", "--temp", "nan"], "--temp"),
     "bad preset": (["chat", "--prompt", "hi", "--preset", "fastest"], "invalid choice"),
     "unwritable trace": (["chat", "--prompt", "hi", "--trace", "/nonexistent-dir/t.ndjson"], "cannot write trace file"),
     "missing image": (["ocr", "/nonexistent.png", "--model", "/nonexistent"], "no such image"),
