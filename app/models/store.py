@@ -247,10 +247,12 @@ def lease(path: str | os.PathLike) -> Iterator[Path]:
     """Mark the model at `path` as in use for the duration (CLI runs; the GUI holds one while an
     engine has the model loaded), so `remove` refuses to delete it."""
     p = Path(path).resolve()
-    leases = models_dir() / "leases"
-    leases.mkdir(parents=True, exist_ok=True)
-    f = leases / f"{_lease_key(p)}.{os.getpid()}.{next(_lease_counter)}"
-    f.write_text(str(p), encoding="utf-8")
+    f = models_dir() / "leases" / f"{_lease_key(p)}.{os.getpid()}.{next(_lease_counter)}"
+    try:
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(str(p), encoding="utf-8")
+    except OSError:  # an unwritable models folder must not stop a run; it only loses the guard
+        pass
     try:
         yield p
     finally:
@@ -286,7 +288,10 @@ def _pypi_status(entry: CatalogEntry) -> ModelStatus:
     spec = importlib.util.find_spec(module) if module else None
     if spec is None or not spec.submodule_search_locations:
         return ModelStatus(entry.id, False, missing=[f"not installed: pip install {entry.package}"])
-    where = Path(list(spec.submodule_search_locations)[0])
+    try:  # the model file itself (Gemma 3 270M is assembled from its chunks on first use)
+        where = _locate_pypi(entry)
+    except EngineError as e:
+        return ModelStatus(entry.id, False, missing=[str(e)])
     return ModelStatus(entry.id, True, path=where, size_on_disk=_tree_size(where))
 
 
@@ -362,6 +367,31 @@ def resolve(id_or_path: str, role: Role | tuple[Role, ...]) -> Path:
     if not st.installed or st.path is None:
         raise EngineError(f"{entry.id}: {st.missing[0] if st.missing else 'not installed'}")
     return st.path
+
+
+def entry_at(path: Path, catalog: list[CatalogEntry] | None = None) -> CatalogEntry | None:
+    """The catalog entry installed at `path` (a snapshot directory given as a path), if any."""
+    if not path.exists():
+        return None
+    wanted = path.resolve()
+    for entry in load_catalog() if catalog is None else catalog:
+        if entry.source == "hub":
+            record = read_record(entry.repo_id or entry.id)
+            if record is not None and record.snapshot.resolve() == wanted:
+                return entry
+        elif entry.source == "local" and entry.path and Path(entry.path).resolve() == wanted:
+            return entry
+    return None
+
+
+@contextlib.contextmanager
+def leases(*paths: str | os.PathLike | None) -> Iterator[None]:
+    """`lease` on each path given (None skipped): a run holds its target and its drafter."""
+    with contextlib.ExitStack() as stack:
+        for p in paths:
+            if p is not None:
+                stack.enter_context(lease(p))
+        yield
 
 
 def _locate_pypi(entry: CatalogEntry) -> Path:
