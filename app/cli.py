@@ -158,27 +158,32 @@ def load_chat_engine(model: str | None, draft_model: str | None):
     return load_engine("chat", model, draft_model=draft_model)
 
 
-def resolve_models(args: argparse.Namespace, role: str) -> None:
-    """--model / --draft-model: catalog ids and hub repo ids become local paths (paths stay);
-    --spec mtp without --draft-model takes the target's paired assistant from the catalog."""
-    from app.models.cli import model_path, paired_drafter
+def pick_drafter(args: argparse.Namespace) -> None:
+    """--spec mtp without --draft-model: the target's paired assistant in the catalog, if any."""
+    from app.models.cli import paired_drafter
 
-    if getattr(args, "spec", None) == "mtp" and role == "chat" and not args.draft_model and args.model:
+    if args.spec == "mtp" and not args.draft_model and args.model:
         args.draft_model = paired_drafter(args.model)
+
+
+def resolve_models(args: argparse.Namespace, spec: SpecConfig, role: str) -> None:
+    """--model and the drafter: catalog ids and hub repo ids become local paths (paths stay)."""
+    from app.models.cli import model_path
+
     args.model = model_path(args.model, role)
-    if getattr(args, "draft_model", None):
-        args.draft_model = model_path(args.draft_model, ("drafter", "chat"))
+    spec.draft_model = model_path(spec.draft_model, ("drafter", "chat"))
 
 
 def cmd_chat(argv: list[str]) -> int:
     args = chat_parser().parse_args(argv)
     if not args.prompt.strip():
         raise UsageError("the prompt is empty")
-    resolve_models(args, "chat")
+    pick_drafter(args)
     request = checked(Request(
         kind="chat", prompt=args.prompt, system=args.system, max_tokens=args.max_tokens, stop=args.stop,
         ignore_chat_template=args.ignore_chat_template, spec=spec_config(args), sampling=sampling(args),
     ))
+    resolve_models(args, request.spec, "chat")
     trace = open_trace(args)
     from app.models.store import leases
 
@@ -191,11 +196,11 @@ def cmd_ocr(argv: list[str]) -> int:
     args = ocr_parser().parse_args(argv)
     if not Path(args.image).exists():
         raise UsageError(f"no such image: {args.image}")
-    resolve_models(args, "ocr")
     request = checked(Request(
         kind="ocr", image=args.image, task=args.task, max_tokens=args.max_tokens,
         spec=spec_config(args, builtin_drafter=True), sampling=sampling(args),
     ))
+    resolve_models(args, request.spec, "ocr")
     trace = open_trace(args)
     from app.models.store import leases
     from engines import load_engine
@@ -273,16 +278,18 @@ def cmd_bench(argv: list[str]) -> int:
     args = bench_parser().parse_args(argv)
     if args.runs < 1 or args.warmup < 0:
         raise UsageError("--runs must be >= 1 and --warmup >= 0")
-    resolve_models(args, args.engine)
     if args.engine == "chat":
+        pick_drafter(args)
         spec = spec_config(args)
         cases = [(name, checked(Request(kind="chat", prompt=text, system=args.system, max_tokens=args.max_tokens,
                                         spec=spec, sampling=sampling(args)))) for name, text in load_prompts(args.prompts)]
+        resolve_models(args, spec, "chat")
         engine = load_chat_engine(args.model, spec.draft_model)
     else:
         spec = spec_config(args, builtin_drafter=True)
         cases = [(Path(img).name, checked(Request(kind="ocr", image=img, task=args.task, max_tokens=args.max_tokens,
                                                   spec=spec, sampling=sampling(args)))) for img in args.images]
+        resolve_models(args, spec, "ocr")
         engine = load_engine("ocr", args.model, runtime=args.runtime)
     cases = cases[: args.limit] if args.limit else cases
     results = []
