@@ -6,8 +6,8 @@ process (a tiny checkpoint built here in the real format: no model download).
 1. Tokens per target forward at steps 1..7 with a benchmark-only replay drafter (the target's
    own greedy output, each draft replaced by a wrong token with probability error_rate), the
    ideal tokens per forward for that acceptance, and the realized / ideal speedup (wall time).
-2. The MTP cache schemes (aligned vs the notes' rollback rule) on a tiny MTP layer trained on
-   the target's outputs: acceptance rate and tokens per forward.
+2. The MTP layer trained on the target's own outputs (tests/engines/glm_ocr/checkpoints.py):
+   acceptance and tokens per target forward at steps 1..7.
 3. The cost of MTP KV prefill per prompt token, batched (torch) and row by row (as the seq_len-1
    Core ML package runs), next to the target's own prefill cost per token.
 """
@@ -117,30 +117,26 @@ def main() -> None:
             print(f"{steps:>5} {stats.tau:>8.2f} {ideal_tau:>6.2f} {stats.acceptance_rate:>7.2f} "
                   f"{speedup:>7.2f}x {ideal_tau:>5.2f}x {speedup / ideal_tau:>10.2f}")
 
-        # 2. MTP cache schemes
-        print("\n2. trained tiny MTP layer, aligned cache vs the notes' rollback rule (4 images)")
-        print(f"{'steps':>5} {'scheme':>9} {'accepted/proposed':>18} {'rate':>5} {'tok/fwd':>8}")
-        for steps in (1, 3, 7):
-            for scheme in ("aligned", "rollback"):
-                engine.mtp_scheme = scheme
-                rounds_all = []
-                for p in image_paths:
-                    rounds_all += run(engine, p, steps, args.tokens)[1]
-                s = session_stats(rounds_all)
-                print(f"{steps:>5} {scheme:>9} {s.accepted:>8}/{s.proposed:<9} {s.acceptance_rate:>5.2f} {s.tau:>8.2f}")
-        engine.mtp_scheme = "aligned"
+        # 2. the trained MTP layer by depth
+        print("\n2. trained tiny MTP layer (4 images): acceptance and tokens per target forward by depth")
+        print(f"{'steps':>5} {'accepted/proposed':>18} {'rate':>5} {'tok/fwd':>8}")
+        for steps in range(1, 8):
+            rounds_all = []
+            for p in image_paths:
+                rounds_all += run(engine, p, steps, args.tokens)[1]
+            s = session_stats(rounds_all)
+            print(f"{steps:>5} {s.accepted:>8}/{s.proposed:<9} {s.acceptance_rate:>5.2f} {s.tau:>8.2f}")
 
         # 3. MTP KV prefill cost
         req = Request(kind="ocr", image=str(image), max_tokens=1)
-        ids, embeds, positions, _ = engine._prompt(req)
-        rt = engine.runtime
-        n = len(ids)
+        prompt = engine._prompt(req)
+        positions, rt, n = prompt.positions, engine.runtime, len(prompt.ids)
         t0 = time.perf_counter()
         rt.reset()
-        hiddens = engine._prefill(embeds, positions)
+        hiddens = engine._prefill(prompt)
         target_prefill = time.perf_counter() - t0
         cos, sin = text_rope(positions.rows(0, n - 1), cfg)
-        nxt = rt.embeddings[np.asarray(ids[1:])]
+        nxt = prompt.embeds[1:]
         t0 = time.perf_counter()
         rt.mtp(hiddens[:-1], nxt, 0, cos, sin)
         batched = time.perf_counter() - t0

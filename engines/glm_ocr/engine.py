@@ -9,9 +9,8 @@ Where things happen (read `OcrEngine.generate` top to bottom):
                  the accepted rows (stale rows are masked, then overwritten); the MTP layer
                  is told which rows were verified (MtpDrafter.accept)
 
-Sequence bookkeeping: `length` rows of the main KV cache hold verified tokens; `hidden` is the
-final-normed hidden state of the last of them; `token` is the newest emitted token, not yet in
-the cache. Each round feeds [token, drafts...] at rows length.. and keeps 1 + accepted rows.
+Each round feeds [token, drafts...] at main cache rows length.. and keeps 1 + accepted rows
+(`Sequence`); `Output` turns each verdict into the Round the app shows.
 """
 
 from __future__ import annotations
@@ -23,10 +22,10 @@ from typing import Iterator, Protocol
 
 import numpy as np
 
-from engines import EngineError, Request, ShouldStop
+from engines import EngineError, Request, Sampling, ShouldStop
 from engines.glm_ocr.config import GlmOcrConfig
 from engines.glm_ocr.positions import prompt_positions, text_positions, text_rope
-from engines.glm_ocr.prompts import GlmTokenizer, IncrementalDecoder, prompt_ids
+from engines.glm_ocr.prompts import GlmTokenizer, TextStream, prompt_ids
 from engines.glm_ocr.runtime import Runtime
 from engines.speculative.rounds import Round
 from engines.speculative.sampling import rejection_verify, target_probs
@@ -59,12 +58,13 @@ class Positions:
 
 class Drafter(Protocol):
     """Proposes drafts; never touches the main model. The engine calls `start` after the
-    prefill (prompt hidden states and ids), `propose(hidden, token, k)` every round with the
-    last verified hidden state and the newest token (k may be 0: a plain round), and
-    `accept(hiddens, drafts)` with the accepted drafts and the verified hidden state before
-    each of them. The target's own token of the round comes back in the next `propose`."""
+    prefill with the prompt's hidden states and its input embeddings (image features in place
+    of the image tokens), `propose(hidden, token, k)` every round with the last verified hidden
+    state and the newest token (k may be 0: a plain round), and `accept(hiddens, drafts)` with
+    the accepted drafts and the verified hidden state before each of them. The target's own
+    token of the round comes back in the next `propose`."""
 
-    def start(self, hiddens: np.ndarray, ids: list[int]) -> None: ...
+    def start(self, hiddens: np.ndarray, embeds: np.ndarray) -> None: ...
 
     def propose(self, hidden: np.ndarray, token: int, k: int) -> list[int]: ...
 
@@ -72,83 +72,71 @@ class Drafter(Protocol):
 
 
 class MtpDrafter:
-    """Chained drafts from GLM-OCR's MTP layer, with its own KV cache.
+    """Chained greedy drafts from GLM-OCR's MTP layer, with its own KV cache, under the
+    convention of docs/glm-ocr-mtp-convention.md (vLLM's GLM-OCR MTP proposer):
 
-    MTP cache row i holds the pair (main model's final-normed hidden at row i, embedding of
-    token i+1), at the mRoPE position of row i; its output predicts token i+2. Two ways to
-    keep the cache in step with the main model:
-
-      "aligned" (default): rows below `slot` only ever hold verified pairs. Pairs whose hidden
-        state is known but not yet written (the prompt after prefill, the accepted drafts of
-        the last round) wait in `pending` and go into the same MTP call as the next chain's
-        first step. Chain steps past the first write speculative rows that the next round
-        overwrites.
-      "rollback": the design notes' rule: every MTP step advances the position, and after
-        verification it moves back by the number of rejected drafts. The cache then falls one
-        row behind the main model every round (the pair holding the target's own token never
-        reaches the MTP layer, and accepted rows keep the MTP's own hidden state instead of
-        the target's). Kept to measure against (bench/ocr_mtp.py).
+      MTP cache row i holds the pair (main model's final-normed hidden at row i, input
+      embedding of token i+1 -- an image feature for an image token), at row i's mRoPE
+      position; its output predicts token i+2. Rows below `slot` only ever hold verified
+      pairs: pairs whose hidden state is known but not yet written (the prompt after the
+      prefill, the accepted drafts of the last round) wait in `pending` and go into the same
+      MTP call as the next chain's first step. A chain continues from the MTP layer's own
+      output before shared_head.norm, one position further per step; chain steps past the
+      first write rows that the next round overwrites (rejected drafts leave nothing behind).
     """
 
-    def __init__(self, runtime: Runtime, positions: Positions, eos_ids: list[int], scheme: str = "aligned"):
-        if scheme not in ("aligned", "rollback"):
-            raise ValueError(f"unknown MTP cache scheme {scheme!r}")
+    def __init__(self, runtime: Runtime, positions: Positions, eos_ids: list[int]):
         self.runtime = runtime
         self.positions = positions
         self.eos = set(eos_ids)
-        self.scheme = scheme
-        self.slot = 0  # next MTP cache row to write; rows below hold pairs of the sequence
+        self.slot = 0  # next MTP cache row to write; rows below hold verified pairs
         self.pending_hidden: list[np.ndarray] = []
-        self.pending_tokens: list[int] = []
-        self.proposed = 0  # drafts of the current round
+        self.pending_embeds: list[np.ndarray] = []
         self.mtp_rows = 0  # rows run through the MTP layer (cost accounting)
 
-    def start(self, hiddens: np.ndarray, ids: list[int]) -> None:
-        """MTP KV prefill: every prompt row i with its next token ids[i+1] (written lazily,
-        with the first chain)."""
+    def start(self, hiddens: np.ndarray, embeds: np.ndarray) -> None:
+        """MTP KV prefill: every prompt row i with the input embedding of row i+1 (written
+        lazily, with the first chain)."""
         self.pending_hidden = list(hiddens[:-1])
-        self.pending_tokens = list(ids[1:])
+        self.pending_embeds = list(embeds[1:])
 
     def propose(self, hidden: np.ndarray, token: int, k: int) -> list[int]:
+        self._wait(hidden, token)
         if k == 0:
-            if self.scheme == "aligned":  # a verified pair: write it with the next chain
-                self.pending_hidden.append(hidden)
-                self.pending_tokens.append(token)
             return []
-        # first step, one MTP call: the pending verified pairs, then (hidden, token)
-        tokens = self.pending_tokens + [token]
-        raw, head = self._run(self.slot, np.stack(self.pending_hidden + [hidden]), tokens)
-        self.slot += len(tokens)
-        self.pending_hidden, self.pending_tokens = [], []
+        # first step, one MTP call: the pending verified pairs, the newest one last
+        n = len(self.pending_embeds)
+        raw, head = self._run(self.slot, np.stack(self.pending_hidden), np.stack(self.pending_embeds))
+        self.slot += n
+        self.pending_hidden, self.pending_embeds = [], []
         drafts = [self._greedy(head[-1])]
-        # chain: the MTP's own raw hidden state and its last draft feed the next step
+        # chain: the MTP layer's own output (before shared_head.norm) and its last draft
         raw_last = raw[-1:]
         for step in range(1, k):
             if drafts[-1] in self.eos:
                 break
-            raw_last, head = self._run(self.slot + step - 1, raw_last, [drafts[-1]])
+            raw_last, head = self._run(self.slot + step - 1, raw_last, self._embed([drafts[-1]]))
             drafts.append(self._greedy(head[-1]))
-        if self.scheme == "rollback":  # the notes advance the position on every MTP step
-            self.slot += len(drafts) - 1
-        self.proposed = len(drafts)
         return drafts
 
     def accept(self, hiddens: np.ndarray, tokens: list[int]) -> None:
         """The round accepted `tokens` (a prefix of the drafts); hiddens[i] is the verified
         hidden state that precedes tokens[i]."""
-        if self.scheme == "aligned":
-            self.pending_hidden.extend(hiddens[: len(tokens)])
-            self.pending_tokens.extend(tokens)
-        else:
-            self.slot -= self.proposed - len(tokens)  # roll back the rejected drafts' rows
-        self.proposed = 0
+        for hidden, token in zip(hiddens, tokens):
+            self._wait(hidden, token)
 
-    def _run(self, start: int, previous_hidden: np.ndarray, tokens: list[int]):
-        n = len(tokens)
+    def _wait(self, hidden: np.ndarray, token: int) -> None:
+        self.pending_hidden.append(hidden)
+        self.pending_embeds.append(self._embed([token])[0])
+
+    def _embed(self, tokens: list[int]) -> np.ndarray:
+        return self.runtime.embeddings[np.asarray(tokens)]
+
+    def _run(self, start: int, previous_hidden: np.ndarray, embeds: np.ndarray):
+        n = len(embeds)
         if start + n > self.runtime.cache_length:
             raise EngineError("the MTP cache is full")
         cos, sin = text_rope(self.positions.rows(start, n), self.runtime.config.text)
-        embeds = self.runtime.embeddings[np.asarray(tokens)]
         self.mtp_rows += n
         return self.runtime.mtp(previous_hidden.astype(np.float32), embeds, start, cos, sin)
 
@@ -188,15 +176,102 @@ class RepetitionGuard:
         return found
 
 
-# ----------------------------------------------------------------------------- the engine
+# ----------------------------------------------------------------------------- the run
 
 
 @dataclass
-class RunState:
-    length: int  # verified rows in the main KV cache
-    hidden: np.ndarray  # final-normed hidden of the last verified row
-    token: int  # the newest emitted token, not yet in the cache
-    emitted: int  # tokens emitted so far
+class Prompt:
+    ids: list[int]
+    embeds: np.ndarray  # (P, hidden): token embeddings, image features in place of image tokens
+    positions: Positions
+    note: str | None  # set when the image was read at a lower resolution to fit the context
+
+
+@dataclass
+class Sequence:
+    """The verified sequence: `length` rows of the main KV cache hold verified tokens,
+    `hidden` is the final-normed hidden state of the last of them, `token` the newest
+    emitted token (not yet in the cache: the next forward feeds it)."""
+
+    length: int
+    hidden: np.ndarray
+    token: int
+
+    def advance(self, verdict: Verdict, rows: np.ndarray) -> None:
+        """Keep the fed token's row and the accepted drafts' rows; the rows after them were
+        written for rejected drafts and are overwritten by the next forward."""
+        self.length += 1 + verdict.accepted
+        self.hidden = rows[verdict.accepted]
+        self.token = verdict.tokens[-1]
+
+
+class Sampler:
+    """The target's side: the first token, and the verdict on a round's drafts. Row i of a
+    verify forward's logits follows [token, drafts[:i]]: it checks drafts[i]; the last row
+    gives the bonus token. T > 0: rejection sampling (engines/speculative/sampling.py) with
+    point-mass proposals, since the MTP layer drafts greedily."""
+
+    def __init__(self, sampling: Sampling):
+        self.sampling = sampling
+        self.rng = np.random.default_rng(sampling.seed)
+
+    def first(self, logits: np.ndarray) -> int:
+        return self.verify([], logits[-1:]).tokens[0]
+
+    def verify(self, drafts: list[int], logits: np.ndarray) -> Verdict:
+        s = self.sampling
+        if s.greedy:
+            return verify_greedy(drafts, [int(t) for t in np.argmax(logits, axis=-1)])
+        return rejection_verify(target_probs(logits, s.temperature, s.top_p, s.top_k), None, drafts, self.rng)
+
+
+class Output:
+    """What the run has emitted, and the Round of each forward: a verdict is clipped at EOS,
+    max_tokens and repetition, its text streamed by the tokenizer's own DecodeStream.
+
+    Round.accepted is the verifier's count, before clipping (engines/speculative/rounds.py);
+    from_draft marks the emitted tokens that came from accepted drafts."""
+
+    def __init__(self, tokenizer: GlmTokenizer, eos_ids: list[int], max_tokens: int,
+                 guard: RepetitionGuard | None):
+        self.tokenizer = tokenizer
+        self.eos_ids = eos_ids
+        self.max_tokens = max_tokens
+        self.guard = guard
+        self.text: TextStream = tokenizer.stream()
+        self.emitted = 0
+        self.t_start = time.perf_counter()
+
+    def round(self, index: int, verdict: Verdict, drafts: list[int], t0: float, draft_s: float,
+              verify_s: float, *, steps: int = 0, prefill: bool = False) -> Round:
+        kept, finish = clip_emitted(verdict.tokens, self.eos_ids, self.max_tokens - self.emitted)
+        kept, finish, note = self._check_repetition(kept, finish)
+        self.emitted += len(kept)
+        now = time.perf_counter()
+        return Round(
+            index=index, proposed=len(drafts), accepted=verdict.accepted, tokens=kept,
+            from_draft=[i < verdict.accepted for i in range(len(kept))], text=self.text.add(kept),
+            accept_flags=accept_flags(len(drafts), verdict.accepted), draft_s=draft_s, verify_s=verify_s,
+            wall_s=now - t0, t_s=now - self.t_start, prefill=prefill, steps=steps, finish=finish, note=note)
+
+    def stopped(self, index: int, finish: str, note: str | None = None) -> Round:
+        """A round that ran no forward: the run was cancelled, or the context is full."""
+        return Round(index=index, proposed=0, accepted=0, tokens=[], from_draft=[], text="", accept_flags=[],
+                     draft_s=0.0, verify_s=0.0, wall_s=0.0, t_s=time.perf_counter() - self.t_start,
+                     finish=finish, note=note)
+
+    def _check_repetition(self, kept: list[int], finish):
+        """Token by token, so a speculative run stops at exactly the token plain decoding does."""
+        if self.guard is None:
+            return kept, finish, None
+        for i, t in enumerate(kept):
+            period = self.guard.push(t)
+            if period is not None:
+                return kept[: i + 1], "repetition", f"stopped: the output repeats a block of {period} tokens"
+        return kept, finish, None
+
+
+# ----------------------------------------------------------------------------- the engine
 
 
 class OcrEngine:
@@ -207,8 +282,6 @@ class OcrEngine:
         self.config: GlmOcrConfig = runtime.config
         self.image_config = image_config
         self.repetition: RepetitionGuard | None = RepetitionGuard()  # None disables the guard
-        self.mtp_scheme = "aligned"  # see MtpDrafter; bench/ocr_mtp.py measures both
-        self.last_drafter: Drafter | None = None
 
     @classmethod
     def load(cls, model_path: str | os.PathLike, runtime: str | None = "torch", **options) -> "OcrEngine":
@@ -249,70 +322,54 @@ class OcrEngine:
     def generate(self, request: Request, should_stop: ShouldStop | None = None, *,
                  drafter: Drafter | None = None) -> Iterator[Round]:
         """One Round per target forward. `drafter` replaces the MTP drafter (tests, benchmarks)."""
-        t_start = time.perf_counter()
-        ids, embeds, positions, fit_note = self._prompt(request)
-        schedule, drafter, note = self._drafting(request, positions, drafter)
-        note = _join(fit_note, note)
-        self.last_drafter = drafter  # for inspection (tests, benchmarks)
-        rng = np.random.default_rng(request.sampling.seed)
-        text = IncrementalDecoder(self.tokenizer)
-        guard = RepetitionGuard(self.repetition.max_period, self.repetition.min_copies,
-                                self.repetition.min_span) if self.repetition else None
+        prompt = self._prompt(request)
+        schedule, drafter, note = self._drafting(request, prompt.positions, drafter)
+        sampler = Sampler(request.sampling)
+        out = Output(self.tokenizer, self.config.eos_token_ids, request.max_tokens, self._guard())
 
         # prefill: the prompt in seq_len chunks; the last row's logits give the first token
         t0 = time.perf_counter()
         self.runtime.reset()
-        hiddens = self._prefill(embeds, positions)
-        first = self._sample(self.runtime.logits(hiddens[-1:]), request, rng)[0]
+        hiddens = self._prefill(prompt)
+        seq = Sequence(len(prompt.ids), hiddens[-1], sampler.first(self.runtime.logits(hiddens[-1:])))
         if drafter is not None:
-            drafter.start(hiddens, ids)
-        verify_s = time.perf_counter() - t0
-        state = RunState(length=len(ids), hidden=hiddens[-1], token=first, emitted=0)
-        rnd = self._finish_round(0, state, [first], [], 0, 0.0, verify_s, t0, t_start, request, text, guard,
-                                 prefill=True)
-        rnd.note = _join(note, rnd.note)
+            drafter.start(hiddens, prompt.embeds)
+        rnd = out.round(0, Verdict(0, [seq.token]), [], t0, 0.0, time.perf_counter() - t0, prefill=True)
+        rnd.note = _join(prompt.note, note, rnd.note)
         yield rnd
+
         index = 1
         while rnd.finish is None:
             if should_stop is not None and should_stop():
-                yield self._cancelled(index, t_start)
+                yield out.stopped(index, "cancelled")
                 return
-            if state.length + self.runtime.seq_len > self.runtime.cache_length:
-                yield self._context_full(index, t_start)
+            if seq.length + self.runtime.seq_len > self.runtime.cache_length:
+                yield out.stopped(index, "length", f"stopped: the context of {self.runtime.cache_length} tokens is full")
                 return
             t0 = time.perf_counter()
-            remaining = request.max_tokens - state.emitted
-            k = schedule.next_steps(remaining)
-            k = min(k, self.runtime.seq_len - 1)
+            k = min(schedule.next_steps(request.max_tokens - out.emitted), self.runtime.seq_len - 1)
 
             # draft
             drafts, note = [], None
             if drafter is not None:
                 try:
-                    drafts = drafter.propose(state.hidden, state.token, k)
+                    drafts = drafter.propose(seq.hidden, seq.token, k)
                 except Exception as e:  # noqa: BLE001 -- graceful degradation, said in the round
-                    drafter, drafts = None, []
+                    drafter, note = None, f"speculation stopped: drafter raised {type(e).__name__}: {e}"
                     schedule.disable()
-                    note = f"speculation stopped: drafter raised {type(e).__name__}: {e}"
             t1 = time.perf_counter()
 
             # verify: one target forward over [token, drafts...]
-            chunk = [state.token] + drafts
-            rows = self._decode(chunk, state.length, positions)
-            logits = self.runtime.logits(rows)
-            verdict = self._verify(drafts, logits, request, rng)
+            rows = self._forward([seq.token, *drafts], seq.length, prompt.positions)
+            verdict = sampler.verify(drafts, self.runtime.logits(rows))
             t2 = time.perf_counter()
 
-            # roll forward: keep 1 + accepted rows; the MTP layer learns the verified rows
-            a = verdict.accepted
+            # roll forward; the MTP layer learns the verified rows
             if drafter is not None:
-                drafter.accept(rows[:a], drafts[:a])
-            schedule.record(len(drafts), a)
-            state.length += 1 + a
-            state.hidden = rows[a]
-            state.token = verdict.tokens[-1]
-            rnd = self._finish_round(index, state, verdict.tokens, drafts, a, t1 - t0, t2 - t1, t0, t_start,
-                                     request, text, guard, steps=k)
+                drafter.accept(rows[: verdict.accepted], drafts[: verdict.accepted])
+            schedule.record(len(drafts), verdict.accepted)
+            seq.advance(verdict, rows)
+            rnd = out.round(index, verdict, drafts, t0, t1 - t0, t2 - t1, steps=k)
             rnd.note = _join(note, rnd.note)
             if rnd.finish is None and should_stop is not None and should_stop():
                 rnd.finish = "cancelled"
@@ -321,7 +378,7 @@ class OcrEngine:
 
     # -- helpers, in the order the loop uses them ------------------------------------------
 
-    def _prompt(self, request: Request) -> tuple[list[int], np.ndarray, Positions, str | None]:
+    def _prompt(self, request: Request) -> Prompt:
         """Prompt ids, their embeddings (image features in place of the image tokens), the
         mRoPE positions, and a note if the image had to be downscaled to fit the context."""
         from engines.glm_ocr.image import load_image, num_image_tokens, preprocess
@@ -346,7 +403,7 @@ class OcrEngine:
         embeds = self.runtime.embeddings[np.asarray(ids)].copy()
         embeds[np.asarray(ids) == self.config.image_token_id] = self.runtime.encode_image(pixel_values, grid_thw)
         positions, delta = prompt_positions(ids, self.config.image_token_id, grid_thw, merge)
-        return ids, embeds, Positions(positions, delta), note
+        return Prompt(ids, embeds, Positions(positions, delta), note)
 
     def _fit_image(self, image, request: Request):
         """A page whose image tokens would not leave room in the context for the text around
@@ -387,76 +444,26 @@ class OcrEngine:
         if self.runtime.mtp_unavailable:
             schedule.disable()
             return schedule, None, f"{self.runtime.mtp_unavailable}; decoding plainly"
-        return schedule, MtpDrafter(self.runtime, positions, self.config.eos_token_ids, self.mtp_scheme), None
+        return schedule, MtpDrafter(self.runtime, positions, self.config.eos_token_ids), None
 
-    def _prefill(self, embeds: np.ndarray, positions: Positions) -> np.ndarray:
+    def _guard(self) -> RepetitionGuard | None:
+        """A fresh guard per run, with the engine's settings."""
+        r = self.repetition
+        return RepetitionGuard(r.max_period, r.min_copies, r.min_span) if r else None
+
+    def _prefill(self, prompt: Prompt) -> np.ndarray:
         s = self.runtime.seq_len
         out = []
-        for start in range(0, len(embeds), s):
-            n = min(s, len(embeds) - start)
-            cos, sin = text_rope(positions.rows(start, n), self.config.text)
-            out.append(self.runtime.decode(embeds[start : start + n], start, cos, sin))
+        for start in range(0, len(prompt.embeds), s):
+            n = min(s, len(prompt.embeds) - start)
+            cos, sin = text_rope(prompt.positions.rows(start, n), self.config.text)
+            out.append(self.runtime.decode(prompt.embeds[start : start + n], start, cos, sin))
         return np.concatenate(out)
 
-    def _decode(self, tokens: list[int], start: int, positions: Positions) -> np.ndarray:
+    def _forward(self, tokens: list[int], start: int, positions: Positions) -> np.ndarray:
+        """One target forward over `tokens` at cache rows start..: their final-normed hidden states."""
         cos, sin = text_rope(positions.rows(start, len(tokens)), self.config.text)
         return self.runtime.decode(self.runtime.embeddings[np.asarray(tokens)], start, cos, sin)
-
-    def _sample(self, logits: np.ndarray, request: Request, rng: np.random.Generator) -> list[int]:
-        s = request.sampling
-        if s.greedy:
-            return [int(t) for t in np.argmax(logits, axis=-1)]
-        p = target_probs(logits, s.temperature, s.top_p, s.top_k)
-        return [int(rng.choice(p.shape[-1], p=row)) for row in p]
-
-    def _verify(self, drafts: list[int], logits: np.ndarray, request: Request, rng) -> Verdict:
-        """Row i of logits follows [token, drafts[:i]]: it checks drafts[i]; the last row gives
-        the bonus token. Temperature > 0: rejection sampling with point-mass proposals (the
-        MTP drafts greedily), which keeps the target's distribution exactly."""
-        s = request.sampling
-        if s.greedy:
-            return verify_greedy(drafts, [int(t) for t in np.argmax(logits, axis=-1)])
-        p = target_probs(logits, s.temperature, s.top_p, s.top_k)
-        return rejection_verify(p, None, drafts, rng)
-
-    def _finish_round(self, index, state: RunState, tokens, drafts, accepted, draft_s, verify_s, t0, t_start,
-                      request, text: IncrementalDecoder, guard: RepetitionGuard | None,
-                      prefill: bool = False, steps: int = 0) -> Round:
-        """Clip the burst at EOS / max_tokens / repetition, decode its text, build the Round."""
-        kept, finish = clip_emitted(tokens, self.config.eos_token_ids, request.max_tokens - state.emitted)
-        note = None
-        if guard is not None:
-            for i, t in enumerate(kept):
-                period = guard.push(t)
-                if period is not None:
-                    kept, finish = kept[: i + 1], "repetition"
-                    note = f"stopped: the output repeats a block of {period} tokens"
-                    break
-        state.emitted += len(kept)
-        from_draft = [i < accepted for i in range(len(kept))]
-        n_acc = sum(from_draft)
-        delta = text.add(kept)
-        if finish is not None:
-            delta += text.flush()
-        now = time.perf_counter()
-        rnd = Round(
-            index=index, proposed=len(drafts), accepted=n_acc, tokens=kept, from_draft=from_draft, text=delta,
-            accept_flags=accept_flags(len(drafts), n_acc), draft_s=draft_s, verify_s=verify_s,
-            wall_s=now - t0, t_s=now - t_start, prefill=prefill, steps=steps, finish=finish,
-        )
-        if note:
-            rnd.note = note
-        return rnd
-
-    def _cancelled(self, index: int, t_start: float) -> Round:
-        return Round(index=index, proposed=0, accepted=0, tokens=[], from_draft=[], text="", accept_flags=[],
-                     draft_s=0.0, verify_s=0.0, wall_s=0.0, t_s=time.perf_counter() - t_start, finish="cancelled")
-
-    def _context_full(self, index: int, t_start: float) -> Round:
-        rnd = self._cancelled(index, t_start)
-        rnd.finish = "length"
-        rnd.note = f"stopped: the context of {self.runtime.cache_length} tokens is full"
-        return rnd
 
 
 def _join(*notes: str | None) -> str | None:

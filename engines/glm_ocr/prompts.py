@@ -36,6 +36,9 @@ class GlmTokenizer:
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
+    def stream(self) -> "TextStream":
+        return TextStream(self.tokenizer)
+
     def token_id(self, token: str) -> int:
         tid = self.tokenizer.token_to_id(token)
         if tid is None:
@@ -55,32 +58,16 @@ def prompt_ids(tokenizer: GlmTokenizer, task: str, num_image_tokens: int, image_
     return tokenizer.encode(PROMPT_PREFIX) + [image_token_id] * num_image_tokens + tokenizer.encode(suffix)
 
 
-class IncrementalDecoder:
-    """Text deltas of a growing token list. Decodes the whole list each time and holds back a
-    trailing replacement character (a multi-byte character split across rounds)."""
+class TextStream:
+    """Text deltas of a growing token list, from the tokenizers library's streaming decoder
+    (DecodeStream): each token is decoded once, and a multi-byte character split across
+    tokens comes out whole with the token that completes it."""
 
-    def __init__(self, tokenizer: GlmTokenizer):
+    def __init__(self, tokenizer):
+        from tokenizers.decoders import DecodeStream
+
         self.tokenizer = tokenizer
-        self.ids: list[int] = []
-        self.text = ""
+        self.stream = DecodeStream(skip_special_tokens=True)
 
     def add(self, ids: list[int]) -> str:
-        self.ids.extend(ids)
-        text = self.tokenizer.decode(self.ids)
-        if text.endswith("\ufffd"):
-            text = text.rstrip("\ufffd")
-        if not text.startswith(self.text):  # decoding is not always prefix-stable; emit what is new
-            common = 0
-            while common < min(len(text), len(self.text)) and text[common] == self.text[common]:
-                common += 1
-            self.text = text[:common]
-        delta = text[len(self.text):]
-        self.text = text
-        return delta
-
-    def flush(self) -> str:
-        """At the end: whatever was held back (an incomplete character decodes as U+FFFD)."""
-        text = self.tokenizer.decode(self.ids)
-        delta = text[len(self.text):] if text.startswith(self.text) else ""
-        self.text = text
-        return delta
+        return "".join(self.stream.step(self.tokenizer, int(t)) or "" for t in ids)

@@ -236,6 +236,16 @@ def reference_prompt(model_dir, image, task: str = "text"):
                 pixel_values=feats["pixel_values"], image_grid_thw=grid)
 
 
+def reference_input_embeds(model, inputs: dict) -> torch.Tensor:
+    """(1, P, C) input embeddings as transformers' GlmOcrModel forms them: token embeddings,
+    the vision encoder's features in place of the image tokens."""
+    lm = model.model
+    embeds = lm.get_input_embeddings()(inputs["input_ids"])
+    features = torch.cat(lm.get_image_features(inputs["pixel_values"], inputs["image_grid_thw"]).pooler_output)
+    mask = (inputs["input_ids"] == model.config.image_token_id)[..., None].expand_as(embeds)
+    return embeds.masked_scatter(mask, features.to(embeds.dtype))
+
+
 def hf_greedy(model, inputs: dict, max_new_tokens: int, stop_at_eos: bool = True) -> list[int]:
     """transformers' own greedy generate; the new tokens only."""
     kwargs = {} if stop_at_eos else {"eos_token_id": None, "suppress_tokens": None}
