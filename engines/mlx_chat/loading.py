@@ -124,7 +124,7 @@ def _load_hf_dir(p: Path) -> LoadedModel:
         raise EngineError(f"not a model directory: {p} has no model*.safetensors weights")
     _check_architecture(config, p)
     try:
-        model, config = mlx_load_model(p)
+        model, config = mlx_load_model(p, model_config=_published_overrides(config))
     except (ValueError, RuntimeError, OSError, KeyError) as e:
         raise EngineError(f"corrupt or mismatched weights in {p}: {_one_line(e)}") from e
     try:
@@ -132,6 +132,18 @@ def _load_hf_dir(p: Path) -> LoadedModel:
     except Exception as e:  # transformers raises many kinds for a broken tokenizer
         raise EngineError(f"cannot load the tokenizer in {p}: {_one_line(e)}") from e
     return LoadedModel(model, tokenizer, str(p), config["model_type"], _vocab_size(model, tokenizer))
+
+
+def _published_overrides(config: dict) -> dict:
+    """Fields a published config leaves to mlx-lm's defaults where those defaults are wrong.
+    A multimodal Gemma 4 config (model_type gemma4) states its vocabulary only in text_config,
+    as Google publishes it; mlx-lm's gemma4 reads a top-level vocab_size with the 262144 of
+    the released models as its default and overwrites text_config's with it."""
+    text = config.get("text_config")
+    if config["model_type"] == "gemma4" and "vocab_size" not in config and isinstance(text, dict) \
+            and "vocab_size" in text:
+        return {"vocab_size": text["vocab_size"]}
+    return {}
 
 
 def _one_line(e: BaseException) -> str:

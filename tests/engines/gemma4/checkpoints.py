@@ -295,3 +295,122 @@ def build_mlx_assistant(path: str | Path, hf_assistant_dir: str | Path, bits: in
     save_model(path, model)
     save_config(config, path / "config.json")
     return path
+
+
+# -- google/gemma-4-*-it and google/gemma-4-*-it-assistant exactly as published ----------------
+#
+# The instruction repos hold (per the hub's file lists, e.g. google/gemma-4-31B-it's first
+# commit): README.md, chat_template.jinja, config.json, generation_config.json,
+# model-0000N-of-0000M.safetensors + model.safetensors.index.json, processor_config.json,
+# tokenizer.json, tokenizer_config.json. config.json is the multimodal `gemma4` one
+# (Gemma4ForConditionalGeneration): text_config (gemma4_text, vocab_size inside it only, dtype
+# bfloat16), vision_config (gemma4_vision), audio_config (gemma4_audio on E2B/E4B, null on
+# 26B/31B), the media token ids, eos_token_id [1, 106, 50] and vision_soft_tokens_per_image.
+# Weights are bfloat16 under model.language_model.*, model.vision_tower.*, model.embed_vision.*,
+# model.audio_tower.*, model.embed_audio.*. The tokenizer is Gemma 4's turn format: <|turn>,
+# <turn|> (id 106, an end-of-turn EOS). The assistant repos: config.json (gemma4_assistant,
+# with the media token ids copied from the base) and model.safetensors (bfloat16); no tokenizer
+# is written for them, so nothing here relies on one (it shares the target's).
+
+PUBLISHED_EOS = [1, 106, 50]
+PUBLISHED_MEDIA_IDS = dict(boi_token_id=255999, eoi_token_id=258882, image_token_id=258880,
+                           video_token_id=258884, boa_token_id=256000, eoa_token_index=258883,
+                           audio_token_id=258881)
+# Gemma 4's turn markers at their ids in the real vocabulary (0 pad, 1 eos, 2 bos, 3 unk,
+# 105 <|turn>, 106 <turn|>; 50 stands in for the third EOS id of generation_config.json).
+PUBLISHED_SPECIALS = {0: "<pad>", 1: "<eos>", 2: "<bos>", 3: "<unk>", 4: "<mask>", 50: "<|tool_response>",
+                      105: "<|turn>", 106: "<turn|>"}
+PUBLISHED_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|turn>{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n"
+    "{{ m['content'] | trim }}<turn|>\n{% endfor %}{% if add_generation_prompt %}<|turn>model\n{% endif %}"
+)
+PUBLISHED_GENERATION = {"bos_token_id": 2, "do_sample": True, "eos_token_id": PUBLISHED_EOS, "pad_token_id": 0,
+                        "temperature": 1.0, "top_k": 64, "top_p": 0.95, "transformers_version": "5.5.0.dev0"}
+
+
+def write_published_tokenizer(path: Path, vocab_size: int = VOCAB) -> None:
+    """tokenizer.json + tokenizer_config.json + chat_template.jinja in Gemma 4's form: the
+    specials at their real ids, words "▁w{i}" elsewhere, the template in its own file."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {f"▁w{i}": i for i in range(vocab_size) if i not in PUBLISHED_SPECIALS}
+    vocab.update({tok: i for i, tok in PUBLISHED_SPECIALS.items()})
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
+    tok.decoder = decoders.Sequence([
+        decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0),
+    ])
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in PUBLISHED_SPECIALS.values()])
+    tok.save(str(path / "tokenizer.json"))
+    config = {
+        "backend": "tokenizers", "bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>",
+        "unk_token": "<unk>", "mask_token": "<mask>", "sot_token": "<|turn>", "eot_token": "<turn|>",
+        "padding_side": "left", "processor_class": "Gemma4Processor", "tokenizer_class": "GemmaTokenizer",
+        "model_max_length": 1000000000000000019884624838656,
+    }
+    (path / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+    (path / "chat_template.jinja").write_text(PUBLISHED_CHAT_TEMPLATE)
+
+
+def _tiny_towers(spec: TargetSpec, audio: bool) -> tuple[dict, dict | None]:
+    from transformers import Gemma4AudioConfig, Gemma4VisionConfig
+
+    vision = Gemma4VisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                num_key_value_heads=2, head_dim=16, position_embedding_size=64, patch_size=4)
+    towers_audio = Gemma4AudioConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                     subsampling_conv_channels=[8, 8], output_proj_dims=spec.hidden_size)
+    return vision.to_dict(), (towers_audio.to_dict() if audio else None)
+
+
+def build_published_target(path: str | Path, spec: TargetSpec = EDGE_TARGET, audio: bool = True) -> Path:
+    """A tiny google/gemma-4-E2B-it (audio=True) or -31B-it (audio=False, with DENSE_TARGET)."""
+    import torch
+    from transformers import Gemma4Config, Gemma4ForConditionalGeneration
+
+    path = Path(path)
+    torch.manual_seed(spec.seed)
+    vision, audio_config = _tiny_towers(spec, audio)
+    config = Gemma4Config(text_config=_text_config(spec, eos_token_id=PUBLISHED_EOS[:2]).to_dict(),
+                          vision_config=vision, audio_config=audio_config, **PUBLISHED_MEDIA_IDS)
+    model = Gemma4ForConditionalGeneration(config).eval().to(torch.bfloat16)
+    model.save_pretrained(str(path), max_shard_size="400KB")  # sharded, with the index file
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["text_config"] = _officialize(cfg["text_config"], spec.global_head_dim, spec.num_global_key_value_heads)
+    cfg["text_config"]["dtype"] = "bfloat16"
+    cfg.pop("dtype", None)
+    cfg["eos_token_id"] = PUBLISHED_EOS
+    cfg["vision_soft_tokens_per_image"] = 280
+    (path / "config.json").write_text(json.dumps(dict(sorted(cfg.items())), indent=2))
+    (path / "generation_config.json").write_text(json.dumps(PUBLISHED_GENERATION, indent=2))
+    (path / "processor_config.json").write_text(json.dumps({
+        "processor_class": "Gemma4Processor", "image_seq_length": 280, "audio_seq_length": 750,
+        "image_processor": {"image_processor_type": "Gemma4ImageProcessor", "patch_size": 16,
+                            "max_soft_tokens": 280, "pooling_kernel_size": 3},
+    }, indent=2))
+    (path / "README.md").write_text("---\nlicense: apache-2.0\nlibrary_name: transformers\n---\n# tiny test model\n")
+    write_published_tokenizer(path, spec.vocab_size)
+    return path
+
+
+def build_published_assistant(path: str | Path, target_dir: str | Path,
+                              spec: AssistantSpec = AssistantSpec(centroid=True)) -> Path:
+    """A tiny google/gemma-4-*-it-assistant for the published target at `target_dir`."""
+    import torch
+
+    path = Path(path)
+    undo = _patch_all_shared_kv_modes()
+    try:
+        model = assistant_model(target_dir, spec).to(torch.bfloat16)
+        if spec.centroid:  # token_ordering is an integer buffer: keep it so
+            model.masked_embedding.token_ordering.data = model.masked_embedding.token_ordering.long()
+        model.save_pretrained(str(path))
+    finally:
+        undo()
+    cfg = json.loads((path / "config.json").read_text())
+    _officialize(cfg["text_config"], target_text_config(target_dir)["global_head_dim"], None)
+    cfg["text_config"]["dtype"] = "bfloat16"
+    cfg.pop("dtype", None)
+    cfg.update({k: v for k, v in PUBLISHED_MEDIA_IDS.items() if k != "video_token_id"})
+    (path / "config.json").write_text(json.dumps(dict(sorted(cfg.items())), indent=2))
+    (path / "README.md").write_text("---\nlicense: apache-2.0\nlibrary_name: transformers\n---\n# tiny test drafter\n")
+    return path

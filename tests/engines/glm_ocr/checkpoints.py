@@ -306,3 +306,73 @@ def train_mtp_on_target(model_dir, images, steps: int = 150, max_new_tokens: int
     tensors[prefix + "eh_proj.weight"] = ref.mtp["eh_proj"].weight.detach()
     write_mtp_weights(model_dir, {k: v.detach().clone().contiguous() for k, v in tensors.items()})
     return correct / total
+
+
+# -- zai-org/GLM-OCR exactly as published -----------------------------------------------------
+#
+# The files of the hub repo (README, config.json, generation_config.json, model.safetensors (one
+# bf16 shard, the MTP layer inside as layer 16), tokenizer.json, tokenizer_config.json,
+# chat_template.jinja, preprocessor_config.json), with config.json in its published form: no
+# top-level dtype, `dtype: bfloat16`, `attention_bias` and `tie_word_embeddings` inside
+# text_config, full rotary (partial_rotary_factor 1.0), and a vision_config without
+# rope_parameters. Sources: the config.json served by huggingface.co/zai-org/GLM-OCR (quoted in
+# public transcripts), transformers' GlmOcrConfig defaults, the GLM-OCR model card.
+
+PUBLISHED_TRANSFORMERS_VERSION = "5.0.1dev0"
+PUBLISHED_VISION_KEYS = (
+    "model_type", "hidden_size", "depth", "num_heads", "attention_bias", "intermediate_size",
+    "hidden_act", "hidden_dropout_prob", "initializer_range", "image_size", "patch_size",
+    "out_hidden_size", "rms_norm_eps", "spatial_merge_size", "temporal_patch_size",
+)
+PUBLISHED_README = """---
+license: mit
+pipeline_tag: image-to-text
+library_name: transformers
+---
+
+# GLM-OCR (tiny random test checkpoint in the published layout)
+"""
+
+
+def make_published_glm_ocr(out, seed: int = 0) -> Path:
+    """A tiny random GLM-OCR in the exact file layout and config form of zai-org/GLM-OCR."""
+    out = make_tiny_glm_ocr(out, seed=seed, rope_parameters={
+        "rope_type": "default", "mrope_section": [2, 3, 3], "partial_rotary_factor": 1.0, "rope_theta": 10000,
+    })
+    config = read_config(out)
+    (out / "config.json").write_text(json.dumps(published_glm_ocr_config(config), indent=2))
+    to_bfloat16(out / "model.safetensors")
+    tokenizer_config = json.loads((out / "tokenizer_config.json").read_text())
+    tokenizer_config.update({
+        "clean_up_tokenization_spaces": False, "extra_special_tokens": SPECIAL_TOKENS,
+        "padding_side": "left", "processor_class": "Glm46VProcessor", "model_max_length": 655380,
+    })
+    (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
+    (out / "README.md").write_text(PUBLISHED_README)
+    return out
+
+
+def published_glm_ocr_config(config: dict) -> dict:
+    """transformers 5.23's save of a GlmOcrConfig, rewritten to the published key set."""
+    text = dict(config["text_config"])
+    text.update(attention_bias=False, dtype="bfloat16", tie_word_embeddings=False)
+    vision = {k: config["vision_config"].get(k, 0.0) for k in PUBLISHED_VISION_KEYS}
+    published = {"architectures": ["GlmOcrForConditionalGeneration"], "model_type": "glm_ocr",
+                 "text_config": dict(sorted(text.items())), "vision_config": vision}
+    for key in ("image_start_token_id", "image_end_token_id", "video_start_token_id",
+                "video_end_token_id", "image_token_id", "video_token_id"):
+        published[key] = config[key]
+    published["transformers_version"] = PUBLISHED_TRANSFORMERS_VERSION
+    return published
+
+
+def to_bfloat16(path: Path) -> None:
+    """Rewrite a safetensors file with every float tensor in bfloat16, as published."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    with safe_open(path, "pt") as f:
+        metadata = f.metadata()
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    save_file({k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in tensors.items()},
+              path, metadata=metadata)
