@@ -12,26 +12,25 @@ import base64
 import sys
 import time
 from collections import deque
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 from PySide6.QtCore import QByteArray, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (
-    QApplication, QDialog, QDialogButtonBox, QFileDialog, QHBoxLayout, QLabel, QMainWindow,
-    QMessageBox, QPlainTextEdit, QPushButton, QSplitter, QTreeWidget, QTreeWidgetItem,
-    QVBoxLayout, QWidget,
+    QApplication, QFileDialog, QHBoxLayout, QLabel, QMainWindow, QMessageBox, QPushButton,
+    QSplitter, QVBoxLayout, QWidget,
 )
 
 from app import APP_NAME
 from app.bursts import Burst
-from app.sessions import (
-    SavedSession, export_csv, export_json, export_png, list_sessions, load_session,
-    new_autosave_path,
-)
+from app.compare import CompareResult, compare_sessions
+from app.sessions import SavedSession, export_csv, export_json, export_png, load_session, new_autosave_path
 from app.settings import AppSettings, data_dir, save_settings
 from app.views.controls import ControlsPanel
 from app.views.document import DocumentView
+from app.views.prompt import PromptEdit
+from app.views.sessions_dialog import SessionsDialog
 from app.views.transcript import TranscriptView
 from app.worker import EngineCache, EngineLoader, RunSpec, RunWorker, start_worker
 from engines import EngineError, Request, SpecConfig
@@ -42,77 +41,6 @@ from engines.validation import validate
 GIL_SWITCH_INTERVAL_S = 0.0005
 SHOW_INTERVAL_MS = 15  # how often buffered rounds are drawn
 SHOW_BUDGET_S = 0.012  # and for how long at most, so the event loop always gets its turn
-
-
-@dataclass
-class CompareResult:
-    off: Session
-    on: Session
-    identical: bool
-    first_difference: int | None  # token position, when the outputs differ
-    decode_speedup: float  # decode tok/s on / off
-    wall_speedup: float  # total wall time off / on
-
-    def summary(self) -> str:
-        off_s, on_s = self.off.stats(), self.on.stats()
-        same = ("outputs identical \u2713" if self.identical
-                else f"outputs differ from token {self.first_difference}")
-        return (f"A/B: speculation on is {self.decode_speedup:.2f}\u00d7 the decode speed "
-                f"({off_s.decode_tok_s:.1f} \u2192 {on_s.decode_tok_s:.1f} tok/s; wall time "
-                f"{self.wall_speedup:.2f}\u00d7) \u00b7 {same}")
-
-
-def compare_sessions(off: Session, on: Session) -> CompareResult:
-    a, b = off.tokens, on.tokens
-    diff = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
-    if diff is None and len(a) != len(b):
-        diff = min(len(a), len(b))
-    off_s, on_s = off.stats(), on.stats()
-    decode = on_s.decode_tok_s / off_s.decode_tok_s if off_s.decode_tok_s else 0.0
-    wall = off_s.wall_s / on_s.wall_s if on_s.wall_s else 0.0
-    return CompareResult(off, on, diff is None, diff, decode, wall)
-
-
-class PromptEdit(QPlainTextEdit):
-    """The chat input: Enter sends, Shift+Enter starts a new line."""
-
-    submitted = Signal()
-
-    def keyPressEvent(self, event) -> None:
-        if event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter) and not event.modifiers() & Qt.KeyboardModifier.ShiftModifier:
-            self.submitted.emit()
-            return
-        super().keyPressEvent(event)
-
-
-class SessionsDialog(QDialog):
-    """Past sessions from the autosave folder, newest first."""
-
-    def __init__(self, parent: QWidget | None = None):
-        super().__init__(parent)
-        self.setWindowTitle("Sessions")
-        self.resize(760, 420)
-        self.tree = QTreeWidget()
-        self.tree.setHeaderLabels(["Started", "Kind", "Model", "Rounds", "Outcome", "Input"])
-        self.tree.setRootIsDecorated(False)
-        self.tree.itemDoubleClicked.connect(lambda *_: self.accept())
-        for e in list_sessions():
-            item = QTreeWidgetItem([time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.started_at)),
-                                    e.kind, e.model, str(e.rounds), e.outcome or "interrupted", e.preview])
-            item.setData(0, Qt.ItemDataRole.UserRole, str(e.path))
-            self.tree.addTopLevelItem(item)
-        for i in range(5):
-            self.tree.resizeColumnToContents(i)
-        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Open | QDialogButtonBox.StandardButton.Cancel)
-        buttons.accepted.connect(self.accept)
-        buttons.rejected.connect(self.reject)
-        col = QVBoxLayout(self)
-        col.addWidget(self.tree)
-        col.addWidget(buttons)
-
-    def chosen_path(self) -> str | None:
-        item = self.tree.currentItem()
-        return item.data(0, Qt.ItemDataRole.UserRole) if item else None
 
 
 class MainWindow(QMainWindow):

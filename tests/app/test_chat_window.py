@@ -10,7 +10,7 @@ import json
 import pytest
 from PySide6.QtGui import QImage
 
-from app.main_window import compare_sessions
+from app.compare import compare_sessions
 from engines import Request, Sampling, SpecConfig, load_engine
 from engines.speculative.rounds import session_stats
 from tests.app.conftest import Heartbeat, Recorder
