@@ -81,6 +81,10 @@ def get(id_or_repo: str, revision: str | None) -> int:
         path = download(id_or_repo, revision, on_progress=bar.show)
     finally:
         bar.close()
+    entry = catalog.find(id_or_repo)
+    pair = catalog.pair_of(entry) if entry else None
+    if pair is not None and pair.role == "drafter" and not store.status(pair).installed:
+        print(f"its drafter {pair.id} is not downloaded: specscope models get {pair.id}", file=sys.stderr)
     print(path)
     return 0
 
