@@ -118,3 +118,55 @@ def test_gemma4_published_chat_with_mtp_and_its_assistant(published, capsys):
     assert mtp["stats"]["proposed"] > 0
     assert all(r.get("note") is None for r in mtp["rounds"])  # speculation never switched off
 
+
+
+# -- served by the loopback hub, fetched with `specscope models get`, run by id ----------------
+
+from tests.hub.fixtures import hub, hub_env  # noqa: E402,F401  (pytest fixtures)
+
+GEMMA4_IT, GEMMA4_ASSISTANT = "google/gemma-4-E2B-it", "google/gemma-4-E2B-it-assistant"
+
+
+def add_gemma4_pair() -> None:
+    """The user's catalog entries for Google's repos, the target paired with its assistant (so
+    `--spec mtp` finds the drafter by itself, as for the built-in Gemma 4 entries)."""
+    from dataclasses import replace
+
+    from app.models import catalog
+
+    catalog.add_user_entry(replace(catalog.entry_for_repo(GEMMA4_IT), gated=True, pairs_with=GEMMA4_ASSISTANT))
+    catalog.add_user_entry(replace(catalog.entry_for_repo(GEMMA4_ASSISTANT, role="drafter"), gated=True,
+                                   pairs_with=GEMMA4_IT))
+
+
+def models_get(capsys, model_id: str) -> Path:
+    from app.cli import main
+
+    rc = main(["models", "get", model_id])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    return Path(out.out.strip())
+
+
+def test_published_repos_downloaded_run_as_from_a_local_path(published, hub, hub_env, capsys, monkeypatch):
+    """zai-org/GLM-OCR and the gated Gemma 4 pair served by the loopback hub: after `models get`,
+    `ocr --model glm-ocr --spec mtp` and `chat --model google/gemma-4-E2B-it --spec mtp` (the
+    assistant found from the pairing) give what the same runs give from the local folders."""
+    hub.serve_repo("zai-org/GLM-OCR", published["glm_ocr"])
+    hub.serve_repo(GEMMA4_IT, published["gemma4"], gated=True)
+    hub.serve_repo(GEMMA4_ASSISTANT, published["assistant"], gated=True)
+    monkeypatch.setenv("HF_TOKEN", hub_env.token)  # as after accepting the licence and logging in
+    add_gemma4_pair()
+    snapshots = {i: models_get(capsys, i) for i in ("glm-ocr", GEMMA4_IT, GEMMA4_ASSISTANT)}
+    assert all(hub_env.models_dir in p.parents or hub_env.hf_home in p.parents for p in snapshots.values())
+
+    downloaded = ocr(capsys, "glm-ocr", published["page"], "mtp")
+    local = ocr(capsys, published["glm_ocr"], published["page"], "mtp")
+    assert downloaded["tokens"] == local["tokens"] and downloaded["text"] == local["text"]
+    assert downloaded["stats"]["proposed"] > 0
+
+    downloaded = chat(capsys, GEMMA4_IT, None, "mtp")  # no --draft-model: the pair's assistant
+    local = chat(capsys, published["gemma4"], published["assistant"], "mtp")
+    assert downloaded["tokens"] == local["tokens"] and downloaded["text"] == local["text"]
+    assert downloaded["stats"]["proposed"] > 0
+    assert downloaded["request"]["spec"]["draft_model"] == str(snapshots[GEMMA4_ASSISTANT])
