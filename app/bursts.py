@@ -1,28 +1,36 @@
-"""A burst: one Round as the transcript shows it, i.e. its text split into the part that came
-from accepted drafts and the part the target produced itself. Qt-free."""
+"""A burst: one Round as the transcript shows it, i.e. its text split into the parts that came
+from accepted drafts and the parts the target produced itself. Qt-free.
+
+The engine says which characters came from drafts (Round.draft_spans: it detokenizes each
+token once, as it streams); nothing here decodes tokens again."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
 
 from engines.speculative.rounds import Round
-
-CONTEXT_TOKENS = 8  # enough history for a tokenizer to place spaces and merge bytes right
 
 
 @dataclass
 class Burst:
     round: Round
-    draft_chars: int  # round.text[:draft_chars] came from accepted drafts, the rest from the target
+    spans: list[tuple[int, int]]  # [start, end) ranges of round.text that came from accepted drafts
 
     @property
-    def draft_text(self) -> str:
-        return self.round.text[: self.draft_chars]
+    def draft_chars(self) -> int:
+        return sum(end - start for start, end in self.spans)
 
-    @property
-    def target_text(self) -> str:
-        return self.round.text[self.draft_chars :]
+    def segments(self) -> list[tuple[str, bool]]:
+        """The text in order, as (piece, came from an accepted draft) pairs."""
+        text, out, at = self.round.text, [], 0
+        for start, end in self.spans:
+            if start > at:
+                out.append((text[at:start], False))
+            out.append((text[start:end], True))
+            at = end
+        if at < len(text):
+            out.append((text[at:], False))
+        return out
 
 
 def leading_draft_tokens(rnd: Round) -> int:
@@ -34,42 +42,17 @@ def leading_draft_tokens(rnd: Round) -> int:
 
 
 def proportional_draft_chars(rnd: Round) -> int:
-    """The split when no tokenizer is at hand (a session reopened from a file that lacks it)."""
+    """The split when the round does not say (an engine that does not report draft_spans, or a
+    session file written before they existed): the drafted share of the tokens."""
     n = leading_draft_tokens(rnd)
     if not rnd.tokens or n == 0:
         return 0
     return round(len(rnd.text) * n / len(rnd.tokens))
 
 
-class BurstSplitter:
-    """Finds how much of each round's text came from accepted drafts by decoding the drafted
-    tokens after a few tokens of context (decoding them alone would drop leading spaces of
-    SentencePiece tokenizers and split multi-byte characters)."""
-
-    def __init__(self, decode: Callable[[list[int]], str]):
-        self.decode = decode
-        self.history: list[int] = []
-
-    def split(self, rnd: Round) -> Burst:
-        n = leading_draft_tokens(rnd)
-        if n == 0:
-            chars = 0
-        elif n == len(rnd.tokens):
-            chars = len(rnd.text)
-        else:
-            chars = self._draft_chars(rnd, n)
-        self.history = (self.history + list(rnd.tokens))[-CONTEXT_TOKENS:]
-        return Burst(rnd, chars)
-
-    def _draft_chars(self, rnd: Round, n: int) -> int:
-        try:
-            before = self.decode(self.history)
-            after = self.decode(self.history + list(rnd.tokens[:n]))
-        except Exception:  # a tokenizer that cannot decode a partial sequence
-            return proportional_draft_chars(rnd)
-        if not after.startswith(before):
-            return proportional_draft_chars(rnd)
-        piece = after[len(before) :].rstrip("\ufffd")  # a half-decoded multi-byte character
-        if rnd.text.startswith(piece):
-            return len(piece)
-        return min(len(piece), len(rnd.text)) if piece else proportional_draft_chars(rnd)
+def burst_of(rnd: Round, draft_chars: int | None = None) -> Burst:
+    """The burst of a round: its own draft_spans, else a saved leading count, else a guess."""
+    if rnd.draft_spans is not None:
+        return Burst(rnd, [(int(a), int(b)) for a, b in rnd.draft_spans])
+    chars = draft_chars if isinstance(draft_chars, int) else proportional_draft_chars(rnd)
+    return Burst(rnd, [(0, chars)] if chars else [])

@@ -127,9 +127,15 @@ def run_and_report(engine, request: Request, args: argparse.Namespace, trace: Tr
 
     if trace is not None:
         trace.write_header({"request": request.to_dict(), "model": engine.model_info()})
-    stream = None if args.json else (lambda r: (sys.stdout.write(r.text), sys.stdout.flush()))
+    def on_round(rnd) -> None:
+        if rnd.note:  # e.g. why this run decodes plainly: said on stderr, --json or not
+            print(f"specscope: {rnd.note}", file=sys.stderr)
+        if not args.json:
+            sys.stdout.write(rnd.text)
+            sys.stdout.flush()
+
     try:
-        session = run_session(engine, request, on_round=stream, trace=trace)
+        session = run_session(engine, request, on_round=on_round, trace=trace)
     finally:
         if trace is not None:
             trace.close()

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from app.bursts import Burst, proportional_draft_chars
+from app.bursts import Burst, burst_of
 from app.settings import data_dir
 from engines.speculative.rounds import Round
 from engines.speculative.session import Session
@@ -80,9 +80,7 @@ def load_session(path: str | Path) -> SavedSession:
         if event == "run" and not header:
             header = obj
         elif event == "round":
-            rnd = Round.from_dict(obj)
-            chars = obj.get("draft_chars")
-            bursts.append(Burst(rnd, chars if isinstance(chars, int) else proportional_draft_chars(rnd)))
+            bursts.append(burst_of(Round.from_dict(obj), obj.get("draft_chars")))
         elif event == "end":
             end = obj
     session = Session(

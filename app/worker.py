@@ -17,7 +17,7 @@ from typing import Callable
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
-from app.bursts import BurstSplitter
+from app.bursts import burst_of
 from app.sessions import Autosave
 from engines import Engine, EngineError, Request
 from engines.speculative.session import Session, model_hash
@@ -75,7 +75,8 @@ class EngineCache:
                 info = dict(engine.model_info())
                 info.setdefault("path", path)
                 info.setdefault("name", Path(path).name)
-                info["hash"] = model_hash(path)
+                if "hash" not in info:  # the engine hashes its weights itself, once
+                    info["hash"] = model_hash(path)
                 self.engine, self.key, self.model = engine, key, info
             return self.engine, dict(self.model)
 
@@ -147,14 +148,13 @@ class RunWorker(QObject):
     def _run_rounds(self, engine: Engine, autosave: Autosave | None) -> str:
         if self._stop:
             return "cancelled"
-        splitter = BurstSplitter(engine.decode)
         rounds = engine.generate(self.spec.request, should_stop=self.should_stop)
         try:
             for rnd in rounds:
                 stopping = self._stop
                 if stopping and rnd.finish is None:
                     rnd.finish = "cancelled"  # the engine did not notice; this is the last round
-                burst = splitter.split(rnd)
+                burst = burst_of(rnd)
                 self.session.add(rnd)
                 if autosave is not None:
                     autosave.write_burst(burst)

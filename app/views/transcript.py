@@ -180,10 +180,8 @@ class TranscriptView(QWidget):
         following = bar.value() >= bar.maximum() - 4
         cursor = self._cursor_at_end()
         start = cursor.position()
-        if burst.draft_text:
-            cursor.insertText(burst.draft_text, self.draft_format)
-        if burst.target_text:
-            cursor.insertText(burst.target_text, self.target_format)
+        for piece, drafted in burst.segments():
+            cursor.insertText(piece, self.draft_format if drafted else self.target_format)
         self.spans.append(Span(burst.round.index, start, cursor.position(), burst))
         self._starts.append(start)
         if following:

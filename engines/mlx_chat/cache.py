@@ -15,7 +15,8 @@ would hold (the Rollback contract).
   `trim` refuses (raises) a rollback the kept entries could not honour, so it can never be
   silently inexact.
 - Anything else (recurrent ArraysCache, chunked caches...): not supported for speculation;
-  `make_rollback_cache` raises an EngineError naming the cache type.
+  `make_rollback_cache` raises UnsupportedCache naming the cache type, and the run
+  decodes plainly.
 """
 
 from __future__ import annotations
@@ -34,6 +35,11 @@ from mlx_lm.models.cache import (
 from engines import EngineError
 
 DEFAULT_SLACK = 16  # >= the longest rollback: MAX_STEPS drafts + the pending token(s)
+
+
+class UnsupportedCache(EngineError):
+    """This model's cache cannot roll back exactly: the run decodes plainly (the reason is
+    the Round's note)."""
 
 
 class RollbackError(RuntimeError):
@@ -133,29 +139,22 @@ class WindowKVCache:
     def nbytes(self) -> int:
         return 0 if self.keys is None else self.keys.nbytes + self.values.nbytes
 
-    def window_contents(self) -> tuple[mx.array, mx.array]:
-        """Keys and values of the last `window` positions, oldest first (for tests and for
-        drafters that read the target's sliding layers)."""
-        live = self.offset - self.start
-        first = max(0, live - self.max_size)
-        return self.keys[..., first:live, :], self.values[..., first:live, :]
-
 
 def _convert(c: Any, slack: int) -> Any:
     if isinstance(c, (KVCache, QuantizedKVCache, WindowKVCache)):
         return c
     if isinstance(c, RotatingKVCache):
         if c.keep:
-            raise EngineError(
+            raise UnsupportedCache(
                 f"speculation needs exact rollback; a sliding-window cache with keep={c.keep} "
                 "(attention sinks) is not supported"
             )
         return WindowKVCache(c.max_size, slack)
     if isinstance(c, CacheList):
         return CacheList(*[_convert(x, slack) for x in c.caches])
-    raise EngineError(
-        f"speculation needs exact rollback, and this model's {type(c).__name__} cache cannot "
-        "roll back (use --spec off)"
+    raise UnsupportedCache(
+        f"this model's {type(c).__name__} cache (recurrent or hybrid layers) cannot roll back "
+        "exactly, so it decodes plainly"
     )
 
 

@@ -9,10 +9,12 @@ One round = one target forward:
              draft on a verdict still in the graph (MTP) is handed it now (anticipate), so
              the next round's drafts queue right behind this verify (depth-2 overlap).
     settle   wait for those few ints; accept the longest agreeing prefix plus one target token
-             (verify_greedy / verify_sampled); roll the caches back over the rejected drafts;
-             clip at EOS and max_tokens; tell the proposer what was accepted (commit).
-    report   detokenize, cut at stop strings, build the Round -- while the next round's forward
-             is already running (it was launched right after settle).
+             (verify_greedy / verify_sampled); clip at EOS and max_tokens.
+    commit   roll the caches back over the rejected drafts; tell the proposer what was
+             accepted.
+    round    detokenize, hold back text that could still become a stop string (stops.py),
+             build the Round -- while the next round's forward is already running (it was
+             launched right after commit).
 
 Plain decoding (spec off) is the same loop with k = 0, and it launches the next forward on the
 still-lazy token before settling the current one, as mlx-lm's generate_step does, so the
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
@@ -32,7 +34,7 @@ from engines import EngineError, Request, ShouldStop
 from engines.mlx_chat import sampling as mxs
 from engines.mlx_chat.cache import cache_arrays, make_rollback_cache, rollback
 from engines.mlx_chat.context import check_fits, context_length
-from engines.mlx_chat.loading import Head, LoadedModel, check_same_tokenizer, load_model
+from engines.mlx_chat.loading import LoadedModel, TokenizerMismatch, check_same_tokenizer, load_model
 from engines.mlx_chat.proposers import (
     EMPTY,
     Draft,
@@ -44,9 +46,8 @@ from engines.mlx_chat.proposers import (
 )
 from engines.speculative.rounds import Round
 from engines.speculative.schedule import DraftSchedule
-from engines.speculative.verify import (
-    Verdict, accept_flags, clip_emitted, find_stop, verify_greedy, verify_sampled,
-)
+from engines.speculative.stops import TextStream
+from engines.speculative.verify import Verdict, accept_flags, clip_emitted, verify_greedy, verify_sampled
 from engines.validation import validate
 
 PREFILL_CHUNK = 2048
@@ -60,12 +61,11 @@ class Run:
     ctx: ProposerContext  # tokens (prompt + accepted), caches, sampling, hidden state
     proposer: Proposer | None
     schedule: DraftSchedule
-    detokenizer: Any
+    detokenizer: Any  # mlx-lm's streaming detokenizer
+    text: TextStream  # decoded text, stop strings held back
     eos: set[int]
-    stop: list[str]
     remaining: int
     started: float
-    text: str = ""
     index: int = 0
     last_settled: float = 0.0  # end of the previous round's settle: rounds tile the timeline
     note: str | None = None  # said once, by the next Round
@@ -81,18 +81,19 @@ class Run:
 
 @dataclass
 class Step:
-    """A launched round: its drafts and the lazy results of its verify forward."""
+    """A launched round: its drafts, the lazy results of its verify forward, its timings."""
 
     steps: int  # drafts asked for
     draft: Draft
     draft_s: float
-    launched: float
-    build_s: float  # host time spent building the verify graph
+    build_s: float = 0.0  # host time spent building the verify graph
     argmax: mx.array | None = None  # [k+1] at T=0
     sampled: mxs.SampledVerdict | None = None  # T>0 with drafts
     token: mx.array | None = None  # [1] T>0 plain sample
     hidden: mx.array | None = None  # [k+1, D] when the proposer needs it
     note: str | None = None  # said by this step's Round (speculation stopped while it ran)
+    verify_s: float = 0.0  # set when settled
+    wall_s: float = 0.0
 
     @property
     def k(self) -> int:
@@ -105,21 +106,10 @@ class Step:
 
 
 @dataclass
-class Settled:
-    verdict: Verdict
-    tokens: list[int]  # after clipping at EOS / max_tokens
-    finish: str | None
-    verify_s: float
-    wall_s: float
-
-
-@dataclass
 class ChatEngine:
     target: LoadedModel
     draft_path: str | None = None
-    accept_rule: Callable = mxs.lossless_accept  # rejection test; tests swap in a lossy one
     _drafts: dict[str, LoadedModel] = field(default_factory=dict)
-    _head: Head | None = None
     _hash: str | None = None
 
     # -- construction ------------------------------------------------------------------------
@@ -156,12 +146,6 @@ class ChatEngine:
         return self._drafts[path]
 
     @property
-    def head(self) -> Head:
-        if self._head is None:
-            self._head = Head(self.model)
-        return self._head
-
-    @property
     def context_length(self) -> int | None:
         return context_length(self.model)
 
@@ -190,19 +174,20 @@ class ChatEngine:
         if not first.finish and should_stop():
             first.finish = "cancelled"
         yield first
-        if first.finish:
-            return
-
-        step = self._launch(run)
+        step = None if first.finish else self._launch(run)
         while step is not None:
-            # Plain decoding needs no verdict to start the next forward: feed it the lazy token.
+            # Plain decoding: the next forward reads this one's token while it is still lazy,
+            # so the device never waits for the host (as mlx-lm's generate_step does).
             plain = step.k == 0 and not run.schedule.enabled  # (it may have just been disabled)
             ahead = self._launch(run, after=step) if plain and run.remaining > 1 else None
-            settled = self._settle(run, step)
-            finish = settled.finish or ("cancelled" if should_stop() else None)
-            if not finish and ahead is None:
-                ahead = self._launch(run)  # the next round runs while this one is reported
-            rnd = self._report(run, step, settled, finish)
+            verdict = self._settle(run, step)
+            tokens, finish = clip_emitted(verdict.tokens, run.eos, run.remaining)
+            self._commit(run, step, verdict, tokens, finish)
+            if finish is None and should_stop():
+                finish = "cancelled"
+            if finish is None and ahead is None:
+                ahead = self._launch(run)  # the next round's forward runs while this one is reported
+            rnd = self._round(run, step, verdict, tokens, finish)
             yield rnd
             step = None if rnd.finish else ahead
 
@@ -213,34 +198,39 @@ class ChatEngine:
         check_fits(len(prompt_ids), request.max_tokens, self.context_length)  # before any forward
         if request.sampling.seed is not None:
             mx.random.seed(request.sampling.seed)
-        spec = request.spec
-        proposer, note = None, None
-        schedule = DraftSchedule(0)
-        cache = None
-        if spec.enabled:
-            try:
-                proposer = self._make_proposer(request)
-                cache = make_rollback_cache(self.model)
-                schedule = DraftSchedule(spec.steps, spec.adaptive, spec.min_steps, spec.max_steps, spec.skip_streak)
-            except EngineError as e:
-                if spec.method == "draft" and "tokenizer" in str(e):
-                    raise  # a wrong draft model is the user's to fix, not to paper over
-                proposer, note = None, f"speculation unavailable: {e}"
-        if cache is None:
-            cache = make_prompt_cache(self.model)  # plain: the model's own caches, as mlx-lm
+        proposer, cache, note = self._speculation(request)
         ctx = ProposerContext(prompt_ids, request.sampling, self.model, cache)
+        spec = request.spec
+        schedule = DraftSchedule(0)
+        if proposer is not None:
+            schedule = DraftSchedule(spec.steps, spec.adaptive, spec.min_steps, spec.max_steps, spec.skip_streak)
         return Run(
             request=request,
             ctx=ctx,
             proposer=proposer,
             schedule=schedule,
             detokenizer=self.tokenizer.detokenizer,
+            text=TextStream(request.stop),
             eos=set(self.tokenizer.eos_token_ids),
-            stop=list(request.stop),
             remaining=request.max_tokens,
             started=time.perf_counter(),
             note=note,
         )
+
+    def _speculation(self, request: Request) -> tuple[Proposer | None, list[Any], str | None]:
+        """The proposer and the target's cache for this run, or plain decoding and the reason
+        (the first Round's note): a drafter that cannot be made, a target whose cache cannot
+        roll back exactly (recurrent / hybrid layers)."""
+        if request.spec.enabled:
+            try:
+                return self._make_proposer(request), make_rollback_cache(self.model), None
+            except TokenizerMismatch:
+                raise  # a wrong draft model is the user's to fix, not to paper over
+            except EngineError as e:
+                note = f"speculation unavailable: {e}"
+        else:
+            note = None
+        return None, make_prompt_cache(self.model), note  # the model's own caches, as mlx-lm
 
     def _make_proposer(self, request: Request) -> Proposer:
         spec = request.spec
@@ -252,14 +242,9 @@ class ChatEngine:
                 raise EngineError("spec method 'draft' needs a draft model (--draft-model PATH)")
             return DraftModelProposer(self._draft(path).model)
         if spec.method == "mtp":
-            try:
-                from engines.mlx_chat.mtp import make_mtp_proposer
-            except ImportError as e:
-                raise EngineError(f"MTP drafting is not available ({e})") from e
-            proposer = make_mtp_proposer(self, request)
-            if proposer.needs_hidden and not hasattr(proposer, "target_forward") and not self.head.available:
-                raise EngineError("this model's head could not be separated from its hidden states")
-            return proposer
+            from engines.mlx_chat.mtp import make_mtp_proposer
+
+            return make_mtp_proposer(self, request)
         raise EngineError(f"unknown spec method {spec.method!r}")
 
     def _prompt_ids(self, request: Request) -> list[int]:
@@ -275,16 +260,14 @@ class ChatEngine:
 
     def _forward(self, run: Run, inputs: mx.array) -> tuple[mx.array, mx.array | None]:
         """One target forward over `inputs` [n]: logits [n, V] and, if the proposer reads
-        them, final hidden states [n, D]."""
-        if run.needs_hidden and hasattr(run.proposer, "target_forward"):  # e.g. gemma4 wrappers
+        them (MTP), the final hidden states [n, D]."""
+        if run.needs_hidden:
             logits, hidden = run.proposer.target_forward(inputs[None], run.cache)
             return logits[0], hidden[0]
-        if run.needs_hidden:
-            hidden = self.model.model(inputs[None], cache=run.cache)[0]
-            return self.head.apply(hidden), hidden
         return self.model(inputs[None], cache=run.cache)[0], None
 
     def _prefill(self, run: Run) -> Round:
+        """The prompt through the target; the first token (a Round with no drafts)."""
         t0 = time.perf_counter()
         prompt = mx.array(run.ctx.tokens, dtype=mx.uint32)
         if prompt.size == 0:
@@ -295,50 +278,39 @@ class ChatEngine:
             mx.eval(cache_arrays(run.cache))
             prompt = prompt[n:]
         logits, hidden = self._forward(run, prompt)
-        first = mxs.pick(logits[-1:], run.ctx.sampling)
-        mx.eval(first)
-        token = int(first.item())
+        step = Step(0, EMPTY, 0.0, token=mxs.pick(logits[-1:], run.ctx.sampling), hidden=hidden)
+        verdict = self._settle(run, step)
+        tokens, finish = clip_emitted(verdict.tokens, run.eos, run.remaining)
+        run.ctx.tokens += tokens
+        run.remaining -= len(tokens)
         run.ctx.hidden = hidden[-1] if hidden is not None else None
-        kept, finish = clip_emitted([token], run.eos, run.remaining)
-        run.ctx.tokens.append(token)
-        run.remaining -= 1
         if run.proposer is not None:
             try:
                 run.proposer.start(run.ctx)
             except Exception as e:  # graceful degradation: plain decoding from here on
                 self._stop_speculating(run, e)
+        step.verify_s = step.wall_s = time.perf_counter() - t0
         run.last_settled = time.perf_counter()
-        settled = Settled(Verdict(0, kept), kept, finish, run.last_settled - t0, run.last_settled - t0)
-        return self._report(run, None, settled, finish, prefill=True)
+        return self._round(run, step, verdict, tokens, finish, prefill=True)
 
     def _launch(self, run: Run, after: Step | None = None) -> Step:
         """Draft, then issue the verify forward without waiting for it. `after` = a plain
         step not settled yet whose lazy token is this step's input."""
         steps = 0 if after is not None else run.schedule.next_steps(run.remaining)
         t0 = time.perf_counter()
-        draft = EMPTY
-        if steps:
-            try:
-                draft = run.proposer.propose(run.ctx, steps)
-                if not draft.overlapped:  # drafted ahead: already queued before this verify
-                    mx.eval(draft.tokens)  # drafting time is its own telemetry
-            except Exception as e:
-                self._stop_speculating(run, e)
-                draft = EMPTY
+        draft = self._propose(run, steps) if steps else EMPTY
         t1 = time.perf_counter()
-        if run.proposer is not None:
-            run.proposer.drain()  # the verify forward is about to write the target's cache
         last = after.next_token if after is not None else mx.array(run.ctx.tokens[-1:], dtype=mx.uint32)
         inputs = mx.concatenate([last.astype(mx.uint32), draft.tokens]) if draft.size else last.astype(mx.uint32)
         logits, hidden = self._forward(run, inputs)
-        step = Step(steps, draft, t1 - t0, t1, 0.0, hidden=hidden)
+        step = Step(steps, draft, t1 - t0, hidden=hidden)
         sampling = run.ctx.sampling
         if sampling.greedy:
             step.argmax = mx.argmax(logits, axis=-1)
             outputs = [step.argmax]
         elif draft.size:
             p = mxs.target_probs(logits, sampling)
-            step.sampled = mxs.rejection_verify(p, draft.q, draft.tokens, self.accept_rule)
+            step.sampled = mxs.rejection_verify(p, draft.q, draft.tokens)
             outputs = [step.sampled.accept, step.sampled.residual, step.sampled.bonus]
         else:
             step.token = mxs.pick(logits, sampling)
@@ -348,6 +320,16 @@ class ChatEngine:
         if run.proposer is not None and run.proposer.drafts_ahead and run.schedule.enabled:
             self._anticipate(run, step)
         return step
+
+    def _propose(self, run: Run, steps: int) -> Draft:
+        try:
+            draft = run.proposer.propose(run.ctx, steps)
+            if not draft.overlapped:  # drafted ahead: already queued before this verify
+                mx.eval(draft.tokens)  # drafting time is its own telemetry
+            return draft
+        except Exception as e:
+            self._stop_speculating(run, e)
+            return EMPTY
 
     def _anticipate(self, run: Run, step: Step) -> None:
         """Depth-2 overlap: hand the proposer this round's verdict while it is still in the
@@ -362,23 +344,25 @@ class ChatEngine:
             self._stop_speculating(run, e)
             step.note, run.note = run.note, None
 
-    def _settle(self, run: Run, step: Step) -> Settled:
-        """Wait for the verify results; accept a prefix + one target token; roll back."""
+    def _settle(self, run: Run, step: Step) -> Verdict:
+        """Wait for the few ints of the verify results: the accepted drafts + one target token."""
         t0 = time.perf_counter()
         drafts = step.draft.tokens.tolist() if step.k else []
         if step.sampled is None:
-            target = (step.argmax if step.argmax is not None else step.token).tolist()
-            verdict = verify_greedy(drafts, target)
+            verdict = verify_greedy(drafts, (step.argmax if step.argmax is not None else step.token).tolist())
         else:
             s = step.sampled
             verdict = verify_sampled(drafts, s.accept.tolist(), s.residual.tolist(), s.bonus.item())
         t1 = time.perf_counter()
-        if run.proposer is not None:
-            run.proposer.drain()
-        rollback(run.cache, step.k - verdict.accepted)  # drop the rejected drafts
-        kept, finish = clip_emitted(verdict.tokens, run.eos, run.remaining)
-        run.ctx.tokens.extend(kept)
-        run.remaining -= len(kept)
+        step.verify_s, step.wall_s = step.build_s + (t1 - t0), t1 - run.last_settled
+        run.last_settled = t1
+        return verdict
+
+    def _commit(self, run: Run, step: Step, verdict: Verdict, tokens: list[int], finish: str | None) -> None:
+        """Roll the caches back over the rejected drafts and take the emitted tokens."""
+        rollback(run.cache, step.k - verdict.accepted)
+        run.ctx.tokens += tokens
+        run.remaining -= len(tokens)
         if step.hidden is not None:
             run.ctx.hidden = step.hidden[verdict.accepted]
         run.schedule.record(step.k, verdict.accepted)
@@ -387,50 +371,42 @@ class ChatEngine:
                 run.proposer.commit(run.ctx)
             except Exception as e:
                 self._stop_speculating(run, e)
-        wall = t1 - run.last_settled
-        run.last_settled = t1
-        return Settled(verdict, kept, finish, step.build_s + (t1 - t0), wall)
 
-    def _report(self, run: Run, step: Step | None, settled: Settled, finish: str | None,
-                prefill: bool = False) -> Round:
-        """Detokenize and build the Round (overlapping the next round's forward)."""
-        tokens = settled.tokens
-        pieces, ends = [], []  # text of each token and where it ends in the burst's text
-        for t in tokens:
-            if t not in run.eos:
-                run.detokenizer.add_token(t)
-                pieces.append(run.detokenizer.last_segment)
-            ends.append(sum(map(len, pieces)))
-        if finish:
-            run.detokenizer.finalize()
-            pieces.append(run.detokenizer.last_segment)
-        text = "".join(pieces)
-        stop = find_stop(run.text, text, run.stop)
-        if stop is not None:  # a stop string inside the burst: drop the tokens after the one completing it
-            start, end = stop
-            text = text[: max(0, start)]
-            tokens = tokens[: next((i + 1 for i, e in enumerate(ends) if e >= end), len(tokens))]
-            finish = "stop"
-        run.text += text
-        accepted = min(settled.verdict.accepted, len(tokens))
-        proposed = step.k if step else 0
-        flags = accept_flags(proposed, settled.verdict.accepted)
+    def _round(self, run: Run, step: Step, verdict: Verdict, tokens: list[int], finish: str | None,
+               prefill: bool = False) -> Round:
+        """Detokenize, hold back what could still become a stop string, and build the Round
+        (while the next round's forward runs)."""
+        from_draft = [i < verdict.accepted for i in range(len(tokens))]
+        for i, token in enumerate(tokens):
+            if token in run.eos:
+                continue
+            run.detokenizer.add_token(token)
+            if run.text.add(run.detokenizer.last_segment, from_draft[i]):
+                tokens, finish = tokens[: i + 1], "stop"  # drop the tokens after the one completing it
+                break
+        else:
+            if finish:
+                run.detokenizer.finalize()
+                if run.text.add(run.detokenizer.last_segment, False):
+                    finish = "stop"
+        text, spans = run.text.release(final=finish is not None)
         rnd = Round(
             index=run.index,
-            proposed=proposed,
-            accepted=settled.verdict.accepted,
+            proposed=step.k,
+            accepted=verdict.accepted,  # the verdict, before clipping (see Round)
             tokens=tokens,
-            from_draft=[i < accepted for i in range(len(tokens))],
+            from_draft=from_draft[: len(tokens)],
             text=text,
-            accept_flags=flags,
-            draft_s=step.draft_s if step else 0.0,
-            verify_s=settled.verify_s,
-            wall_s=settled.wall_s,
+            accept_flags=accept_flags(step.k, verdict.accepted),
+            draft_s=step.draft_s,
+            verify_s=step.verify_s,
+            wall_s=step.wall_s,
             t_s=time.perf_counter() - run.started,
             prefill=prefill,
-            steps=step.steps if step else 0,
+            steps=step.steps,
             finish=finish,
-            note=run.note or (step.note if step else None),
+            note=run.note or step.note,
+            draft_spans=spans,
         )
         run.note = None
         run.index += 1

@@ -2,13 +2,11 @@
 chat template, and one-line EngineErrors for everything a user can get wrong.
 
 Also: the tokenizer check for draft models (a draft must share the target's vocabulary,
-token for token), and `Head`, which splits a target forward into final hidden states and
-logits for drafters that read the target's hidden state (Gemma 4 MTP).
+token for token).
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 from dataclasses import dataclass
@@ -157,6 +155,10 @@ def _vocab_size(model, tokenizer) -> int:
     return int(size) if size else len(tokenizer.get_vocab())
 
 
+class TokenizerMismatch(EngineError):
+    """A draft model whose tokenizer is not the target's (the user's to fix: never a fallback)."""
+
+
 def check_same_tokenizer(target: LoadedModel, draft: LoadedModel) -> None:
     """A draft model proposes token ids; they only mean the same text if both tokenizers map
     every token to the same id. Compare the mappings, not just their sizes."""
@@ -164,61 +166,9 @@ def check_same_tokenizer(target: LoadedModel, draft: LoadedModel) -> None:
     d_vocab = draft.tokenizer.get_vocab()
     where = f"draft model {draft.path} does not share the target's tokenizer"
     if len(t_vocab) != len(d_vocab):
-        raise EngineError(f"{where}: {len(d_vocab)} tokens vs {len(t_vocab)}")
+        raise TokenizerMismatch(f"{where}: {len(d_vocab)} tokens vs {len(t_vocab)}")
     differ = [tok for tok, i in t_vocab.items() if d_vocab.get(tok) != i]
     if differ:
-        raise EngineError(
+        raise TokenizerMismatch(
             f"{where}: {len(differ)} tokens map to different ids (e.g. {differ[0]!r})"
         )
-
-
-# -- the target's head: final hidden states -> logits -------------------------------------------
-
-
-class Head:
-    """model(x) == head(model.model(x)): found once per model by trying the heads mlx-lm models
-    use (lm_head, tied embeddings, each with or without final logit soft-capping) on a probe
-    input, so the round loop can get hidden states and logits from one forward."""
-
-    def __init__(self, model: nn.Module):
-        self.apply = _find_head(model)
-
-    @property
-    def available(self) -> bool:
-        return self.apply is not None
-
-
-def _find_head(model: nn.Module):
-    inner = getattr(model, "model", None)
-    if inner is None:
-        return None
-    candidates = []
-    if "lm_head" in model:
-        candidates.append(lambda h: model.lm_head(h))
-    embed = getattr(inner, "embed_tokens", None)
-    if embed is not None and hasattr(embed, "as_linear"):
-        candidates.append(lambda h: embed.as_linear(h))
-    cap = getattr(getattr(model, "args", None), "final_logit_softcapping", None)
-    if cap:
-        candidates += [lambda h, f=f: mx.tanh(f(h) / cap) * cap for f in list(candidates)]
-    probe = mx.array([[1, 2, 3]])
-    try:
-        want = model(probe)
-        hidden = inner(probe)
-    except Exception:
-        return None
-    for head in candidates:
-        try:
-            if mx.allclose(head(hidden), want, atol=1e-4, rtol=1e-3).item():
-                return head
-        except Exception:
-            continue
-    return None
-
-
-def has_model_module(model_type: str) -> bool:
-    try:
-        importlib.import_module(f"mlx_lm.models.{model_type}")
-        return True
-    except ImportError:
-        return False

@@ -184,8 +184,8 @@ class MTPProposer:
                         drop. MLX runs the chain right behind the verify while the host reads
                         the verdict, rolls back and reports; k is last round's (k_hint).
     commit(ctx)         the anticipated round is settled: its chain is the next round's.
-    drain()             nothing to wait for: a chain reads the MLX arrays the cache held when
-                        it was built, and cache writes make new arrays (see proposers.py).
+    A chain reads the MLX arrays the cache held when it was built; cache writes make new
+    arrays (see proposers.py), so the loop may write the cache while a chain runs.
     """
 
     name = "mtp"
@@ -231,9 +231,6 @@ class MTPProposer:
     def commit(self, ctx) -> None:
         if self.pending is not None:
             self.pending.ready = True
-
-    def drain(self) -> None:
-        pass
 
     # -- the chain ---------------------------------------------------------------------------
     def _begin(self, ctx) -> Chain:
@@ -329,6 +326,6 @@ def make_mtp_proposer(engine, request) -> MTPProposer:
     # The drafter step is compiled by default; SPECSCOPE_MTP_COMPILE=0 runs it eagerly.
     compiled = os.environ.get("SPECSCOPE_MTP_COMPILE", "1") != "0"
     # `engine.mtp_proposer` (a class or factory with MTPProposer's signature) lets the benchmark
-    # and the tests run a replaying drafter through the real loop, like ChatEngine.accept_rule.
+    # and the tests run a replaying drafter through the real loop.
     factory = engine.__dict__.get("mtp_proposer", MTPProposer)
     return factory(drafters[path], target, overlap=overlap, compiled=compiled)

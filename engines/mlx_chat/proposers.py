@@ -16,16 +16,15 @@ The protocol (what the round loop in engine.py calls, in order):
                         rolled back: ctx.tokens holds every accepted token, the last of which
                         is not yet in the target's cache; ctx.hidden is the target's final
                         hidden state at the position that produced it (if needs_hidden).
-    drain()             before the round loop changes the target's cache (verify writes,
-                        rollback): a proposer whose drafter reads that cache in place must
-                        finish or cancel those reads here. (An MLX cache write computes a new
-                        version of the buffer -- `keys[...] = x` repoints the Python array at
-                        it -- while a graph built earlier keeps the version it read, so the MLX
-                        proposers have nothing to wait for.)
+
+A drafter may read the target's cache (MTP) while the loop writes and rolls it back: an MLX
+cache write computes a new version of the buffer -- `keys[...] = x` repoints the Python array
+at it -- while a graph built earlier keeps the version it read, so no drafter ever has to
+finish its reads before the loop changes the cache.
 
 `drafts_ahead = True` asks the loop to call anticipate (MTP with overlap on).
-`needs_hidden = True` asks the loop to run the target as model.model(...) + head, so ctx.hidden
-is set (Gemma 4 MTP reads it, with ctx.target_cache for the K/V of the last full and sliding
+`needs_hidden = True` asks the loop to run the target through the proposer's
+`target_forward(inputs, cache) -> (logits, hidden)`, so ctx.hidden is set (Gemma 4 MTP reads it, with ctx.target_cache for the K/V of the last full and sliding
 layers, ctx.position for RoPE). The context object is `ProposerContext` below.
 
 Every proposer only proposes (vLLM v1's split): the verifier in the round loop decides, and
@@ -102,8 +101,6 @@ class Proposer(Protocol):
 
     def commit(self, ctx: ProposerContext) -> None: ...
 
-    def drain(self) -> None: ...
-
 
 @dataclass
 class NGramProposer:
@@ -129,9 +126,6 @@ class NGramProposer:
 
     def commit(self, ctx: ProposerContext) -> None:
         self.index.extend(ctx.tokens[len(self.index.tokens):])  # only accepted tokens enter
-
-    def drain(self) -> None:
-        pass
 
 
 class DraftModelProposer:
@@ -181,6 +175,3 @@ class DraftModelProposer:
         if self.cached > committed:
             rollback(self.cache, self.cached - committed)
             self.cached = committed
-
-    def drain(self) -> None:
-        pass

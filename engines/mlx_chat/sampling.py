@@ -79,12 +79,10 @@ def rejection_verify(
     p: mx.array,
     q: mx.array | None,
     drafts: mx.array,
-    accept_rule=lossless_accept,
 ) -> SampledVerdict:
     """p: [k+1, V] target probabilities at each drafted position and after the last draft;
     q: [k, V] the drafter's probabilities, or None for a point-mass proposal (n-gram,
-    greedy draft): then q(x) = 1 and the residual is p with x removed.
-    `accept_rule` is a parameter so tests can show a lossy rule fails the statistics."""
+    greedy draft): then q(x) = 1 and the residual is p with x removed."""
     k = drafts.shape[0]
     rows = mx.arange(k)
     p_draft = p[rows, drafts]
@@ -92,7 +90,7 @@ def rejection_verify(
     residual = residual_probs(p[:k], q, drafts)
     u = mx.random.uniform(shape=(k,))
     return SampledVerdict(
-        accept=accept_rule(p_draft, q_draft, u),
+        accept=lossless_accept(p_draft, q_draft, u),
         residual=sample(residual),
         bonus=sample(p[k]),
     )

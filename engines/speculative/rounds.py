@@ -18,6 +18,17 @@ class Round:
     `from_draft[i]` says whether tokens[i] came from an accepted draft (False for the target's
     own token), and `accept_flags[j]` is the verdict on the j-th drafted position (so
     len(accept_flags) == proposed and sum(accept_flags) == accepted).
+
+    `accepted` is the verifier's verdict: how many drafts the target accepted, counted BEFORE
+    the burst is clipped at EOS, a stop string or max_tokens. The acceptance rate, the
+    per-position acceptance and the plots measure the drafter against the target, and a run
+    ending inside a burst says nothing about the drafter; counted after clipping, the last
+    round would read as rejections and the statistics would depend on max_tokens. What was
+    emitted is `tokens` (clipped): sum(from_draft) <= accepted, equal unless clipped.
+
+    `text` is what may be shown after this round (stop strings held back, see stops.py), so it
+    can include text of earlier rounds' tokens; `draft_spans` are the [start, end) character
+    ranges of `text` that came from accepted drafts (None when the engine does not say).
     """
 
     index: int
@@ -36,6 +47,11 @@ class Round:
     steps: int = 0  # drafts asked for this round (the controller's choice)
     finish: FinishReason | None = None
     note: str | None = None  # e.g. "speculation stopped: drafter raised ValueError(...)"
+    draft_spans: list[tuple[int, int]] | None = None
+
+    def __post_init__(self):
+        if self.draft_spans is not None:  # read back from JSON as lists
+            self.draft_spans = [(int(a), int(b)) for a, b in self.draft_spans]
 
     def to_dict(self) -> dict:
         return asdict(self)

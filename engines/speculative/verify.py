@@ -59,21 +59,6 @@ def clip_emitted(
     return kept, None
 
 
-def find_stop(text_so_far: str, new_text: str, stop: Sequence[str]) -> tuple[int, int] | None:
-    """The earliest stop string that ends inside `new_text` (it may start in `text_so_far`, as
-    one can straddle a burst boundary): (start, end) as offsets into new_text, start possibly
-    negative. None if there is none."""
-    if not stop:
-        return None
-    joined = text_so_far + new_text
-    first = max(0, len(text_so_far) - max(len(s) for s in stop) + 1)
-    hits = [(i, i + len(s)) for s in stop if (i := joined.find(s, first)) >= 0]
-    if not hits:
-        return None
-    start, end = min(hits)
-    return start - len(text_so_far), end - len(text_so_far)
-
-
 def accept_flags(proposed: int, accepted: int) -> list[bool]:
     """Round.accept_flags: the verdict on each drafted position (an accepted prefix)."""
     return [True] * accepted + [False] * (proposed - accepted)

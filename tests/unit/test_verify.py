@@ -1,4 +1,4 @@
-from engines.speculative.verify import accept_flags, clip_emitted, find_stop, verify_greedy, verify_sampled
+from engines.speculative.verify import accept_flags, clip_emitted, verify_greedy, verify_sampled
 
 
 def test_greedy_all_accepted_plus_bonus():
@@ -39,16 +39,6 @@ def test_clip_max_tokens_inside_a_burst():
 
 def test_clip_eos_wins_when_it_is_the_last_allowed_token():
     assert clip_emitted([5, 2, 7], eos_ids=[2], remaining=2) == ([5, 2], "stop")
-
-
-def test_stop_string_inside_and_across_bursts():
-    # (start, end) in the new text's offsets; a straddling stop string starts before it
-    assert find_stop("Hello", " world. END more", ["END"]) == (8, 11)
-    assert find_stop("abc E", "ND tail", ["END"]) == (-1, 2)
-    assert find_stop("abc", " def", ["END"]) is None
-    assert find_stop("abc", " def", []) is None
-    # the earliest-starting stop string wins, whatever its length
-    assert find_stop("", "one two three", ["three", "two thr"]) == (4, 11)
 
 
 def test_accept_flags_are_an_accepted_prefix():

@@ -7,13 +7,21 @@ from __future__ import annotations
 
 import mlx.core as mx
 
+from engines.mlx_chat.cache import WindowKVCache
 from engines.mlx_chat.mtp import Gemma4Target
+
+
+def window_keys_values(c: WindowKVCache) -> tuple[mx.array, mx.array]:
+    """Keys and values of a WindowKVCache's last `window` positions, oldest first."""
+    live = c.offset - c.start
+    first = max(0, live - c.max_size)
+    return c.keys[..., first:live, :], c.values[..., first:live, :]
 
 
 def cache_keys_values(c) -> tuple[mx.array, mx.array]:
     """A layer cache's keys/values [1, heads, n, dim] in temporal order, oldest first."""
-    if hasattr(c, "window_contents"):  # engine.cache.WindowKVCache: the last `window` positions
-        return c.window_contents()
+    if isinstance(c, WindowKVCache):  # a linear buffer: the last `window` positions
+        return window_keys_values(c)
     if hasattr(c, "_temporal_order"):  # mlx-lm RotatingKVCache: a ring buffer
         return c._temporal_order(c.keys), c._temporal_order(c.values)
     return c.keys[..., : c.offset, :], c.values[..., : c.offset, :]  # KVCache

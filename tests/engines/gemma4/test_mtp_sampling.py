@@ -81,12 +81,11 @@ def test_mtp_sampling_is_lossless(setup, edge_pair, steps):
         assert sum(p.overlap_hits for p in made) > N / 3
 
 
-def test_the_test_rejects_a_lossy_acceptance_rule(setup, edge_pair):
+def test_the_test_rejects_a_lossy_acceptance_rule(setup, edge_pair, monkeypatch):
     """Accept every draft (a token-equality-free 'always yes'): the output follows q, not p."""
+    from engines.mlx_chat import sampling
+
     engine, oracle, exact = setup
-    engine.accept_rule = lambda p_draft, q_draft, u: mx.ones_like(p_draft, dtype=mx.bool_)
-    try:
-        counts, _, _ = sample_runs(engine, edge_pair, oracle, N)
-    finally:
-        del engine.accept_rule  # back to the class default (the lossless rule)
+    monkeypatch.setattr(sampling, "lossless_accept", lambda p_draft, q_draft, u: mx.ones_like(p_draft, dtype=mx.bool_))
+    counts, _, _ = sample_runs(engine, edge_pair, oracle, N)
     assert chi_square_pvalue(counts, exact, N) < 1e-6
