@@ -129,7 +129,9 @@ def hub_error(exc: BaseException, entry: CatalogEntry, revision: str | None) -> 
         return EngineError(f"{repo} is not a model on the hub (or it is private and you are not logged in: `hf auth login`)")
     if isinstance(exc, (errors.RemoteEntryNotFoundError, errors.EntryNotFoundError)):
         return EngineError(f"{repo}: a file listed by the hub is missing on the server ({exc.__class__.__name__})")
-    if isinstance(exc, errors.OfflineModeIsEnabled) or _is_network_error(exc) or isinstance(exc, errors.LocalEntryNotFoundError):
+    if isinstance(exc, errors.OfflineModeIsEnabled):
+        return EngineError(f"offline mode is on (HF_HUB_OFFLINE=1): cannot fetch {repo}; {_installed_summary()}")
+    if _is_network_error(exc) or isinstance(exc, errors.LocalEntryNotFoundError):
         return EngineError(f"no network: cannot reach {endpoint()} to fetch {repo}; {_installed_summary()}")
     if isinstance(exc, errors.HfHubHTTPError):
         return EngineError(f"{repo}: the hub answered {str(exc).splitlines()[0]}")

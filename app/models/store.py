@@ -366,6 +366,9 @@ def resolve(id_or_path: str, role: Role | tuple[Role, ...]) -> Path:
     st = status(entry, catalog)
     if not st.installed or st.path is None:
         raise EngineError(f"{entry.id}: {st.missing[0] if st.missing else 'not installed'}")
+    converted = coreml_dir(entry)
+    if entry.role == "ocr" and sys.platform == "darwin" and (converted / "manifest.json").is_file():
+        return converted  # the Core ML conversion runs where it can; the checkpoint elsewhere
     return st.path
 
 

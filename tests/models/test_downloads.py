@@ -230,3 +230,18 @@ def _wait_for(condition, timeout: float = 60.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError("condition not reached")
         time.sleep(0.05)
+
+
+def test_no_network_says_so_and_lists_what_is_installed(hub_env, monkeypatch):
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on: connection refused, as offline
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{closed}")
+    with pytest.raises(EngineError) as e:
+        dl.download("glm-ocr")
+    message = str(e.value)
+    assert message.startswith(f"no network: cannot reach http://127.0.0.1:{closed}")
+    assert "installed: smollm2-135m-instruct" in message  # the embedded model is still there
+    assert not store.status(catalog.find("glm-ocr")).installed
