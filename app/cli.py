@@ -321,7 +321,14 @@ def cmd_models(argv: list[str]) -> int:
     return run(argv)
 
 
-COMMANDS = {"chat": cmd_chat, "ocr": cmd_ocr, "bench": cmd_bench, "convert": cmd_convert, "models": cmd_models}
+def cmd_serve(argv: list[str]) -> int:
+    from app.serve.cli import cmd_serve as serve
+
+    return serve(argv)
+
+
+COMMANDS = {"chat": cmd_chat, "ocr": cmd_ocr, "bench": cmd_bench, "convert": cmd_convert, "models": cmd_models,
+            "serve": cmd_serve}
 
 TOP_HELP = f"""usage: specscope [--screenshot PATH --chat PROMPT | --ocr IMAGE] [options]   (opens the window)
        specscope {{{','.join(COMMANDS)}}} ...                              (command line)
@@ -331,6 +338,7 @@ TOP_HELP = f"""usage: specscope [--screenshot PATH --chat PROMPT | --ocr IMAGE] 
   bench     speculation off vs on over a prompt set: tau, acceptance, tok/s, speedup
   convert   convert GLM-OCR to Core ML packages
   models    list | get ID | rm ID | add PATH | path ID: the model catalog and downloads
+  serve     an OpenAI-compatible server over the engines, with speculation counters
 
 `specscope COMMAND --help` for a command's options."""
 

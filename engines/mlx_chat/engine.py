@@ -152,6 +152,11 @@ class ChatEngine:
     def decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids)
 
+    def count_prompt_tokens(self, request: Request) -> int:
+        """The prompt's length in tokens, chat template applied (a server reports it, and
+        refuses a prompt that cannot fit)."""
+        return len(self._prompt_ids(request))
+
     def model_info(self) -> dict:
         from engines.speculative.session import model_hash
 

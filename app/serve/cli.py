@@ -1,0 +1,67 @@
+"""`specscope serve ...`: load the engines, then answer HTTP until interrupted."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from app.serve.protocol import ServedModel
+from app.serve.server import ServeConfig, Served, build_app, serve_forever
+
+
+def serve_parser(parser_class) -> argparse.ArgumentParser:
+    from app.cli import add_spec_arguments
+
+    p = parser_class(prog="specscope serve", description="Serve the chat (and GLM-OCR) engines over an "
+                     "OpenAI-compatible HTTP API: /v1/chat/completions, /v1/models, /health, /metrics.")
+    p.add_argument("--model", default=None, help="chat model directory or .gguf (default: the embedded SmolLM2)")
+    p.add_argument("--model-name", default=None, help="the id clients ask for (default: the model's file name)")
+    p.add_argument("--draft-model", default=None, help="draft model (--spec draft) or Gemma 4 assistant (--spec mtp)")
+    p.add_argument("--ocr-model", default=None, help="also serve GLM-OCR from this checkpoint (image content parts)")
+    p.add_argument("--ocr-runtime", choices=["coreml", "torch"], default=None)
+    p.add_argument("--no-chat", action="store_true", help="serve only the OCR model")
+    p.add_argument("--host", default="127.0.0.1", help="default loopback; another address needs --api-key or --insecure")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
+    p.add_argument("--insecure", action="store_true", help="allow a non-loopback --host without --api-key")
+    p.add_argument("--queue-size", type=int, default=4, help="requests that may wait behind the running one")
+    p.add_argument("--context", type=int, default=None, help="refuse prompt + max_tokens beyond this (default: the model's)")
+    add_spec_arguments(p, ["off", "ngram", "draft", "mtp"], "ngram")
+    return p
+
+
+def context_length(engine) -> int | None:
+    args = getattr(getattr(engine, "model", None), "args", None)
+    value = getattr(args, "max_position_embeddings", None)
+    return int(value) if value else None
+
+
+def cmd_serve(argv: list[str]) -> int:
+    from app.cli import Parser, UsageError, load_chat_engine, spec_config
+    from engines import load_engine
+
+    args = serve_parser(Parser).parse_args(argv)
+    config = ServeConfig(host=args.host, port=args.port, api_key=args.api_key, insecure=args.insecure,
+                         queue_size=args.queue_size)
+    config.check()
+    if not 0 < args.port < 65536:
+        raise UsageError("--port must be in 1..65535")
+    if args.no_chat and not args.ocr_model:
+        raise UsageError("--no-chat leaves nothing to serve: give --ocr-model PATH")
+    served: list[Served] = []
+    if not args.no_chat:
+        spec = spec_config(args)
+        engine = load_chat_engine(args.model, spec.draft_model)
+        name = args.model_name or Path(engine.model_path).name
+        served.append(Served(ServedModel(name, "chat", spec), engine, args.context or context_length(engine)))
+    if args.ocr_model:
+        ocr_args = argparse.Namespace(**vars(args) | {"spec": "mtp" if args.spec != "off" else "off"})
+        spec = spec_config(ocr_args, builtin_drafter=True)
+        engine = load_engine("ocr", args.ocr_model, runtime=args.ocr_runtime)
+        served.append(Served(ServedModel(Path(args.ocr_model).name, "ocr", spec), engine, args.context))
+    app = build_app(config, served)
+    print(f"specscope serve: {', '.join(s.model.id for s in served)} on http://{args.host}:{args.port}/v1",
+          file=sys.stderr, flush=True)
+    serve_forever(app, config)
+    return 0

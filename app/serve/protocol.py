@@ -1,0 +1,251 @@
+"""The OpenAI chat-completions wire format for `specscope serve`: a request body becomes an
+engines.Request, Rounds become chunks and responses, problems become OpenAI-style error bodies.
+Pure functions over dicts; no HTTP here."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field, replace
+
+from engines import Request, Sampling, SpecConfig
+from engines.speculative.rounds import Round
+from engines.speculative.schedule import MAX_STEPS, PRESETS
+
+SPEC_METHODS = ("off", "ngram", "draft", "mtp")
+OCR_TASKS = ("text", "table", "formula")
+
+
+class ApiError(Exception):
+    """A request the server refuses; becomes {"error": {"message", "type", "param", "code"}}."""
+
+    def __init__(self, status: int, message: str, code: str, param: str | None = None,
+                 kind: str = "invalid_request_error", headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.code, self.param, self.kind = status, message, code, param, kind
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+
+@dataclass
+class ParsedRequest:
+    model: str
+    stream: bool
+    request: Request
+    image_file: str | None = None  # a temporary file holding the image of an OCR request
+    include_usage: bool = False
+
+
+@dataclass
+class ServedModel:
+    """One model the server answers for: its id, the engine kind and the speculation it uses
+    when a request does not say."""
+
+    id: str
+    kind: str  # "chat" | "ocr"
+    spec: SpecConfig = field(default_factory=SpecConfig)
+
+
+def parse_chat_request(body, models: dict[str, ServedModel]) -> ParsedRequest:
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object", "invalid_body")
+    model_id = body.get("model")
+    if not isinstance(model_id, str) or not model_id:
+        raise ApiError(400, "'model' is required", "missing_model", "model")
+    served = models.get(model_id)
+    if served is None:
+        raise ApiError(404, f"the model {model_id!r} does not exist; this server serves: {', '.join(models)}",
+                       "model_not_found", "model")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+        raise ApiError(400, "'messages' must be a non-empty list of message objects", "invalid_messages", "messages")
+    request = Request(kind=served.kind, spec=speculative(body.get("speculative"), served.spec),
+                      sampling=sampling(body), max_tokens=max_tokens(body), stop=stops(body.get("stop")))
+    image_file = None
+    if served.kind == "ocr":
+        image_file = ocr_input(messages, request)
+    else:
+        chat_input(messages, request)
+    options = body.get("stream_options") or {}
+    return ParsedRequest(model=model_id, stream=bool(body.get("stream", False)), request=request,
+                         image_file=image_file, include_usage=bool(isinstance(options, dict) and options.get("include_usage")))
+
+
+def chat_input(messages: list[dict], request: Request) -> None:
+    turns = [{"role": m.get("role"), "content": text_of(m.get("content"))} for m in messages]
+    if turns[-1]["role"] != "user":
+        raise ApiError(400, "the last message must be the user's", "invalid_messages", "messages")
+    if turns[0]["role"] == "system":
+        request.system = turns.pop(0)["content"]
+    request.prompt = turns[-1]["content"]
+    request.history = turns[:-1]
+    if not request.prompt.strip():
+        raise ApiError(400, "the last user message is empty", "invalid_messages", "messages")
+
+
+def text_of(content) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = [p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+        if len(parts) == len(content):
+            return "".join(parts)
+        raise ApiError(400, "this model reads text only; send images to the OCR model", "unsupported_content", "messages")
+    raise ApiError(400, "a message's 'content' must be a string or a list of parts", "invalid_messages", "messages")
+
+
+def ocr_input(messages: list[dict], request: Request) -> str:
+    """GLM-OCR: the user's image_url part (a data: URL) is the page; a text part may name the
+    task (text | table | formula)."""
+    parts = messages[-1].get("content")
+    parts = parts if isinstance(parts, list) else []
+    images = [p for p in parts if isinstance(p, dict) and p.get("type") == "image_url"]
+    if len(images) != 1:
+        raise ApiError(400, "an OCR request needs exactly one image_url content part", "invalid_messages", "messages")
+    texts = [p.get("text", "").strip().lower() for p in parts if isinstance(p, dict) and p.get("type") == "text"]
+    task = next((t for t in texts if t in OCR_TASKS), "text")
+    request.task = task
+    url = (images[0].get("image_url") or {}).get("url", "")
+    if not isinstance(url, str) or not url.startswith("data:") or ";base64," not in url:
+        raise ApiError(400, "the image must be a base64 data: URL (the server fetches nothing)", "invalid_image", "messages")
+    try:
+        data = base64.b64decode(url.split(";base64,", 1)[1], validate=True)
+    except (binascii.Error, ValueError):
+        raise ApiError(400, "the image's base64 data is malformed", "invalid_image", "messages") from None
+    with tempfile.NamedTemporaryFile(prefix="specscope-serve-", suffix=".img", delete=False) as f:
+        f.write(data)
+    request.image = f.name
+    return f.name
+
+
+def speculative(value, default: SpecConfig) -> SpecConfig:
+    """The per-request `speculative` object: {method, steps, preset, adaptive}; absent keys keep
+    the server's launch settings."""
+    if value is None:
+        return replace(default)
+    if not isinstance(value, dict):
+        raise ApiError(400, "'speculative' must be an object", "invalid_speculative", "speculative")
+    unknown = set(value) - {"method", "steps", "preset", "adaptive"}
+    if unknown:
+        raise ApiError(400, f"unknown 'speculative' keys: {', '.join(sorted(unknown))}", "invalid_speculative", "speculative")
+    spec = replace(default)
+    method = value.get("method", default.method)
+    if method not in SPEC_METHODS:
+        raise ApiError(400, f"speculative.method must be one of {', '.join(SPEC_METHODS)}", "invalid_speculative",
+                       "speculative.method")
+    preset = value.get("preset")
+    if preset is not None:
+        if preset not in PRESETS:
+            raise ApiError(400, f"speculative.preset must be one of {', '.join(sorted(PRESETS))}", "invalid_speculative",
+                           "speculative.preset")
+        spec.steps, spec.max_steps = PRESETS[preset].steps, PRESETS[preset].max_steps
+    if "steps" in value:
+        steps = value["steps"]
+        if not isinstance(steps, int) or isinstance(steps, bool) or not 0 <= steps <= MAX_STEPS:
+            raise ApiError(400, f"speculative.steps must be an integer in 0..{MAX_STEPS}", "invalid_speculative",
+                           "speculative.steps")
+        spec.steps = steps
+    if "adaptive" in value:
+        if not isinstance(value["adaptive"], bool):
+            raise ApiError(400, "speculative.adaptive must be true or false", "invalid_speculative", "speculative.adaptive")
+        spec.adaptive = value["adaptive"]
+    spec.method = method if spec.steps > 0 else "off"
+    return spec
+
+
+def sampling(body: dict) -> Sampling:
+    def number(name: str, default, low: float, high: float):
+        value = body.get(name, default)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+            raise ApiError(400, f"'{name}' must be a number in [{low}, {high}]", "invalid_value", name)
+        return value
+
+    seed = body.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise ApiError(400, "'seed' must be an integer", "invalid_value", "seed")
+    top_p = number("top_p", 1.0, 0.0, 1.0)
+    if top_p <= 0:
+        raise ApiError(400, "'top_p' must be in (0, 1]", "invalid_value", "top_p")
+    return Sampling(temperature=float(number("temperature", 0.0, 0.0, 2.0)), top_p=float(top_p),
+                    top_k=int(number("top_k", 0, 0, 1 << 20)), seed=seed)
+
+
+def max_tokens(body: dict) -> int:
+    value = body.get("max_completion_tokens", body.get("max_tokens", 256))
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ApiError(400, "'max_tokens' must be a positive integer", "invalid_value", "max_tokens")
+    return value
+
+
+def stops(value) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(s, str) and s for s in value) or len(value) > 4:
+        raise ApiError(400, "'stop' must be a string or up to 4 non-empty strings", "invalid_value", "stop")
+    return value
+
+
+# -- responses ----------------------------------------------------------------------------------
+def finish_reason(rnd: Round | None) -> str:
+    # The OpenAI schema knows stop | length; a cancelled run has no client left to read it.
+    return "length" if rnd is not None and rnd.finish == "length" else "stop"
+
+
+def round_record(rnd: Round, decode) -> dict:
+    """The engine's Round as sent in a chunk, with each token's own text so a client can show
+    which characters came from accepted drafts."""
+    return rnd.to_dict() | {"token_texts": [decode([t]) for t in rnd.tokens]}
+
+
+def timings(rounds: list[Round], prompt_n: int | None) -> dict:
+    """llama.cpp's `timings` names, computed from the rounds."""
+    prefill = [r for r in rounds if r.prefill]
+    decode = [r for r in rounds if not r.prefill]
+    predicted_n = sum(len(r.tokens) for r in rounds)
+    prompt_ms = 1000 * sum(r.wall_s for r in prefill)
+    predicted_ms = 1000 * sum(r.wall_s for r in decode)
+    decode_tokens = sum(len(r.tokens) for r in decode)
+    return {
+        "prompt_n": prompt_n,
+        "prompt_ms": prompt_ms,
+        "predicted_n": predicted_n,
+        "predicted_ms": predicted_ms,
+        # decode tokens over decode time, prefill excluded (the first token is the prefill's)
+        "predicted_per_second": 1000 * decode_tokens / predicted_ms if predicted_ms > 0 else None,
+        "draft_n": sum(r.proposed for r in rounds),
+        "draft_n_accepted": sum(r.accepted for r in rounds),
+    }
+
+
+def usage(prompt_n: int | None, rounds: list[Round]) -> dict:
+    completion = sum(len(r.tokens) for r in rounds)
+    return {"prompt_tokens": prompt_n or 0, "completion_tokens": completion, "total_tokens": (prompt_n or 0) + completion}
+
+
+def completion_id() -> str:
+    return f"chatcmpl-{uuid.uuid4().hex[:24]}"
+
+
+def chunk(cid: str, model: str, created: int, delta: dict, finish: str | None = None, **extra) -> dict:
+    return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}], **extra}
+
+
+def completion(cid: str, model: str, rounds: list[Round], prompt_n: int | None, decode) -> dict:
+    return {
+        "id": cid, "object": "chat.completion", "created": int(time.time()), "model": model,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(r.text for r in rounds)},
+                     "finish_reason": finish_reason(rounds[-1] if rounds else None)}],
+        "usage": usage(prompt_n, rounds),
+        "timings": timings(rounds, prompt_n),
+        "rounds": [round_record(r, decode) for r in rounds],
+    }

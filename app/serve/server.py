@@ -1,0 +1,321 @@
+"""`specscope serve`: OpenAI-compatible HTTP over the project's engines. No Qt.
+
+HTTP stack: Starlette on uvicorn. Both are maintained by the Encode team and used by vLLM and
+SGLang's own OpenAI servers (through FastAPI); Starlette's StreamingResponse watches for the
+client's disconnect while it streams (ASGI spec < 2.4, which uvicorn speaks) and cancels the
+response, which is what lets a gone client stop its generation within one round. aiohttp would
+do as well; Starlette needs no framework of its own around four routes.
+
+One engine thread: requests run one at a time in arrival order (a single-worker executor);
+at most `queue_size` may wait behind the running one, the next gets 503 with Retry-After.
+The engine's generator runs on that thread and hands each Round to the event loop, which
+streams it (SSE) or collects it (non-streaming)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import AsyncIterator
+
+from starlette.applications import Starlette
+from starlette.requests import Request as HttpRequest
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from app.serve.metrics import CONTENT_TYPE_LATEST, ServeMetrics
+from app.serve.protocol import (ApiError, ParsedRequest, ServedModel, chunk, completion, completion_id, finish_reason,
+                                parse_chat_request, round_record, timings, usage)
+from engines import Engine, EngineError
+from engines.speculative.rounds import Round
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+RETRY_AFTER_S = 2
+
+
+@dataclass
+class ServeConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None  # clients send it as "Authorization: Bearer KEY"
+    insecure: bool = False  # allow a non-loopback host without a key
+    queue_size: int = 4  # requests that may wait behind the running one
+
+    def check(self) -> None:
+        if self.host not in LOOPBACK and not self.api_key and not self.insecure:
+            raise EngineError(f"--host {self.host} opens the server beyond this machine: "
+                              "give --api-key KEY, or --insecure to serve without one")
+        if self.queue_size < 0:
+            raise EngineError("--queue-size must be >= 0")
+
+
+@dataclass
+class Served:
+    """A model and the engine that answers for it."""
+
+    model: ServedModel
+    engine: Engine
+    context_length: int | None = None  # prompt + max_tokens may not exceed it
+
+
+class EngineQueue:
+    """Runs one generation at a time on a single worker thread; counts who is waiting."""
+
+    def __init__(self, queue_size: int, metrics: ServeMetrics):
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specscope-engine")
+        self.capacity = queue_size + 1  # the running request plus the waiting ones
+        self.admitted = 0
+        self.lock = threading.Lock()
+        self.metrics = metrics
+
+    def admit(self) -> None:
+        with self.lock:
+            if self.admitted >= self.capacity:
+                raise ApiError(503, "the server is busy (its queue is full); retry later", "server_busy",
+                               kind="server_error", headers={"Retry-After": str(RETRY_AFTER_S)})
+            self.admitted += 1
+            self.metrics.requests_deferred.inc()
+
+    def _leave(self) -> None:
+        with self.lock:
+            self.admitted -= 1
+
+    async def rounds(self, served: Served, parsed: ParsedRequest, stop: threading.Event,
+                     prompt_n: list) -> AsyncIterator[Round]:
+        """The engine's Rounds, produced on the engine thread, delivered on the event loop."""
+        loop = asyncio.get_running_loop()
+        items: asyncio.Queue = asyncio.Queue()
+        done = object()
+
+        def push(item) -> None:
+            loop.call_soon_threadsafe(items.put_nowait, item)
+
+        def job() -> None:
+            self.metrics.requests_deferred.dec()
+            self.metrics.requests_processing.inc()
+            try:
+                if stop.is_set():  # its client left while it waited
+                    return
+                prompt_n.append(check_prompt(served, parsed))
+                for rnd in served.engine.generate(parsed.request, should_stop=stop.is_set):
+                    self.metrics.count_round(rnd)
+                    push(rnd)
+            except BaseException as e:  # handed to the request's coroutine, which answers with it
+                push(e)
+            finally:
+                self.metrics.requests_processing.dec()
+                self._leave()
+                push(done)
+
+        self.executor.submit(job)
+        while (item := await items.get()) is not done:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+
+def check_prompt(served: Served, parsed: ParsedRequest) -> int | None:
+    """Counts the prompt's tokens (llama.cpp's prompt_n) and refuses one that cannot fit."""
+    count = getattr(served.engine, "count_prompt_tokens", None)
+    if count is None:
+        return None
+    prompt_n = count(parsed.request)
+    limit = served.context_length
+    if limit is not None and prompt_n + parsed.request.max_tokens > limit:
+        raise ApiError(400, f"this model's context is {limit} tokens; the prompt has {prompt_n} and max_tokens asks "
+                            f"for {parsed.request.max_tokens} more", "context_length_exceeded", "messages")
+    if prompt_n == 0:
+        raise ApiError(400, "the prompt is empty", "invalid_messages", "messages")
+    return prompt_n
+
+
+def build_app(config: ServeConfig, served: list[Served]) -> Starlette:
+    config.check()
+    metrics = ServeMetrics()
+    queue = EngineQueue(config.queue_size, metrics)
+    by_id = {s.model.id: s for s in served}
+    models = {s.model.id: s.model for s in served}
+
+    def authorized(http: HttpRequest) -> bool:
+        return not config.api_key or http.headers.get("authorization", "") == f"Bearer {config.api_key}"
+
+    def error(e: ApiError) -> JSONResponse:
+        return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+    def unauthorized() -> JSONResponse:
+        return error(ApiError(401, "a valid API key is required (Authorization: Bearer KEY)", "invalid_api_key"))
+
+    async def health(http: HttpRequest) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def list_models(http: HttpRequest) -> Response:
+        if not authorized(http):
+            return unauthorized()
+        created = int(time.time())
+        return JSONResponse({"object": "list", "data": [
+            {"id": m.id, "object": "model", "created": created, "owned_by": "specscope", "kind": m.kind,
+             "speculative": {"method": m.spec.method, "steps": m.spec.steps, "adaptive": m.spec.adaptive}}
+            for m in models.values()]})
+
+    async def prometheus(http: HttpRequest) -> Response:
+        if not authorized(http):
+            return unauthorized()
+        return Response(metrics.text(), media_type=CONTENT_TYPE_LATEST)
+
+    async def chat_completions(http: HttpRequest) -> Response:
+        if not authorized(http):
+            return unauthorized()
+        try:
+            body = json.loads(await http.body())
+        except (ValueError, UnicodeDecodeError):
+            return error(ApiError(400, "the request body is not valid JSON", "invalid_json"))
+        parsed = None
+        try:
+            parsed = parse_chat_request(body, models)
+            queue.admit()
+        except ApiError as e:
+            _remove(parsed)
+            metrics.requests.labels(outcome="refused").inc()
+            return error(e)
+        stop = threading.Event()
+        prompt_n: list = []
+        rounds = queue.rounds(by_id[parsed.model], parsed, stop, prompt_n)
+        try:
+            # The first round (or the request's refusal) before any header goes out, so a bad
+            # request still gets its 4xx status.
+            first = await anext(rounds)
+        except StopAsyncIteration:  # its client left while it waited
+            _remove(parsed)
+            return Response(status_code=499)
+        except (ApiError, EngineError) as e:
+            await _drain(rounds, stop, parsed)
+            metrics.requests.labels(outcome="refused").inc()
+            return error(e if isinstance(e, ApiError) else ApiError(400, str(e), "invalid_request"))
+        except BaseException:
+            await _drain(rounds, stop, parsed)
+            raise
+        decode = by_id[parsed.model].engine.decode
+        if parsed.stream:
+            return StreamingResponse(sse(parsed, first, rounds, stop, prompt_n, decode, metrics),
+                                     media_type="text/event-stream")
+        collected = [first]
+        try:
+            async for rnd in rounds:
+                collected.append(rnd)
+                if await http.is_disconnected():
+                    stop.set()  # the engine stops at its next round
+        finally:
+            await _drain(rounds, stop, parsed)
+        metrics.prompt_tokens.inc(prompt_n[0] or 0 if prompt_n else 0)
+        metrics.requests.labels(outcome=collected[-1].finish or "stop").inc()
+        return JSONResponse(completion(completion_id(), parsed.model, collected, prompt_n[0] if prompt_n else None, decode))
+
+    return Starlette(routes=[
+        Route("/health", health),
+        Route("/v1/models", list_models),
+        Route("/metrics", prometheus),
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+    ])
+
+
+async def sse(parsed: ParsedRequest, first: Round, rounds: AsyncIterator[Round], stop: threading.Event,
+              prompt_n: list, decode, metrics: ServeMetrics) -> AsyncIterator[str]:
+    """One SSE event per round: the text as the OpenAI delta, the Round as `round`. The last
+    event carries finish_reason and the response's `timings` (and `usage` when asked)."""
+    cid, created = completion_id(), int(time.time())
+    collected: list[Round] = []
+
+    def event(payload: dict) -> str:
+        return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+    try:
+        yield event(chunk(cid, parsed.model, created, {"role": "assistant", "content": ""}))
+        async for rnd in _chain(first, rounds):
+            collected.append(rnd)
+            yield event(chunk(cid, parsed.model, created, {"content": rnd.text}, round=round_record(rnd, decode)))
+        n = prompt_n[0] if prompt_n else None
+        final = chunk(cid, parsed.model, created, {}, finish_reason(collected[-1]), timings=timings(collected, n))
+        yield event(final)
+        if parsed.include_usage:
+            yield event({"id": cid, "object": "chat.completion.chunk", "created": created, "model": parsed.model,
+                         "choices": [], "usage": usage(n, collected)})
+        yield "data: [DONE]\n\n"
+        metrics.prompt_tokens.inc(n or 0)
+        metrics.requests.labels(outcome=collected[-1].finish or "stop").inc()
+    except (ApiError, EngineError) as e:
+        body = e.body() if isinstance(e, ApiError) else {"error": {"message": str(e), "type": "server_error"}}
+        yield event(body)
+    finally:
+        # Reached also when Starlette cancels the response because the client went away.
+        if not collected or collected[-1].finish is None:
+            metrics.requests.labels(outcome="cancelled").inc()
+        stop.set()
+        _remove(parsed)
+
+
+async def _chain(first: Round, rest: AsyncIterator[Round]) -> AsyncIterator[Round]:
+    yield first
+    async for rnd in rest:
+        yield rnd
+
+
+async def _drain(rounds: AsyncIterator[Round], stop: threading.Event, parsed: ParsedRequest | None) -> None:
+    """Stops the engine and waits for its thread to let go, so the request's file can go."""
+    stop.set()
+    try:
+        async for _ in rounds:
+            pass
+    except BaseException:
+        pass
+    _remove(parsed)
+
+
+def _remove(parsed: ParsedRequest | None) -> None:
+    if parsed is not None and parsed.image_file:
+        try:
+            os.unlink(parsed.image_file)
+        except OSError:
+            pass
+
+
+@dataclass
+class RunningServer:
+    """A uvicorn server on its own thread (tests, and the GUI if it ever serves)."""
+
+    server: object
+    thread: threading.Thread
+    port: int = 0
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+def start_in_thread(app: Starlette, host: str = "127.0.0.1", port: int = 0) -> RunningServer:
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, name="specscope-serve", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise EngineError(f"the server did not start on {host}:{port}")
+        time.sleep(0.02)
+    bound = server.servers[0].sockets[0].getsockname()[1]
+    return RunningServer(server, thread, port=bound)
+
+
+def serve_forever(app: Starlette, config: ServeConfig) -> None:
+    import uvicorn
+
+    uvicorn.run(app, host=config.host, port=config.port, log_level="info", lifespan="off")

@@ -1,0 +1,62 @@
+"""Speculative-decoding counters read from a server's Prometheus /metrics text.
+
+vLLM names them `vllm:spec_decode_num_drafts_total`, `..._num_draft_tokens_total`,
+`..._num_accepted_tokens_total` and `..._num_accepted_tokens_per_pos_total{position}`;
+llama.cpp (b11434) exports the same names under `llamacpp:`, `specscope serve` under
+`specscope:`, SGLang under `sglang:` where its version has them. Parsed with prometheus_client's
+own text parser. A counter the server does not export is None, never 0."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from prometheus_client.parser import text_string_to_metric_families
+
+SPEC_PREFIXES = ("vllm:", "llamacpp:", "specscope:", "sglang:")
+
+
+@dataclass
+class SpecCounters:
+    drafts: float | None = None  # verification steps that carried drafts
+    draft_tokens: float | None = None
+    accepted_tokens: float | None = None
+    accepted_per_pos: dict[int, float] = field(default_factory=dict)
+
+    def minus(self, before: "SpecCounters") -> "SpecCounters":
+        """What happened between two scrapes (one request on an otherwise idle server)."""
+
+        def delta(a, b):
+            return None if a is None or b is None else a - b
+
+        return SpecCounters(
+            drafts=delta(self.drafts, before.drafts),
+            draft_tokens=delta(self.draft_tokens, before.draft_tokens),
+            accepted_tokens=delta(self.accepted_tokens, before.accepted_tokens),
+            accepted_per_pos={p: v - before.accepted_per_pos.get(p, 0.0) for p, v in self.accepted_per_pos.items()},
+        )
+
+
+def parse_spec_counters(text: str) -> SpecCounters:
+    counters = SpecCounters()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            name = sample.name
+            prefix = next((p for p in SPEC_PREFIXES if name.startswith(p)), None)
+            if prefix is None:
+                continue
+            short = name[len(prefix):]
+            if short == "spec_decode_num_drafts_total":
+                counters.drafts = _add(counters.drafts, sample.value)
+            elif short == "spec_decode_num_draft_tokens_total":
+                counters.draft_tokens = _add(counters.draft_tokens, sample.value)
+            elif short == "spec_decode_num_accepted_tokens_total":
+                counters.accepted_tokens = _add(counters.accepted_tokens, sample.value)
+            elif short == "spec_decode_num_accepted_tokens_per_pos_total" and "position" in sample.labels:
+                pos = int(sample.labels["position"])
+                counters.accepted_per_pos[pos] = counters.accepted_per_pos.get(pos, 0.0) + sample.value
+    return counters
+
+
+def _add(total: float | None, value: float) -> float:
+    # vLLM labels its counters per engine / model: a server's total is their sum.
+    return value if total is None else total + value
