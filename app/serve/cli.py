@@ -26,15 +26,8 @@ def serve_parser(parser_class) -> argparse.ArgumentParser:
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
     p.add_argument("--insecure", action="store_true", help="allow a non-loopback --host without --api-key")
     p.add_argument("--queue-size", type=int, default=4, help="requests that may wait behind the running one")
-    p.add_argument("--context", type=int, default=None, help="refuse prompt + max_tokens beyond this (default: the model's)")
     add_spec_arguments(p, ["off", "ngram", "draft", "mtp"], "ngram")
     return p
-
-
-def context_length(engine) -> int | None:
-    args = getattr(getattr(engine, "model", None), "args", None)
-    value = getattr(args, "max_position_embeddings", None)
-    return int(value) if value else None
 
 
 def cmd_serve(argv: list[str]) -> int:
@@ -54,12 +47,12 @@ def cmd_serve(argv: list[str]) -> int:
         spec = spec_config(args)
         engine = load_chat_engine(args.model, spec.draft_model)
         name = args.model_name or Path(engine.model_path).name
-        served.append(Served(ServedModel(name, "chat", spec), engine, args.context or context_length(engine)))
+        served.append(Served(ServedModel(name, "chat", spec), engine))
     if args.ocr_model:
         ocr_args = argparse.Namespace(**vars(args) | {"spec": "mtp" if args.spec != "off" else "off"})
         spec = spec_config(ocr_args, builtin_drafter=True)
         engine = load_engine("ocr", args.ocr_model, runtime=args.ocr_runtime)
-        served.append(Served(ServedModel(Path(args.ocr_model).name, "ocr", spec), engine, args.context))
+        served.append(Served(ServedModel(Path(args.ocr_model).name, "ocr", spec), engine))
     app = build_app(config, served)
     print(f"specscope serve: {', '.join(s.model.id for s in served)} on http://{args.host}:{args.port}/v1",
           file=sys.stderr, flush=True)

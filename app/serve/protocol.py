@@ -13,10 +13,13 @@ from dataclasses import dataclass, field, replace
 
 from engines import Request, Sampling, SpecConfig
 from engines.speculative.rounds import Round
-from engines.speculative.schedule import MAX_STEPS, PRESETS
+from engines.speculative.schedule import PRESETS
+from engines.validation import InvalidParameter, validate
 
-SPEC_METHODS = ("off", "ngram", "draft", "mtp")
 OCR_TASKS = ("text", "table", "formula")
+DEFAULT_MAX_TOKENS = 256
+# Request fields as this API spells them (the rest keep their names: temperature, top_p, ...).
+SPEC_PARAMS = {"spec": "speculative.method", "steps": "speculative.steps", "max_steps": "speculative.preset"}
 
 
 class ApiError(Exception):
@@ -51,7 +54,7 @@ class ServedModel:
     spec: SpecConfig = field(default_factory=SpecConfig)
 
 
-def parse_chat_request(body, models: dict[str, ServedModel]) -> ParsedRequest:
+def parse_chat_request(body, models: dict[str, ServedModel], context_length=lambda model_id: None) -> ParsedRequest:
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object", "invalid_body")
     model_id = body.get("model")
@@ -66,6 +69,7 @@ def parse_chat_request(body, models: dict[str, ServedModel]) -> ParsedRequest:
         raise ApiError(400, "'messages' must be a non-empty list of message objects", "invalid_messages", "messages")
     request = Request(kind=served.kind, spec=speculative(body.get("speculative"), served.spec),
                       sampling=sampling(body), max_tokens=max_tokens(body), stop=stops(body.get("stop")))
+    check_parameters(request, context_length(model_id))
     image_file = None
     if served.kind == "ocr":
         image_file = ocr_input(messages, request)
@@ -125,7 +129,7 @@ def ocr_input(messages: list[dict], request: Request) -> str:
 
 def speculative(value, default: SpecConfig) -> SpecConfig:
     """The per-request `speculative` object: {method, steps, preset, adaptive}; absent keys keep
-    the server's launch settings."""
+    the server's launch settings. Ranges are engines.validation's to check."""
     if value is None:
         return replace(default)
     if not isinstance(value, dict):
@@ -133,55 +137,28 @@ def speculative(value, default: SpecConfig) -> SpecConfig:
     unknown = set(value) - {"method", "steps", "preset", "adaptive"}
     if unknown:
         raise ApiError(400, f"unknown 'speculative' keys: {', '.join(sorted(unknown))}", "invalid_speculative", "speculative")
-    spec = replace(default)
-    method = value.get("method", default.method)
-    if method not in SPEC_METHODS:
-        raise ApiError(400, f"speculative.method must be one of {', '.join(SPEC_METHODS)}", "invalid_speculative",
-                       "speculative.method")
+    spec = replace(default, method=value.get("method", default.method))
     preset = value.get("preset")
     if preset is not None:
         if preset not in PRESETS:
             raise ApiError(400, f"speculative.preset must be one of {', '.join(sorted(PRESETS))}", "invalid_speculative",
                            "speculative.preset")
         spec.steps, spec.max_steps = PRESETS[preset].steps, PRESETS[preset].max_steps
-    if "steps" in value:
-        steps = value["steps"]
-        if not isinstance(steps, int) or isinstance(steps, bool) or not 0 <= steps <= MAX_STEPS:
-            raise ApiError(400, f"speculative.steps must be an integer in 0..{MAX_STEPS}", "invalid_speculative",
-                           "speculative.steps")
-        spec.steps = steps
-    if "adaptive" in value:
-        if not isinstance(value["adaptive"], bool):
-            raise ApiError(400, "speculative.adaptive must be true or false", "invalid_speculative", "speculative.adaptive")
-        spec.adaptive = value["adaptive"]
-    spec.method = method if spec.steps > 0 else "off"
+    spec.steps = value.get("steps", spec.steps)
+    spec.adaptive = bool(value.get("adaptive", spec.adaptive))
+    if spec.steps == 0:
+        spec.method = "off"
     return spec
 
 
 def sampling(body: dict) -> Sampling:
-    def number(name: str, default, low: float, high: float):
-        value = body.get(name, default)
-        if value is None:
-            return default
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
-            raise ApiError(400, f"'{name}' must be a number in [{low}, {high}]", "invalid_value", name)
-        return value
-
-    seed = body.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise ApiError(400, "'seed' must be an integer", "invalid_value", "seed")
-    top_p = number("top_p", 1.0, 0.0, 1.0)
-    if top_p <= 0:
-        raise ApiError(400, "'top_p' must be in (0, 1]", "invalid_value", "top_p")
-    return Sampling(temperature=float(number("temperature", 0.0, 0.0, 2.0)), top_p=float(top_p),
-                    top_k=int(number("top_k", 0, 0, 1 << 20)), seed=seed)
+    return Sampling(temperature=body.get("temperature") if body.get("temperature") is not None else 0.0,
+                    top_p=body.get("top_p") if body.get("top_p") is not None else 1.0,
+                    top_k=body.get("top_k") or 0, seed=body.get("seed"))
 
 
 def max_tokens(body: dict) -> int:
-    value = body.get("max_completion_tokens", body.get("max_tokens", 256))
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ApiError(400, "'max_tokens' must be a positive integer", "invalid_value", "max_tokens")
-    return value
+    return body.get("max_completion_tokens", body.get("max_tokens", DEFAULT_MAX_TOKENS))
 
 
 def stops(value) -> list[str]:
@@ -189,9 +166,19 @@ def stops(value) -> list[str]:
         return []
     if isinstance(value, str):
         value = [value]
-    if not isinstance(value, list) or not all(isinstance(s, str) and s for s in value) or len(value) > 4:
-        raise ApiError(400, "'stop' must be a string or up to 4 non-empty strings", "invalid_value", "stop")
+    if not isinstance(value, list) or len(value) > 4:
+        raise ApiError(400, "'stop' must be a string or a list of up to 4 strings", "invalid_value", "stop")
     return value
+
+
+def check_parameters(request: Request, context_length: int | None) -> None:
+    """The shared check (engines.validation): one ApiError naming the parameter."""
+    try:
+        validate(request, context_length)
+    except InvalidParameter as e:
+        name = SPEC_PARAMS.get(e.name, e.name)
+        code = "invalid_speculative" if name.startswith("speculative") else "invalid_value"
+        raise ApiError(400, f"{name} {e.problem}", code, name) from None
 
 
 # -- responses ----------------------------------------------------------------------------------

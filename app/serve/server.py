@@ -31,6 +31,7 @@ from app.serve.metrics import CONTENT_TYPE_LATEST, ServeMetrics
 from app.serve.protocol import (ApiError, ParsedRequest, ServedModel, chunk, completion, completion_id, finish_reason,
                                 parse_chat_request, round_record, timings, usage)
 from engines import Engine, EngineError
+from engines.mlx_chat.context import check_fits
 from engines.speculative.rounds import Round
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -59,7 +60,6 @@ class Served:
 
     model: ServedModel
     engine: Engine
-    context_length: int | None = None  # prompt + max_tokens may not exceed it
 
 
 class EngineQueue:
@@ -119,18 +119,21 @@ class EngineQueue:
 
 
 def check_prompt(served: Served, parsed: ParsedRequest) -> int | None:
-    """Counts the prompt's tokens (llama.cpp's prompt_n) and refuses one that cannot fit."""
+    """Counts the prompt's tokens (llama.cpp's prompt_n) and refuses one that cannot fit, with
+    the engine's own check (engines.mlx_chat.context)."""
     count = getattr(served.engine, "count_prompt_tokens", None)
     if count is None:
         return None
     prompt_n = count(parsed.request)
-    limit = served.context_length
-    if limit is not None and prompt_n + parsed.request.max_tokens > limit:
-        raise ApiError(400, f"this model's context is {limit} tokens; the prompt has {prompt_n} and max_tokens asks "
-                            f"for {parsed.request.max_tokens} more", "context_length_exceeded", "messages")
-    if prompt_n == 0:
-        raise ApiError(400, "the prompt is empty", "invalid_messages", "messages")
+    try:
+        check_fits(prompt_n, parsed.request.max_tokens, context_of(served))
+    except EngineError as e:
+        raise ApiError(400, str(e), "context_length_exceeded", "messages") from None
     return prompt_n
+
+
+def context_of(served: Served) -> int | None:
+    return getattr(served.engine, "context_length", None)
 
 
 def build_app(config: ServeConfig, served: list[Served]) -> Starlette:
@@ -175,7 +178,7 @@ def build_app(config: ServeConfig, served: list[Served]) -> Starlette:
             return error(ApiError(400, "the request body is not valid JSON", "invalid_json"))
         parsed = None
         try:
-            parsed = parse_chat_request(body, models)
+            parsed = parse_chat_request(body, models, lambda model_id: context_of(by_id[model_id]))
             queue.admit()
         except ApiError as e:
             _remove(parsed)

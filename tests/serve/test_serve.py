@@ -38,7 +38,7 @@ def engine(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(engine):
-    served = [Served(ServedModel(MODEL, "chat", SpecConfig(method="ngram", steps=3)), engine, context_length=4096)]
+    served = [Served(ServedModel(MODEL, "chat", SpecConfig(method="ngram", steps=3)), engine)]
     running = start_in_thread(build_app(ServeConfig(queue_size=1), served))
     yield running
     running.stop()
