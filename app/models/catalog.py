@@ -183,7 +183,7 @@ def entry_for_path(path: str | os.PathLike, role: Role | None = None) -> Catalog
     drafter, anything else -> chat)."""
     p = Path(path).expanduser().resolve()
     if p.is_file():
-        if p.suffix.lower() != ".gguf":
+        if p.suffix.lower() != ".gguf" or not _has_gguf_magic(p):
             raise EngineError(f"not a model: {path} (expected a model directory or a .gguf file)")
         detected: Role = "chat"
     elif p.is_dir():
@@ -192,6 +192,14 @@ def entry_for_path(path: str | os.PathLike, role: Role | None = None) -> Catalog
         raise EngineError(f"no such file or directory: {path}")
     return CatalogEntry(id=f"local:{p.name}", title=p.name, role=role or detected, source="local",
                         path=str(p), note="added by the user", user_added=True)
+
+
+def _has_gguf_magic(p: Path) -> bool:
+    try:
+        with open(p, "rb") as f:
+            return f.read(4) == b"GGUF"
+    except OSError:
+        return False
 
 
 def _role_of_dir(p: Path) -> Role:

@@ -310,12 +310,16 @@ def _download_locked(entry: CatalogEntry, revision: str | None, on_progress: Pro
                      should_cancel: CancelCheck | None) -> Path:
     from huggingface_hub import hf_hub_download
 
+    installed = store.read_record(entry.repo_id or entry.id)
+    wanted = revision or entry.revision
+    if installed is not None and wanted == installed.revision and installed.complete():
+        return installed.snapshot  # pinned and already verified: no network needed
     the_plan = plan(entry, revision)
     snapshot = store.repo_cache_dir(the_plan.repo_id) / "snapshots" / the_plan.revision
     # Files already present from an earlier, interrupted call are not fetched again (checked
     # below like the rest), so only the others need space.
     present = {f.name for f in the_plan.files if (snapshot / f.name).is_file()}
-    store.record_path(the_plan.repo_id).unlink(missing_ok=True)  # a new revision replaces the old record
+    # An installed older revision stays installed (and usable) until this one is complete.
     check_space(sum(f.size for f in the_plan.files if f.name not in present), store.hub_dir())
 
     progress = _Progress(the_plan.total_bytes, len(the_plan.files), on_progress, should_cancel)

@@ -53,6 +53,13 @@ def test_unknown_id_and_non_model_path_are_one_sentence(tmp_path):
     (tmp_path / "notes.txt").write_text("hello")
     with pytest.raises(EngineError, match="not a model"):
         store.resolve(str(tmp_path / "notes.txt"), "chat")
+    (tmp_path / "fake.gguf").write_bytes(b"not gguf at all")
+    with pytest.raises(EngineError, match="not a model"):
+        catalog.entry_for_path(tmp_path / "fake.gguf")
+    from engines.mlx_chat.models import default_chat_model
+
+    real = catalog.entry_for_path(default_chat_model())  # the embedded SmolLM2 GGUF
+    assert real.role == "chat" and real.source == "local" and real.id.endswith(".gguf")
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(EngineError, match="no config.json"):

@@ -120,6 +120,18 @@ def test_a_gated_repo_needs_the_licence_and_a_token(hub, hub_env, small_repo, mo
     monkeypatch.setenv("HF_TOKEN", hub_env.token)  # as after `hf auth login`, or HF_TOKEN set
     path = dl.download("org/gated")
     assert same_bytes(path / "model.safetensors", small_repo / "model.safetensors")
+    # As on the hub, the weights came from the CDN origin, without the token.
+    cdn = [h for m, _p, h in hub.requests_for("/cdn/") if m == "GET"]
+    assert cdn and not any("authorization" in {k.lower() for k in h} for h in cdn)
+
+
+def test_a_pinned_installed_model_is_not_fetched_again(hub, hub_env, small_repo):
+    hosted = hub.serve_repo("org/small", small_repo)
+    entry = catalog.CatalogEntry(id="org/small", title="small", role="chat", repo_id="org/small", revision=hosted.sha)
+    first = dl.download(entry)
+    before = len(hub.state.requests)
+    assert dl.download(entry) == first
+    assert len(hub.state.requests) == before, "no request: the pinned revision is installed and verified"
 
 
 def test_content_that_does_not_match_the_etag_is_rejected_and_deleted(hub, hub_env, small_repo):
