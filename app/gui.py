@@ -3,6 +3,9 @@ add_gui_arguments(parser) and run_gui(args).
 
 `--screenshot PATH` with `--ocr IMAGE` or `--chat PROMPT` performs the run, then saves a
 screenshot of the window and exits; it works offscreen (QT_QPA_PLATFORM=offscreen).
+Files given on the command line (`specscope page.png other.png`) and files the system asks the
+app to open (macOS: Open With, a drop on the Dock icon, as QFileOpenEvents) open in OCR mode, in
+the order given.
 Nothing heavy is imported here: engines load on the worker thread, pyqtgraph after the window
 is first shown."""
 
@@ -13,6 +16,8 @@ import os
 import sys
 from pathlib import Path
 
+from PySide6.QtCore import QEvent, QObject, QTimer, Signal
+
 from app import APP_ID, APP_NAME, __version__
 
 RESOURCES = Path(__file__).resolve().parent.parent / "resources"
@@ -21,6 +26,7 @@ METHODS = ["ngram", "draft", "mtp"]
 
 def add_gui_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("window (when no subcommand is given)")
+    g.add_argument("gui_files", nargs="*", metavar="FILE", help="documents to open for OCR, in this order")
     g.add_argument("--screenshot", dest="gui_screenshot", metavar="PATH",
                    help="perform the run given by --ocr or --chat, save a PNG of the window to PATH, exit")
     g.add_argument("--ocr", dest="gui_ocr", metavar="IMAGE", help="open IMAGE and run OCR on it")
@@ -50,7 +56,7 @@ def apply_arguments(settings, args) -> None:
     """Command-line options override the remembered settings for this launch."""
     from engines.speculative.schedule import PRESETS
 
-    if _arg(args, "ocr"):
+    if _arg(args, "ocr") or _arg(args, "files"):
         settings.engine = "ocr"
     elif _arg(args, "chat"):
         settings.engine = "chat"
@@ -91,6 +97,35 @@ def apply_style(app) -> None:
         app.setWindowIcon(QIcon(str(icon)))
 
 
+class FileOpenEvents(QObject):
+    """The system's requests to open files, as one signal. macOS sends a QFileOpenEvent to the
+    application per file (Open With, a drop on the Dock icon, a double-click in Finder once the
+    app is the handler), also before the window exists; a burst of them is delivered together,
+    in arrival order, on the next turn of the event loop. Install with
+    app.installEventFilter(FileOpenEvents(app))."""
+
+    files_opened = Signal(list)  # [path, ...]
+
+    def __init__(self, app):
+        super().__init__(app)
+        self.app = app
+        self.waiting: list[str] = []
+
+    def eventFilter(self, watched, event) -> bool:
+        if watched is self.app and event.type() == QEvent.Type.FileOpen:
+            path = event.file()
+            if path:
+                if not self.waiting:
+                    QTimer.singleShot(0, self._deliver)
+                self.waiting.append(path)
+            return True
+        return False
+
+    def _deliver(self) -> None:
+        paths, self.waiting = self.waiting, []
+        self.files_opened.emit(paths)
+
+
 class ScreenshotRun:
     """Runs what the arguments ask for once the window is up, then saves the window as PNG."""
 
@@ -121,8 +156,6 @@ class ScreenshotRun:
             self.shoot()
 
     def shoot(self) -> None:
-        from PySide6.QtCore import QTimer
-
         telemetry = self.window.ensure_telemetry()
         telemetry.refresh(force=True)
         QTimer.singleShot(150, self._save)  # let layouts and the last plot update settle
@@ -144,13 +177,18 @@ class ScreenshotRun:
 def run_gui(args: argparse.Namespace) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    from PySide6.QtCore import QTimer
     from PySide6.QtWidgets import QApplication
 
     from app.main_window import MainWindow
     from app.settings import load_settings
 
+    missing = [f for f in _arg(args, "files") or [] if not Path(f).is_file()]
+    if missing:
+        print(f"specscope: error: no such file: {missing[0]}", file=sys.stderr)
+        return 2
     app = QApplication.instance() or QApplication(sys.argv[:1])
+    file_events = FileOpenEvents(app)
+    app.installEventFilter(file_events)
     app.setApplicationName(APP_NAME)
     app.setApplicationVersion(__version__)
     app.setDesktopFileName(APP_ID)
@@ -164,6 +202,9 @@ def run_gui(args: argparse.Namespace) -> int:
         if not window.document.add_images([_arg(args, "ocr")]):
             print(f"specscope: cannot read image {_arg(args, 'ocr')}", file=sys.stderr)
             return 2
+    if _arg(args, "files"):
+        window.open_documents(_arg(args, "files"))
+    file_events.files_opened.connect(window.open_documents)
     if _arg(args, "chat"):
         window.prompt.setPlainText(_arg(args, "chat"))
     if screenshot:
@@ -179,6 +220,7 @@ def run_gui(args: argparse.Namespace) -> int:
     elif _arg(args, "ocr") or _arg(args, "chat"):
         QTimer.singleShot(0, window.start_compare if _arg(args, "compare") else window.run)
     code = app.exec()
+    app.removeEventFilter(file_events)
     window.shutdown()
     return shot.exit_code if shot else code
 

@@ -214,6 +214,17 @@ class MainWindow(QMainWindow):
             event.acceptProposedAction()
             self.controls.set_engine("ocr")
 
+    def open_documents(self, paths: list[str]) -> int:
+        """Files opened from outside the window (command line, Open With, the Dock icon) become
+        pages in the order given, and the window switches to OCR. Returns how many opened."""
+        added = self.document.add_images(paths)
+        if added:
+            self.controls.set_engine("ocr")
+        if added < len(paths):
+            unread = [Path(p).name for p in paths if p not in self.document.pages]
+            self.transcript.show_message(f"cannot open {', '.join(unread)}: not an image Specscope reads")
+        return added
+
     def paste(self) -> None:
         if self.document.paste(QApplication.clipboard()):
             self.controls.set_engine("ocr")

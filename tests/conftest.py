@@ -23,3 +23,19 @@ try:
     torch.set_num_threads(1)
 except ImportError:  # torch is only in the `convert` extra
     pass
+
+
+def pytest_addoption(parser):
+    parser.addoption("--bundle", action="store_true",
+                     help="also build the one-folder app with PyInstaller and run it (minutes; .ci/run does)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--bundle"):
+        return
+    import pytest
+
+    skip = pytest.mark.skip(reason="builds the app with PyInstaller (minutes): run with --bundle, as .ci/run does")
+    for item in items:
+        if "bundle" in item.keywords:
+            item.add_marker(skip)
