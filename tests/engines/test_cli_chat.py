@@ -101,3 +101,18 @@ def test_model_errors_are_one_line_exit_2(models, case, expected, capsys):
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and expected in lines[0], out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_stop_string_across_rounds_in_stream_json_and_trace(models, capsys, tmp_path):
+    """A two-word stop string: the streamed text, the --json text and the trace's round texts
+    all end right before it, with speculation and without."""
+    common = ["chat", "--model", models["target"], "--prompt", PROMPT, "--max-tokens", "24"]
+    full = json.loads(in_process(capsys, *common, "--json").stdout)["text"]
+    stop = " " + " ".join(full.split()[6:8])
+    want = full[: full.index(stop)]
+    for spec in (["--spec", "off"], ["--spec", "draft", "--draft-model", models["draft"], "--steps", "4"]):
+        trace = tmp_path / f"{spec[1]}.ndjson"
+        doc = json.loads(in_process(capsys, *common, *spec, "--stop", stop, "--json", "--trace", str(trace)).stdout)
+        streamed = in_process(capsys, *common, *spec, "--stop", stop).stdout
+        traced = "".join(json.loads(line).get("text", "") for line in trace.read_text().splitlines()[1:])
+        assert doc["text"] == traced == streamed.rstrip("\n") == want, spec

@@ -86,6 +86,23 @@ def test_stop_string_inside_a_burst(self_draft):
     assert stop not in out and text.startswith(out) and len(out) == text.index(stop)
 
 
+def test_a_run_ending_inside_an_accepted_burst_counts_the_verdict(self_draft):
+    """Round.accepted is the verifier's verdict, before clipping (engines/speculative/rounds.py):
+    a run cut at a stop string inside a fully accepted burst keeps acceptance at 100%, while
+    from_draft and tokens say what was emitted."""
+    from engines.speculative.rounds import session_stats
+
+    text = "".join(r.text for r in run(self_draft, max_tokens=30))
+    stop = " " + " ".join(text.split()[4:6])  # inside the first burst of 7 drafts + 1
+    req = Request(prompt=PROMPT, max_tokens=30, stop=[stop], spec=SpecConfig(method="draft", steps=7))
+    rounds = list(self_draft.generate(req))
+    last = rounds[-1]
+    assert last.finish == "stop" and last.accepted == last.proposed == 7
+    assert sum(last.from_draft) == len(last.tokens) < last.accepted  # clipped inside the drafts
+    assert last.accept_flags == [True] * 7
+    assert session_stats(rounds).acceptance_rate == 1.0
+
+
 class FailingProposer(NGramProposer):
     """A real n-gram drafter that breaks on its third proposal (a drafter failing mid-run)."""
 
