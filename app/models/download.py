@@ -267,7 +267,6 @@ class _Progress:
             def __init__(self, *args, **kwargs):
                 kwargs["disable"] = True  # we draw our own bar; tqdm must not print
                 super().__init__(*args, **kwargs)
-                self.start_done = progress.done
                 if kwargs.get("initial"):
                     progress.advance(kwargs["initial"], transferred=False)
 
@@ -280,6 +279,26 @@ class _Progress:
 
 
 # -- the download ----------------------------------------------------------------------------
+
+def _fetch(entry: CatalogEntry, the_plan: DownloadPlan, remote: RemoteFile, progress: _Progress) -> Path:
+    """One file through huggingface_hub (its cache layout, its in-call resume), reporting
+    progress per 10 MiB chunk; returns the file's path in the snapshot."""
+    from huggingface_hub import hf_hub_download
+
+    before = progress.done
+    progress.emit()
+    try:
+        local = Path(hf_hub_download(
+            the_plan.repo_id, remote.name, revision=the_plan.revision, cache_dir=store.hub_dir(),
+            endpoint=endpoint(), tqdm_class=progress.tqdm_class()))
+    except DownloadCancelled:
+        raise
+    except Exception as e:  # huggingface_hub's and httpx's many classes: one sentence each
+        raise hub_error(e, entry, the_plan.revision) from None
+    # A retried transfer may have counted bytes twice or a file none: settle on its size.
+    progress.advance(before + remote.size - progress.done)
+    return local
+
 
 def download(entry_or_repo: CatalogEntry | str, revision: str | None = None, *,
              on_progress: ProgressCallback | None = None, should_cancel: CancelCheck | None = None) -> Path:
@@ -308,8 +327,6 @@ def download(entry_or_repo: CatalogEntry | str, revision: str | None = None, *,
 
 def _download_locked(entry: CatalogEntry, revision: str | None, on_progress: ProgressCallback | None,
                      should_cancel: CancelCheck | None) -> Path:
-    from huggingface_hub import hf_hub_download
-
     installed = store.read_record(entry.repo_id or entry.id)
     wanted = revision or entry.revision
     if installed is not None and wanted == installed.revision and installed.complete():
@@ -324,25 +341,13 @@ def _download_locked(entry: CatalogEntry, revision: str | None, on_progress: Pro
 
     progress = _Progress(the_plan.total_bytes, len(the_plan.files), on_progress, should_cancel)
     progress.check_cancel()
-    bar = progress.tqdm_class()
     for remote in the_plan.files:
         progress.file = remote.name
-        before = progress.done
         if remote.name in present:
             progress.advance(remote.size, transferred=False)
             local = snapshot / remote.name
         else:
-            progress.emit()
-            try:
-                local = Path(hf_hub_download(
-                    the_plan.repo_id, remote.name, revision=the_plan.revision, cache_dir=store.hub_dir(),
-                    endpoint=endpoint(), tqdm_class=bar))
-            except DownloadCancelled:
-                raise
-            except Exception as e:
-                raise hub_error(e, entry, the_plan.revision) from None
-            # Small files may be sent without a progress update; count what the bar missed.
-            progress.advance(before + remote.size - progress.done, transferred=True)
+            local = _fetch(entry, the_plan, remote, progress)
         if not file_matches(local, remote):
             _discard(local)
             raise EngineError(f"{the_plan.repo_id}/{remote.name}: the content does not match the hub's "
