@@ -142,3 +142,23 @@ def test_a_dead_process_lease_does_not_block_removal(models_dir):
     (leases / f"{store._lease_key(snapshot)}.{int(dead.stdout)}.0").write_text(str(snapshot))
     assert store.users_of(snapshot) == []
     assert store.remove("glm-ocr") > 0
+
+
+def test_on_macos_glm_ocr_waits_for_its_core_ml_conversion(models_dir, monkeypatch):
+    """The macOS rule, checked as logic here (Core ML itself runs only on a Mac): a downloaded
+    GLM-OCR is missing its conversion until one is in place, then resolves to it."""
+    entry = catalog.find("glm-ocr")
+    snapshot = store.repo_cache_dir(entry.repo_id) / "snapshots" / ("d" * 40)
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    store.write_record(store.InstallRecord(entry.repo_id, "d" * 40, {"config.json": 2}))
+    monkeypatch.setattr(sys, "platform", "darwin")
+    assert store.status(entry).missing == ["downloaded, not converted for Core ML"]
+    assert store.resolve("glm-ocr", "ocr") == snapshot  # the torch runtime can still read it
+    converted = store.coreml_dir(entry)
+    converted.mkdir(parents=True)
+    (converted / "manifest.json").write_text("{}")
+    assert store.status(entry).missing == []
+    assert store.resolve("glm-ocr", "ocr") == converted
+    monkeypatch.setattr(sys, "platform", "linux")
+    assert store.resolve("glm-ocr", "ocr") == snapshot, "elsewhere the checkpoint runs on torch"
