@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from pathlib import Path
 
 from PySide6.QtCore import QEvent, QObject, QTimer, Signal
@@ -126,6 +127,23 @@ class FileOpenEvents(QObject):
         self.files_opened.emit(paths)
 
 
+class FirstPaint(QObject):
+    """SPECSCOPE_FIRST_PAINT_EXIT=1: prints the wall-clock time of the window's first paint as
+    `first-paint SECONDS` and quits. bench/app_cold_start.py measures cold start with it, the
+    same way from the venv and from the built app."""
+
+    def __init__(self, app):
+        super().__init__(app)
+        self.app = app
+
+    def eventFilter(self, watched, event) -> bool:
+        if event.type() == QEvent.Type.Paint:
+            print(f"first-paint {time.time():.6f}", flush=True)
+            watched.removeEventFilter(self)
+            QTimer.singleShot(0, self.app.quit)
+        return False
+
+
 class ScreenshotRun:
     """Runs what the arguments ask for once the window is up, then saves the window as PNG."""
 
@@ -210,6 +228,8 @@ def run_gui(args: argparse.Namespace) -> int:
     if screenshot:
         w, _, h = (_arg(args, "window_size") or "1480x920").partition("x")
         window.resize(int(w), int(h))
+    if os.environ.get("SPECSCOPE_FIRST_PAINT_EXIT"):
+        window.installEventFilter(FirstPaint(app))
     window.show()
 
     shot = None

@@ -67,6 +67,7 @@ class MainWindow(QMainWindow):
         self.compare: dict | None = None  # {"phase": "off" | "on", "off": Session}
         self.last_compare: CompareResult | None = None
         self.telemetry = None
+        self._telemetry_queued = False
         self.pending: deque[Burst] = deque()  # rounds received but not drawn yet
         self.pending_end = None  # (handler, payload) of a run end that waits for them
         self.flush_timer = QTimer(self)
@@ -177,9 +178,12 @@ class MainWindow(QMainWindow):
         except ValueError:
             pass
 
-    def showEvent(self, event) -> None:
-        super().showEvent(event)
-        if self.telemetry is None:
+    def paintEvent(self, event) -> None:
+        super().paintEvent(event)
+        # After the first paint, not on show: a zero timer set on show fires before the window's
+        # first paint, and the plots' import (pyqtgraph) would delay it by a second or more.
+        if self.telemetry is None and not self._telemetry_queued:
+            self._telemetry_queued = True
             QTimer.singleShot(0, self.ensure_telemetry)
 
     def ensure_telemetry(self):
