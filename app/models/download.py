@@ -139,9 +139,11 @@ def hub_error(exc: BaseException, entry: CatalogEntry, revision: str | None) -> 
 
 
 def _is_network_error(exc: BaseException) -> bool:
-    import httpx2
-
-    return isinstance(exc, (httpx2.TransportError, ConnectionError, TimeoutError))
+    try:  # huggingface_hub 2.x's transport
+        from httpx2 import TransportError
+    except ImportError:
+        TransportError = ConnectionError  # noqa: N806
+    return isinstance(exc, (TransportError, ConnectionError, TimeoutError))
 
 
 # -- plan, space -----------------------------------------------------------------------------

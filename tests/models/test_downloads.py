@@ -257,3 +257,11 @@ def test_no_network_says_so_and_lists_what_is_installed(hub_env, monkeypatch):
     assert message.startswith(f"no network: cannot reach http://127.0.0.1:{closed}")
     assert "installed: smollm2-135m-instruct" in message  # the embedded model is still there
     assert not store.status(catalog.find("glm-ocr")).installed
+
+
+def test_a_stored_login_is_used_for_a_gated_repo(hub, hub_env, small_repo):
+    hub.serve_repo("org/gated", small_repo, gated=True)
+    hub_env.hf_home.mkdir(parents=True, exist_ok=True)
+    (hub_env.hf_home / "token").write_text(hub_env.token)  # what `hf auth login` stores
+    path = dl.download("org/gated")
+    assert same_bytes(path / "model.safetensors", small_repo / "model.safetensors")
