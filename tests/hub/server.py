@@ -305,6 +305,7 @@ class HubServer(ThreadingHTTPServer):
         """Every full GET of the file sends `after` bytes, then hangs until `release()`."""
         with self.state.lock:
             self.state.stalls[(repo_id.lower(), path)] = after
+            self.state.released.clear()
 
     def release(self) -> None:
         with self.state.lock:

@@ -265,3 +265,14 @@ def test_a_stored_login_is_used_for_a_gated_repo(hub, hub_env, small_repo):
     (hub_env.hf_home / "token").write_text(hub_env.token)  # what `hf auth login` stores
     path = dl.download("org/gated")
     assert same_bytes(path / "model.safetensors", small_repo / "model.safetensors")
+
+
+def test_a_repo_with_only_pickled_weights_is_refused(hub, hub_env, tmp_path):
+    folder = tmp_path / "pickles"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    (folder / "pytorch_model.bin").write_bytes(b"\x80\x04 a pickle")
+    hub.serve_repo("org/pickles", folder)
+    with pytest.raises(EngineError, match="no safetensors weights"):
+        dl.download("org/pickles")
+    assert hub.requests_for("/resolve/") == []
