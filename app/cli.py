@@ -2,7 +2,7 @@
 
 Bad input gets one clear line on stderr and exit code 2, never a traceback. Flag names follow
 mlx-lm's where they overlap (--model, --prompt, --system-prompt is --system here,
---max-tokens, --temp, --top-p, --top-k, --seed, --draft-model, --ignore-chat-template).
+--max-tokens, --temp, --top-p, --top-k, --min-p, --seed, --draft-model, --ignore-chat-template).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from engines.validation import InvalidParameter, validate
 EXIT_BAD_INPUT = 2
 
 # Request fields as the CLI spells them, for InvalidParameter messages (engines.validation).
-FLAGS = {"temperature": "--temp", "top_p": "--top-p", "top_k": "--top-k", "seed": "--seed",
+FLAGS = {"temperature": "--temp", "top_p": "--top-p", "top_k": "--top-k", "min_p": "--min-p", "seed": "--seed",
          "max_tokens": "--max-tokens", "stop": "--stop", "spec": "--spec", "steps": "--steps",
          "skip_streak": "--skip-streak", "ngram_min": "--ngram-min", "ngram_max": "--ngram-max",
          "max_steps": "--preset's max steps", "min_steps": "min steps"}
@@ -53,6 +53,7 @@ def add_spec_arguments(p: argparse.ArgumentParser, methods: list[str], default_m
     p.add_argument("--max-tokens", "-m", type=int, default=256)
     p.add_argument("--temp", type=float, default=0.0, help="sampling temperature (0 = greedy)")
     p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--min-p", type=float, default=0.0, help="mlx-lm's min-p (0 = off)")
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--trace", default=None, help="append one NDJSON line per round to this file")
@@ -108,7 +109,7 @@ def spec_config(args: argparse.Namespace, builtin_drafter: bool = False) -> Spec
 
 
 def sampling(args: argparse.Namespace) -> Sampling:
-    return Sampling(temperature=args.temp, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
+    return Sampling(temperature=args.temp, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p, seed=args.seed)
 
 
 def checked(request: Request) -> Request:

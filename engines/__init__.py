@@ -42,6 +42,7 @@ class Sampling:
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0  # 0 = off
+    min_p: float = 0.0  # 0 = off
     seed: int | None = None
 
     @property

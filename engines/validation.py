@@ -44,6 +44,8 @@ def validate(request: Request, context_length: int | None = None) -> None:
         raise InvalidParameter("top_p", f"must be in (0, 1], got {s.top_p!r}")
     if not _integer(s.top_k) or s.top_k < 0:
         raise InvalidParameter("top_k", f"must be a whole number >= 0 (0 = off), got {s.top_k!r}")
+    if not _number(s.min_p) or not math.isfinite(s.min_p) or not 0 <= s.min_p <= 1:
+        raise InvalidParameter("min_p", f"must be in [0, 1] (0 = off), got {s.min_p!r}")
     if s.seed is not None and (not _integer(s.seed) or not 0 <= s.seed < SEED_LIMIT):
         raise InvalidParameter("seed", f"must be a whole number from 0 to 2**64 - 1, got {s.seed!r}")
     if not _integer(request.max_tokens) or request.max_tokens < 1:

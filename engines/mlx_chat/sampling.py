@@ -1,7 +1,8 @@
 """Sampling and lossless rejection sampling inside the MLX graph.
 
-The MLX twin of engines/speculative/sampling.py (the NumPy specification; tests compare the
-two on random logits). Everything here stays lazy: the round loop evaluates a handful of
+The target distribution is mlx-lm's: built with mlx_lm.sample_utils' own filter functions in
+make_sampler's order, so `--temp 0.7 --top-p 0.9` means here what it means in mlx-lm. The
+NumPy twin in engines/speculative/sampling.py is the specification the tests hold this to. Everything here stays lazy: the round loop evaluates a handful of
 ints per round (argmax ids, or accept flags + residual samples + bonus), never a
 full-vocabulary row on the host.
 """
@@ -11,29 +12,31 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import mlx.core as mx
+from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, categorical_sampling
 
 from engines import Sampling
 
 
+def filtered_logprobs(logits: mx.array, sampling: Sampling) -> mx.array:
+    """Log-probabilities after mlx-lm's own filters, in make_sampler's order and on the
+    unscaled log-probabilities as it applies them: top-p, then min-p, then top-k (a filtered
+    token is -inf). Temperature comes after (categorical_sampling divides by it)."""
+    x = logits.astype(mx.float32)
+    x = x - mx.logsumexp(x, axis=-1, keepdims=True)
+    if 0 < sampling.top_p < 1.0:
+        x = apply_top_p(x, sampling.top_p)
+    if sampling.min_p > 0:
+        x = apply_min_p(x, sampling.min_p)
+    if 0 < sampling.top_k < x.shape[-1]:  # mlx-lm refuses top_k >= vocab; it filters nothing
+        x = apply_top_k(x, sampling.top_k)
+    return x
+
+
 def target_probs(logits: mx.array, sampling: Sampling) -> mx.array:
-    """Probabilities over the last axis after temperature, then top-k, then top-p (the
-    reference's order and tie rules), in float32."""
-    x = logits.astype(mx.float32) / max(sampling.temperature, 1e-6)
-    vocab = x.shape[-1]
-    if sampling.top_k and 0 < sampling.top_k < vocab:
-        kth = mx.sort(x, axis=-1)[..., vocab - sampling.top_k][..., None]
-        x = mx.where(x >= kth, x, -mx.inf)
-    p = mx.softmax(x, axis=-1)
-    if sampling.top_p < 1.0:
-        order = mx.argsort(-p, axis=-1)
-        sorted_p = mx.take_along_axis(p, order, axis=-1)
-        before = mx.cumsum(sorted_p, axis=-1) - sorted_p  # mass strictly before each token
-        keep_sorted = before < sampling.top_p
-        inverse = mx.argsort(order, axis=-1)  # scatter back: keep[i] = keep_sorted[rank of i]
-        keep = mx.take_along_axis(keep_sorted, inverse, axis=-1)
-        p = mx.where(keep, p, 0.0)
-        p = p / p.sum(axis=-1, keepdims=True)
-    return p
+    """The distribution mlx-lm's make_sampler samples from for the same flags, over the last
+    axis: softmax(filtered log-probabilities / temperature), in float32. Plain sampling and
+    verification both use it, so speculation keeps exactly this distribution."""
+    return mx.softmax(filtered_logprobs(logits, sampling) / sampling.temperature, axis=-1)
 
 
 def sample(probs: mx.array) -> mx.array:
@@ -42,10 +45,11 @@ def sample(probs: mx.array) -> mx.array:
 
 
 def pick(logits: mx.array, sampling: Sampling) -> mx.array:
-    """The next token(s) for plain decoding: argmax at T=0, a sample of target_probs else."""
+    """The next token(s) for plain decoding, as mlx-lm's sampler picks them: argmax at T=0,
+    else its categorical_sampling of the filtered log-probabilities."""
     if sampling.greedy:
         return mx.argmax(logits, axis=-1)
-    return sample(target_probs(logits, sampling))
+    return categorical_sampling(filtered_logprobs(logits, sampling), sampling.temperature)
 
 
 @dataclass

@@ -2,9 +2,10 @@
 
 This is the specification the backends implement in their own graphs (MLX in
 engines/mlx_chat, torch in engines/glm_ocr); tests check each backend against these
-functions. Temperature, then top-k, then top-p, exactly as here, wherever target
-probabilities are formed -- for plain sampling and for verification alike, otherwise the
-speculative output distribution would differ from plain sampling.
+functions. The target distribution is mlx-lm's (make_sampler: top-p, min-p, top-k on the
+log-probabilities, then temperature), exactly as here, wherever target probabilities are
+formed -- for plain sampling and for verification alike, otherwise the speculative output
+distribution would differ from plain sampling.
 """
 
 from __future__ import annotations
@@ -15,30 +16,34 @@ from engines.speculative.verify import Verdict
 
 
 def target_probs(
-    logits: np.ndarray, temperature: float, top_p: float = 1.0, top_k: int = 0
+    logits: np.ndarray, temperature: float, top_p: float = 1.0, top_k: int = 0, min_p: float = 0.0
 ) -> np.ndarray:
-    """Probabilities over the vocabulary (last axis) after temperature, top-k and top-p.
+    """Probabilities over the vocabulary (last axis) as mlx-lm's make_sampler draws them: on
+    the log-probabilities, top-p, then min-p, then top-k, then softmax(x / temperature).
 
-    top-k keeps the k largest logits; top-p keeps the smallest prefix of the sorted
-    distribution whose mass reaches top_p (the token that crosses the threshold included,
-    the most likely token always kept). Ties at a cut-off are broken by sort order."""
-    x = np.asarray(logits, dtype=np.float64) / max(temperature, 1e-6)
+    top-p keeps every token whose probability is at least that of the token at which the
+    descending cumulative mass first reaches top_p (so the crossing token is kept, and ties
+    with it); min-p keeps tokens with p >= min_p * max p; top-k keeps the k largest (a tie at
+    the k-th value is kept whole here, mlx-lm's argpartition keeps k of them)."""
+    x = np.asarray(logits, dtype=np.float64)
+    x = x - x.max(axis=-1, keepdims=True)
+    x = x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+    if 0 < top_p < 1.0:
+        p = np.exp(x)
+        order = np.argsort(-x, axis=-1, kind="stable")
+        before = np.cumsum(np.take_along_axis(p, order, axis=-1), axis=-1) - np.take_along_axis(p, order, axis=-1)
+        last = (before < top_p).sum(axis=-1, keepdims=True) - 1  # the crossing token's rank
+        threshold = np.take_along_axis(np.take_along_axis(x, order, axis=-1), last, axis=-1)
+        x = np.where(x >= threshold, x, -np.inf)
+    if min_p > 0:
+        x = np.where(x >= x.max(axis=-1, keepdims=True) + np.log(min_p), x, -np.inf)
     if top_k and 0 < top_k < x.shape[-1]:
         kth = np.sort(x, axis=-1)[..., -top_k][..., None]
         x = np.where(x >= kth, x, -np.inf)
-    x = x - x.max(axis=-1, keepdims=True)
-    p = np.exp(x)
-    p /= p.sum(axis=-1, keepdims=True)
-    if top_p < 1.0:
-        order = np.argsort(-p, axis=-1, kind="stable")
-        sorted_p = np.take_along_axis(p, order, axis=-1)
-        before = np.cumsum(sorted_p, axis=-1) - sorted_p  # mass strictly before each token
-        keep_sorted = before < top_p
-        keep = np.zeros_like(keep_sorted)
-        np.put_along_axis(keep, order, keep_sorted, axis=-1)
-        p = np.where(keep, p, 0.0)
-        p /= p.sum(axis=-1, keepdims=True)
-    return p
+    z = x / max(temperature, 1e-6)
+    z = z - z.max(axis=-1, keepdims=True)
+    p = np.exp(z)
+    return p / p.sum(axis=-1, keepdims=True)
 
 
 def residual_distribution(p: np.ndarray, q: np.ndarray | None, draft: int) -> np.ndarray:

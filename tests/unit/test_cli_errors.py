@@ -19,6 +19,7 @@ CASES = {
     "temperature inf": (["chat", "--prompt", "hi", "--temp", "inf"], "--temp must be a finite number"),
     "top-p nan": (["chat", "--prompt", "hi", "--top-p", "nan"], "--top-p must be in (0, 1]"),
     "negative top-k": (["chat", "--prompt", "hi", "--top-k", "-1"], "--top-k must be"),
+    "min-p above 1": (["chat", "--prompt", "hi", "--min-p", "1.5"], "--min-p must be"),
     "negative seed": (["chat", "--prompt", "hi", "--seed", "-1"], "--seed must be"),
     "empty stop string": (["chat", "--prompt", "hi", "--stop", ""], "--stop strings must be non-empty"),
     "ocr nan temperature": (["ocr", "/etc/hostname", "--model", "/nonexistent", "--temp", "nan"], "--temp"),

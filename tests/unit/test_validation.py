@@ -23,6 +23,7 @@ BAD = {
     "top_p nan": (request(top_p=math.nan), "top_p"),
     "top_k negative": (request(top_k=-1), "top_k"),
     "top_k fractional": (request(top_k=2.5), "top_k"),
+    "min_p negative": (request(min_p=-0.1), "min_p"),
     "seed negative": (request(seed=-1), "seed"),
     "seed too large": (request(seed=2**64), "seed"),
     "stop empty": (request(stop=[""]), "stop"),

@@ -99,14 +99,19 @@ SETTINGS = [
     Sampling(temperature=0.7, top_k=5),
     Sampling(temperature=1.3, top_p=0.8),
     Sampling(temperature=0.9, top_k=12, top_p=0.6),
+    Sampling(temperature=0.5, top_p=0.7),  # temperature first would keep other tokens here
+    Sampling(temperature=1.2, min_p=0.08),
+    Sampling(temperature=0.8, top_p=0.9, min_p=0.02, top_k=9),
 ]
 
 
 @pytest.mark.parametrize("s", SETTINGS, ids=str)
 def test_target_probs_equal_the_reference(s):
+    """The MLX distribution (mlx-lm's filter functions) equals the NumPy specification of
+    mlx-lm's make_sampler, written independently."""
     logits = np.random.default_rng(1).normal(0, 3, size=(6, 50)).astype(np.float32)
     got = np.array(mxs.target_probs(mx.array(logits), s))
-    want = ref.target_probs(logits, s.temperature, s.top_p, s.top_k)
+    want = ref.target_probs(logits, s.temperature, s.top_p, s.top_k, s.min_p)
     np.testing.assert_allclose(got, want, atol=1e-5)
 
 
