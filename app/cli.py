@@ -16,6 +16,7 @@ from pathlib import Path
 from engines import EngineError, Request, Sampling, SpecConfig
 from engines.speculative.schedule import MAX_STEPS, PRESETS
 from engines.speculative.trace import TraceError, TraceWriter
+from app.connect import add_server_arguments, run_on_server
 from engines.validation import InvalidParameter, validate
 
 EXIT_BAD_INPUT = 2
@@ -69,6 +70,7 @@ def chat_parser() -> Parser:
     p.add_argument("--ignore-chat-template", action="store_true", help="tokenize the raw prompt, no chat template")
     p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop before this text (repeatable)")
     add_spec_arguments(p, ["off", "ngram", "draft", "mtp"], "ngram")
+    add_server_arguments(p)
     return p
 
 
@@ -79,6 +81,7 @@ def ocr_parser() -> Parser:
     p.add_argument("--runtime", choices=["coreml", "torch"], default=None, help="default: coreml for a converted directory on macOS, else torch")
     p.add_argument("--task", choices=["text", "table", "formula"], default="text")
     add_spec_arguments(p, ["off", "mtp"], "mtp")
+    add_server_arguments(p)
     return p
 
 
@@ -185,11 +188,15 @@ def cmd_chat(argv: list[str]) -> int:
     args = chat_parser().parse_args(argv)
     if not args.prompt.strip():
         raise UsageError("the prompt is empty")
-    pick_drafter(args)
+    if not args.server:
+        pick_drafter(args)
     request = checked(Request(
         kind="chat", prompt=args.prompt, system=args.system, max_tokens=args.max_tokens, stop=args.stop,
-        ignore_chat_template=args.ignore_chat_template, spec=spec_config(args), sampling=sampling(args),
+        ignore_chat_template=args.ignore_chat_template, spec=spec_config(args, builtin_drafter=bool(args.server)),
+        sampling=sampling(args),
     ))
+    if args.server:
+        return run_on_server(args, request)
     resolve_models(args, request.spec, "chat")
     trace = open_trace(args)
     from app.models.store import leases
@@ -207,6 +214,9 @@ def cmd_ocr(argv: list[str]) -> int:
         kind="ocr", image=args.image, task=args.task, max_tokens=args.max_tokens,
         spec=spec_config(args, builtin_drafter=True), sampling=sampling(args),
     ))
+    if args.server:
+        args.model = None if args.model == "glm-ocr" else args.model  # the catalog default is no server id
+        return run_on_server(args, request)
     resolve_models(args, request.spec, "ocr")
     trace = open_trace(args)
     from app.models.store import leases
@@ -248,6 +258,7 @@ def bench_parser() -> Parser:
     chat.add_argument("--prompts", default=None, help="JSON {prompts: [{name, prompt}]} or text, one prompt per line (default: the copy-heavy set)")
     chat.add_argument("--system", default=None)
     add_spec_arguments(chat, ["ngram", "draft", "mtp"], "ngram")
+    add_server_arguments(chat, baseline=True)
     ocr = sub.add_parser("ocr", help="GLM-OCR over images")
     ocr.add_argument("images", nargs="+")
     ocr.add_argument("--model", required=True)
@@ -285,6 +296,10 @@ def cmd_bench(argv: list[str]) -> int:
     args = bench_parser().parse_args(argv)
     if args.runs < 1 or args.warmup < 0:
         raise UsageError("--runs must be >= 1 and --warmup >= 0")
+    if args.engine == "chat" and args.server:
+        from app.connect import bench_servers
+
+        return bench_servers(args)
     if args.engine == "chat":
         pick_drafter(args)
         spec = spec_config(args)

@@ -30,6 +30,7 @@ from app.settings import AppSettings, data_dir, save_settings
 from app.views.controls import ControlsPanel
 from app.views.document import DocumentView
 from app.views.prompt import PromptEdit
+from app.views.server_dialog import ServerDialog
 from app.views.sessions_dialog import SessionsDialog
 from app.views.transcript import TranscriptView
 from app.worker import EngineCache, EngineLoader, RunSpec, RunWorker, start_worker
@@ -154,6 +155,7 @@ class MainWindow(QMainWindow):
         action(file, "Paste Image", self.paste, QKeySequence.StandardKey.Paste)
         file.addSeparator()
         action(file, "Sessions\u2026", self.open_sessions_dialog, "Ctrl+Shift+O")
+        action(file, "Connect to Server\u2026", self.connect_to_server)
         export = file.addMenu("Export Session")
         action(export, "JSON\u2026", lambda: self._export_dialog("json"))
         action(export, "CSV\u2026", lambda: self._export_dialog("csv"))
@@ -495,6 +497,11 @@ class MainWindow(QMainWindow):
         saved = load_session(path)
         self.show_saved(saved)
         return saved
+
+    def connect_to_server(self) -> None:
+        dialog = ServerDialog(self)
+        if dialog.exec():
+            self.controls.use_server(dialog.model_ref(), dialog.api_key())
 
     def open_sessions_dialog(self) -> None:
         dialog = SessionsDialog(self)

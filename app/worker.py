@@ -42,6 +42,8 @@ def default_chat_model() -> Path:
 
 
 def resolve_model(kind: str, model: str) -> str:
+    if model.startswith(("http://", "https://")):
+        return model  # a server (Connect to Server…): nothing on disk to find
     if model:
         path = Path(model).expanduser()
         if not path.exists():

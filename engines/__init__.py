@@ -88,7 +88,12 @@ class Engine(Protocol):
 
 
 def load_engine(kind: str, model_path: str, **options) -> Engine:
-    """Import lazily: the GUI starts without MLX or torch loaded."""
+    """Import lazily: the GUI starts without MLX or torch loaded. A server URL
+    ("http://host:port#model-id") is driven as a remote engine (engines.remote)."""
+    if model_path.startswith(("http://", "https://")):
+        from engines.remote.engine import RemoteEngine
+
+        return RemoteEngine.load(model_path, **options)
     if kind == "chat":
         from engines.mlx_chat.engine import ChatEngine
 

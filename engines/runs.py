@@ -56,23 +56,34 @@ class BenchCase:
 
 
 def bench_case(engine: Engine, name: str, request: Request, runs: int, warmup: int) -> BenchCase:
-    """Alternate plain and speculative runs of the same request so drift (thermal, other load)
-    hits both alike; report medians of decode tok/s (prefill excluded)."""
+    """The same engine and request with speculation off (plain) and as asked (spec)."""
     plain_req = copy.deepcopy(request)
     plain_req.spec.method = "off"
+    return bench_pair(name, (engine, plain_req), (engine, request), runs, warmup)
+
+
+def bench_pair(name: str, plain: tuple[Engine, Request], spec: tuple[Engine, Request], runs: int,
+               warmup: int) -> BenchCase:
+    """Alternate the plain (baseline) and speculative runs so drift (thermal, other load) hits
+    both alike; report medians of decode tok/s (prefill excluded). The two sides may be different
+    engines (a server beside its plain twin, or beside the local engine): their outputs are then
+    compared as text, since a server may not report token ids."""
+    (plain_engine, plain_req), (spec_engine, spec_req) = plain, spec
     for _ in range(warmup):
-        run_session(engine, plain_req)
-        run_session(engine, request)
-    plain, spec = [], []
+        run_session(plain_engine, plain_req)
+        run_session(spec_engine, spec_req)
+    plain_runs, spec_runs = [], []
     for _ in range(runs):
-        plain.append(run_session(engine, plain_req))
-        spec.append(run_session(engine, request))
-    p_tok_s = statistics.median(s.stats().decode_tok_s for s in plain)
-    s_tok_s = statistics.median(s.stats().decode_tok_s for s in spec)
-    last = spec[-1].stats()
+        plain_runs.append(run_session(plain_engine, plain_req))
+        spec_runs.append(run_session(spec_engine, spec_req))
+    p_tok_s = statistics.median(s.stats().decode_tok_s for s in plain_runs)
+    s_tok_s = statistics.median(s.stats().decode_tok_s for s in spec_runs)
+    last = spec_runs[-1].stats()
     overhead = [
-        1 - (r.draft_s + r.verify_s) / r.wall_s for s in spec for r in s.rounds if not r.prefill and r.wall_s > 0
+        1 - (r.draft_s + r.verify_s) / r.wall_s
+        for s in spec_runs for r in s.rounds if not r.prefill and r.wall_s > 0 and r.draft_s + r.verify_s > 0
     ]
+    same_engine = plain_engine is spec_engine
     return BenchCase(
         name=name,
         plain_tok_s=p_tok_s,
@@ -80,10 +91,11 @@ def bench_case(engine: Engine, name: str, request: Request, runs: int, warmup: i
         speedup=s_tok_s / p_tok_s if p_tok_s else 0.0,
         tau=last.tau,
         acceptance=last.acceptance_rate,
-        identical=plain[-1].tokens == spec[-1].tokens,
-        plain_runs=[s.stats().decode_tok_s for s in plain],
-        spec_runs=[s.stats().decode_tok_s for s in spec],
-        tokens=len(spec[-1].tokens),
+        identical=(plain_runs[-1].tokens == spec_runs[-1].tokens) if same_engine
+        else plain_runs[-1].text == spec_runs[-1].text,
+        plain_runs=[s.stats().decode_tok_s for s in plain_runs],
+        spec_runs=[s.stats().decode_tok_s for s in spec_runs],
+        tokens=len(spec_runs[-1].tokens),
         host_overhead=statistics.median(overhead) if overhead else None,
     )
 

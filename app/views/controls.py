@@ -51,6 +51,7 @@ class ControlsPanel(QWidget):
         self._models = {"chat": "", "ocr": ""}
         self._methods = {"chat": "ngram", "ocr": "mtp"}
         self._recent: list[str] = []
+        self._server_keys: dict[str, str | None] = {}  # server URL -> API key, this session only
 
         # Engine: a segmented control, as on macOS
         self.chat_button = QToolButton(text="Chat", checkable=True, objectName="segment")
@@ -322,7 +323,15 @@ class ControlsPanel(QWidget):
         return Sampling(temperature=float(self.temperature_spin.value()))
 
     def engine_options(self) -> dict:
-        return {"runtime": self.runtime_combo.currentData()} if self._engine == "ocr" else {}
+        options = {"runtime": self.runtime_combo.currentData()} if self._engine == "ocr" else {}
+        key = self._server_keys.get(self.model_path().partition("#")[0])
+        return options | {"api_key": key} if key else options
+
+    def use_server(self, model_ref: str, api_key: str | None) -> None:
+        """A server's model ("http://host:port#model-id") as the model; its key is kept in
+        memory only, never in the settings file."""
+        self._server_keys[model_ref.partition("#")[0]] = api_key
+        self.set_model_path(model_ref)
 
     # --- state ----------------------------------------------------------------------------
     def set_running(self, running: bool) -> None:

@@ -69,7 +69,10 @@ class RemoteEngine:
 
     @classmethod
     def load(cls, url: str, api_key: str | None = None, model: str | None = None, **_options) -> "RemoteEngine":
-        """Asks the server which models it serves (and whose server it is: /v1/models' owned_by)."""
+        """Asks the server which models it serves (and whose server it is: /v1/models' owned_by).
+        `url` may name the model after a '#' (server_ref's form, what the window keeps)."""
+        url, _, named = url.partition("#")
+        model = model or named or None
         base = base_url(url)
         client = _client(base, api_key)
         try:
@@ -88,7 +91,7 @@ class RemoteEngine:
 
     @property
     def model_path(self) -> str:
-        return f"{self.url}#{self.model}"
+        return server_ref(self.url, self.model)
 
     def model_info(self) -> dict:
         return {"path": self.model_path, "name": self.model, "server": self.server, "url": self.url,
@@ -362,6 +365,12 @@ def base_url(url: str) -> str:
     if not url.startswith(("http://", "https://")):
         raise EngineError(f"a server URL starts with http:// or https://, got {url!r}")
     return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
+def server_ref(url: str, model: str | None) -> str:
+    """One string for a server and its model ("http://host:port#model-id"): how a model path
+    names a remote model."""
+    return f"{base_url(url)}#{model}" if model else base_url(url)
 
 
 def is_server_url(text: str | None) -> bool:

@@ -263,3 +263,21 @@ def test_the_cli_refuses_a_public_host_without_a_key_in_one_line(capsys):
     assert main(["serve", "--host", "0.0.0.0"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--api-key" in err and "Traceback" not in err
+
+
+def test_cli_chat_on_the_server_prints_the_local_text_and_the_servers_figures(server, engine, capsys):
+    from app.cli import main
+
+    local = local_run(engine)
+    assert main(["chat", "--server", server.url, "--prompt", PROMPT, "-m", "24", "--steps", "3"]) == 0
+    out, err = capsys.readouterr()
+    assert out.rstrip("\n") == local.text
+    assert f"draft_n {local.stats().proposed}, draft_n_accepted {local.stats().accepted} (from rounds)" in err
+
+
+def test_cli_bad_server_url_is_one_line(capsys):
+    from app.cli import main
+
+    assert main(["chat", "--server", "http://127.0.0.1:9", "--prompt", "hi"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot reach" in err
