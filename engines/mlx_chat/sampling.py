@@ -79,11 +79,19 @@ def residual_probs(p: mx.array, q: mx.array | None, drafts: mx.array) -> mx.arra
     return mx.where(total > 0, r / mx.maximum(total, 1e-30), p)
 
 
-def rejection_verify(
-    p: mx.array,
-    q: mx.array | None,
-    drafts: mx.array,
-) -> SampledVerdict:
+@dataclass
+class VerifyLaw:
+    """What rejection sampling draws from, per round: accept draft i with probability
+    min(1, p_draft[i] / q_draft[i]); at the first rejection emit a sample of residual[i]; if
+    every draft is accepted, a sample of bonus."""
+
+    p_draft: mx.array  # [k] the target's probability of each draft
+    q_draft: mx.array  # [k] the drafter's (1 for a point mass)
+    residual: mx.array  # [k, V] normalise(max(p_i - q_i, 0))
+    bonus: mx.array  # [V] p after the last draft
+
+
+def verify_law(p: mx.array, q: mx.array | None, drafts: mx.array) -> VerifyLaw:
     """p: [k+1, V] target probabilities at each drafted position and after the last draft;
     q: [k, V] the drafter's probabilities, or None for a point-mass proposal (n-gram,
     greedy draft): then q(x) = 1 and the residual is p with x removed."""
@@ -91,12 +99,17 @@ def rejection_verify(
     rows = mx.arange(k)
     p_draft = p[rows, drafts]
     q_draft = mx.ones_like(p_draft) if q is None else q[rows, drafts]
-    residual = residual_probs(p[:k], q, drafts)
-    u = mx.random.uniform(shape=(k,))
+    return VerifyLaw(p_draft, q_draft, residual_probs(p[:k], q, drafts), p[k])
+
+
+def rejection_verify(p: mx.array, q: mx.array | None, drafts: mx.array) -> SampledVerdict:
+    """One speculative round's random draws, lazily (see verify_law for p and q)."""
+    law = verify_law(p, q, drafts)
+    u = mx.random.uniform(shape=(drafts.shape[0],))
     return SampledVerdict(
-        accept=lossless_accept(p_draft, q_draft, u),
-        residual=sample(residual),
-        bonus=sample(p[k]),
+        accept=lossless_accept(law.p_draft, law.q_draft, u),
+        residual=sample(law.residual),
+        bonus=sample(law.bonus),
     )
 
 
