@@ -150,6 +150,7 @@ def paired_drafter(target: str) -> str | None:
     pair = catalog.pair_of(entry, entries) if entry else None
     if pair is None or pair.role != "drafter":
         return None
+    store.resolve(target, "chat")  # a missing target is the first thing to say
     try:
         return str(store.resolve(pair.id, "drafter"))
     except EngineError as e:

@@ -152,7 +152,9 @@ def test_published_repos_downloaded_run_as_from_a_local_path(published, hub, hub
     """zai-org/GLM-OCR and the gated Gemma 4 pair served by the loopback hub: after `models get`,
     `ocr --model glm-ocr --spec mtp` and `chat --model google/gemma-4-E2B-it --spec mtp` (the
     assistant found from the pairing) give what the same runs give from the local folders."""
-    hub.serve_repo("zai-org/GLM-OCR", published["glm_ocr"])
+    from app.models import catalog
+
+    hub.serve_repo("zai-org/GLM-OCR", published["glm_ocr"], revision=catalog.find("glm-ocr").revision)  # its pin
     hub.serve_repo(GEMMA4_IT, published["gemma4"], gated=True)
     hub.serve_repo(GEMMA4_ASSISTANT, published["assistant"], gated=True)
     monkeypatch.setenv("HF_TOKEN", hub_env.token)  # as after accepting the licence and logging in

@@ -72,7 +72,7 @@ def _hash_file(path: Path) -> tuple[str, str]:
     return sha1.hexdigest(), sha256.hexdigest()
 
 
-def host_folder(repo_id: str, folder: Path, gated: bool = False) -> HostedRepo:
+def host_folder(repo_id: str, folder: Path, gated: bool = False, revision: str | None = None) -> HostedRepo:
     files = {}
     for p in sorted(Path(folder).rglob("*")):
         if not p.is_file():
@@ -81,8 +81,9 @@ def host_folder(repo_id: str, folder: Path, gated: bool = False) -> HostedRepo:
         blob_id, sha256 = _hash_file(p)
         lfs = rel.endswith(LFS_SUFFIXES) or p.stat().st_size >= LFS_MIN_SIZE
         files[rel] = HostedFile(rel, p, p.stat().st_size, blob_id, sha256 if lfs else None)
-    # The commit sha is derived from the content, so re-serving the same folder gives the same sha.
-    commit = hashlib.sha1(json.dumps([repo_id, [(f.path, f.blob_id) for f in files.values()]]).encode()).hexdigest()
+    # The commit sha is derived from the content, so re-serving the same folder gives the same
+    # sha; a given `revision` (a catalog entry's pin) is served instead, as the hub would.
+    commit = revision or hashlib.sha1(json.dumps([repo_id, [(f.path, f.blob_id) for f in files.values()]]).encode()).hexdigest()
     return HostedRepo(repo_id, Path(folder), commit, files, gated)
 
 
@@ -288,10 +289,11 @@ class HubServer(ThreadingHTTPServer):
 
     # -- what the tests call ------------------------------------------------------------
 
-    def serve_repo(self, repo_id: str, folder: str | Path, gated: bool = False) -> HostedRepo:
+    def serve_repo(self, repo_id: str, folder: str | Path, gated: bool = False, revision: str | None = None) -> HostedRepo:
         """Serve `folder` as model repo `repo_id` (files read when requested: later edits to
-        the folder show, but the sha and hashes are those of now)."""
-        repo = host_folder(repo_id, Path(folder), gated)
+        the folder show, but the sha and hashes are those of now). `revision`: the commit sha
+        to answer with (e.g. the catalog's pin for that repo); default, one made from the files."""
+        repo = host_folder(repo_id, Path(folder), gated, revision)
         with self.state.lock:
             self.state.repos[repo_id.lower()] = repo
         return repo
