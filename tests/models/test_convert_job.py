@@ -25,7 +25,7 @@ def glm_ocr_repo(tmp_path_factory):
 
 @pytest.fixture
 def downloaded(hub, hub_env, glm_ocr_repo):
-    hub.serve_repo("zai-org/GLM-OCR", glm_ocr_repo)
+    hub.serve_repo("zai-org/GLM-OCR", glm_ocr_repo, revision=catalog.find("glm-ocr").revision)  # its pin
     dl.download("glm-ocr")
     return catalog.find("glm-ocr")
 
