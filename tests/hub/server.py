@@ -264,6 +264,13 @@ class HubHandler(BaseHTTPRequestHandler):
             self.wfile.write(body)
 
 
+def _catalog_pin(repo_id: str) -> str | None:
+    from app.models import catalog
+
+    entry = catalog.find(repo_id)
+    return entry.revision if entry is not None and not entry.user_added else None
+
+
 class HubServer(ThreadingHTTPServer):
     daemon_threads = True
 
@@ -292,8 +299,9 @@ class HubServer(ThreadingHTTPServer):
     def serve_repo(self, repo_id: str, folder: str | Path, gated: bool = False, revision: str | None = None) -> HostedRepo:
         """Serve `folder` as model repo `repo_id` (files read when requested: later edits to
         the folder show, but the sha and hashes are those of now). `revision`: the commit sha
-        to answer with (e.g. the catalog's pin for that repo); default, one made from the files."""
-        repo = host_folder(repo_id, Path(folder), gated, revision)
+        to answer with; default: the built-in catalog's pin for that repo when it has one (so
+        `models get glm-ocr` finds its pinned commit, as on the hub), else one made from the files."""
+        repo = host_folder(repo_id, Path(folder), gated, revision or _catalog_pin(repo_id))
         with self.state.lock:
             self.state.repos[repo_id.lower()] = repo
         return repo

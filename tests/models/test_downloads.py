@@ -276,3 +276,12 @@ def test_a_repo_with_only_pickled_weights_is_refused(hub, hub_env, tmp_path):
     with pytest.raises(EngineError, match="no safetensors weights"):
         dl.download("org/pickles")
     assert hub.requests_for("/resolve/") == []
+
+
+def test_a_pinned_catalog_entry_is_fetched_at_its_pin(hub, hub_env, small_repo):
+    entry = catalog.find("glm-ocr")
+    hosted = hub.serve_repo(entry.repo_id, small_repo)  # the loopback hub answers at the pin, as the hub does
+    assert hosted.sha == entry.revision
+    path = dl.download("glm-ocr")
+    assert path.name == entry.revision and store.status(entry).revision == entry.revision
+    assert all(f"/resolve/{entry.revision}/" in p for m, p, _h in hub.requests_for("/resolve/"))
