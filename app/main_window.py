@@ -27,8 +27,10 @@ from app.bursts import Burst
 from app.compare import CompareResult, compare_sessions
 from app.sessions import SavedSession, export_csv, export_json, export_png, load_session, new_autosave_path
 from app.settings import AppSettings, data_dir, save_settings
+from app.model_jobs import ModelJobs
 from app.views.controls import ControlsPanel
 from app.views.document import DocumentView
+from app.views.models_dialog import ModelOffer, ModelsDialog, missing_model
 from app.views.prompt import PromptEdit
 from app.views.server_dialog import ServerDialog
 from app.views.sessions_dialog import SessionsDialog
@@ -42,6 +44,19 @@ from engines.validation import validate
 GIL_SWITCH_INTERVAL_S = 0.0005
 SHOW_INTERVAL_MS = 15  # how often buffered rounds are drawn
 SHOW_BUDGET_S = 0.012  # and for how long at most, so the event loop always gets its turn
+
+
+def runtime_text(kind: str | None, model: dict) -> str:
+    """Which runtime and which compute units a run uses, for the status bar."""
+    if kind == "ocr":
+        if model.get("runtime") == "coreml":
+            return f"Core ML \u00b7 compute units: {model.get('compute_units') or 'all'}"
+        return "PyTorch reference runtime \u00b7 CPU"
+    import mlx.core as mx
+
+    device = "Metal GPU" if mx.metal.is_available() else "CPU"
+    dense = " \u00b7 float32 (dequantized)" if str(model.get("weights", "")).startswith("float32") else ""
+    return f"MLX \u00b7 {device}{dense}"
 
 
 class MainWindow(QMainWindow):
@@ -99,6 +114,11 @@ class MainWindow(QMainWindow):
         output_col = QVBoxLayout(output)
         output_col.setContentsMargins(0, 0, 0, 0)
         output_col.setSpacing(0)
+        self.model_jobs = ModelJobs(self)  # downloads / conversions, one at a time
+        self.models_dialog: ModelsDialog | None = None
+        self.model_offer = ModelOffer(self.model_jobs)  # "OCR needs GLM-OCR ... [Download GLM-OCR]"
+        self.model_offer.models_requested.connect(self.open_models_dialog)
+        output_col.addWidget(self.model_offer)
         output_col.addWidget(self.transcript, 1)
         self.prompt_row = QWidget(objectName="promptRow")
         prompt_layout = QHBoxLayout(self.prompt_row)
@@ -133,6 +153,11 @@ class MainWindow(QMainWindow):
         self.controls.compare_requested.connect(self.start_compare)
         self.controls.engine_changed.connect(self._on_engine_changed)
         self.transcript.round_selected.connect(self._select_in_telemetry)
+        self.controls.method_combo.currentIndexChanged.connect(self.update_model_offer)
+        self.controls.model_combo.currentTextChanged.connect(self.update_model_offer)
+        self.controls.draft_edit.textChanged.connect(self.update_model_offer)
+        for event in (self.model_jobs.finished, self.model_jobs.cancelled, self.model_jobs.errored):
+            event.connect(self.update_model_offer)
         self._build_menus()
         self.controls.apply_settings(self.settings)
         self._on_engine_changed(self.controls.engine)
@@ -172,6 +197,12 @@ class MainWindow(QMainWindow):
         self.run_action = action(run, "Run", self.run, "Ctrl+R")
         self.stop_action = action(run, "Stop", self.stop, "Esc")
         action(run, "A/B Compare", self.start_compare, "Ctrl+Shift+R")
+        models = self.menuBar().addMenu("&Models")
+        self.models_action = action(models, "Models\u2026", self.open_models_dialog, "Ctrl+Shift+M")
+        toolbar = self.addToolBar("Models")
+        toolbar.setObjectName("modelsToolbar")
+        toolbar.setMovable(False)
+        toolbar.addAction(self.models_action)
 
     def _restore_geometry(self) -> None:
         try:
@@ -210,6 +241,28 @@ class MainWindow(QMainWindow):
         self.document.setVisible(ocr)
         self.prompt_row.setVisible(not ocr)
         self.transcript.title.setText("Text" if ocr else "Conversation")
+        self.update_model_offer()
+
+    def update_model_offer(self, *_event) -> None:
+        """The pane says what its mode is missing, with the one button that gets it."""
+        c = self.controls
+        try:
+            offer = missing_model(c.engine, c.model_path(), c.method, c.draft_edit.text().strip())
+        except EngineError as e:  # an unreadable model list: say so, and offer the dialog
+            from app.views.models_dialog import Offer
+
+            offer = Offer(str(e), "Open Models\u2026", None)
+        self.model_offer.show_offer(offer)
+
+    def open_models_dialog(self) -> ModelsDialog:
+        """The Models dialog (not modal: downloads go on while the window is used)."""
+        if self.models_dialog is None:
+            self.models_dialog = ModelsDialog(self.model_jobs, self)
+            self.models_dialog.model_removed.connect(self.update_model_offer)
+        self.models_dialog.refresh()
+        self.models_dialog.show()
+        self.models_dialog.raise_()
+        return self.models_dialog
 
     # --- input ----------------------------------------------------------------------------
     def dragEnterEvent(self, event) -> None:
@@ -274,6 +327,7 @@ class MainWindow(QMainWindow):
         except EngineError as e:
             self.transcript.show_message(str(e), "info")
             return False
+        self._pick_paired_drafter(request)
         self.controls.store_settings(self.settings)
         settings = asdict(self.settings)
         settings.pop("window_geometry", None)
@@ -297,6 +351,17 @@ class MainWindow(QMainWindow):
         self.status.setText("Loading the model\u2026")
         self.run_started.emit(run)
         return True
+
+    def _pick_paired_drafter(self, request: Request) -> None:
+        """MTP without a drafter chosen: the chat target's paired assistant, as the CLI does."""
+        if request.kind == "chat" and request.spec.method == "mtp" and not request.spec.draft_model:
+            from app.models.cli import paired_drafter
+
+            model = self.controls.model_path()
+            try:
+                request.spec.draft_model = paired_drafter(model) if model else None
+            except EngineError:
+                pass  # the offer above the pane says what is missing; the engine says it too
 
     def _begin_panes(self, request: Request, label: str) -> None:
         self.transcript.hide_message()
@@ -325,7 +390,8 @@ class MainWindow(QMainWindow):
         self.session = session
         self.session_settings = self.worker.spec.settings if self.worker else {}
         m = session.model
-        self.model_label.setText(f"{m.get('name', '?')} \u00b7 {m.get('hash', '')}")
+        self.model_label.setText(f"{m.get('name', '?')} \u00b7 {runtime_text(session.request.get('kind'), m)} "
+                                 f"\u00b7 {m.get('hash', '')}")
         self.status.setText("Running\u2026")
 
     def _on_round(self, burst: Burst) -> None:
@@ -547,6 +613,7 @@ class MainWindow(QMainWindow):
         """Stops a run and joins its thread (the thread must not outlive the window)."""
         if self.worker is not None:
             self.worker.request_stop()
+        self.model_jobs.shutdown(timeout_ms)
         for thread, _worker in list(self.threads):
             thread.quit()
             thread.wait(timeout_ms)

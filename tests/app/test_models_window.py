@@ -1,0 +1,108 @@
+"""Getting a model from the window, served by the loopback hub (tests/hub) through
+huggingface_hub itself: OCR mode with nothing installed -> the pane's offer -> progress -> the
+model is ready -> drop an image -> text; the Models dialog's list, progress (bytes, rate, ETA)
+while a transfer is held mid-file, Cancel, Remove. The model is a tiny GLM-OCR in the layout
+zai-org/GLM-OCR publishes; OCR runs on the torch runtime (Core ML needs a Mac: on macOS the job
+would convert it after the download, which tests/models/test_convert_job.py covers)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from PySide6.QtCore import Qt
+
+pytest.importorskip("torch")
+
+from app.main_window import MainWindow  # noqa: E402
+from app.settings import AppSettings  # noqa: E402
+from tests.app.test_ocr_window import drop_files  # noqa: E402
+from tests.hub.fixtures import hub, hub_env  # noqa: E402,F401  (pytest fixtures)
+
+JOB_TIMEOUT_MS = 60_000
+LEFT = Qt.MouseButton.LeftButton
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def glm_ocr_repo(tmp_path_factory):
+    from tests.engines.glm_ocr.checkpoints import make_published_glm_ocr, test_images
+
+    root = tmp_path_factory.mktemp("models-window")
+    test_images(1)[0].save(root / "page.png")
+    return make_published_glm_ocr(root / "GLM-OCR"), root / "page.png"
+
+
+@pytest.fixture
+def ocr_window(qtbot, hub, hub_env, glm_ocr_repo):
+    hub.serve_repo("zai-org/GLM-OCR", glm_ocr_repo[0])  # at the catalog's pinned commit
+    window = MainWindow(AppSettings(engine="ocr", ocr_model="", ocr_runtime="torch", ocr_method="mtp", steps=2,
+                                    preset=None, max_tokens=12), persist=False, autosave=False)
+    qtbot.addWidget(window)
+    window.show()
+    yield window
+    window.shutdown()
+
+
+def test_ocr_with_nothing_installed_offers_glm_ocr_then_reads_a_dropped_image(qtbot, ocr_window, glm_ocr_repo):
+    window = ocr_window
+    offer = window.model_offer
+    assert offer.isVisible() and offer.button.text() == "Download GLM-OCR" and offer.button.isEnabled()
+    assert "not downloaded" in offer.text.text()
+    progress = []
+    window.model_jobs.progressed.connect(progress.append)
+    with qtbot.waitSignal(window.model_jobs.finished, timeout=JOB_TIMEOUT_MS) as done:
+        qtbot.mouseClick(offer.button, LEFT)
+        assert offer.progress.isVisible() and offer.cancel_button.isVisible() and not offer.button.isEnabled()
+    model_id, path = done.args
+    assert model_id == "glm-ocr" and (Path(path) / "config.json").is_file()
+    assert progress and progress[-1].fraction == 1.0 and " of " in progress[-1].text and "/s" in progress[-1].text
+    assert not offer.isVisible()  # the model is there: nothing is missing any more
+
+    assert drop_files(window, [glm_ocr_repo[1]])
+    with qtbot.waitSignal(window.run_ended, timeout=JOB_TIMEOUT_MS) as ended:
+        assert window.run()
+    assert ended.args == ["finished"]
+    assert window.session.text and window.transcript.edit.toPlainText().strip()
+    assert window.session.model["path"] == path  # the downloaded snapshot, found by its catalog id
+    assert "PyTorch reference runtime \u00b7 CPU" in window.model_label.text()
+
+
+def test_models_dialog_shows_progress_mid_file_cancels_and_removes(qtbot, hub, ocr_window, tmp_path):
+    window = ocr_window
+    dialog = window.open_models_dialog()
+    rows = {dialog.table.topLevelItem(i).data(0, Qt.ItemDataRole.UserRole)[0].id: dialog.table.topLevelItem(i)
+            for i in range(dialog.table.topLevelItemCount())}
+    assert rows["glm-ocr"].text(2) == "not installed" and rows["glm-ocr"].text(4) == "zai-org/GLM-OCR"
+    dialog.select("glm-ocr")
+    assert dialog.download_button.isEnabled() and not dialog.cancel_button.isEnabled()
+
+    hub.stall("zai-org/GLM-OCR", "model.safetensors", after=64 * 1024)  # the transfer hangs mid-file
+    with qtbot.waitSignal(window.model_jobs.progressed, timeout=JOB_TIMEOUT_MS,
+                          check_params_cb=lambda p: p.fraction > 0):
+        qtbot.mouseClick(dialog.download_button, LEFT)
+    qtbot.waitUntil(lambda: "ETA" in dialog.progress_text.text(), timeout=JOB_TIMEOUT_MS)
+    assert dialog.progress.isVisible() and 0 < dialog.progress.value() < dialog.progress.maximum()
+    assert dialog.cancel_button.isEnabled() and not dialog.download_button.isEnabled()
+    assert window.model_offer.progress.isVisible()  # the pane shows the same download
+    shot = tmp_path / "models-dialog-downloading.png"
+    assert dialog.grab().save(str(shot)) and shot.stat().st_size > 10_000
+    if os.environ.get("SPECSCOPE_SAVE_SCREENSHOTS"):  # how docs/screenshots/ got its copy
+        shutil.copy(shot, ROOT / "docs" / "screenshots" / shot.name)
+
+    with qtbot.waitSignal(window.model_jobs.cancelled, timeout=JOB_TIMEOUT_MS):
+        qtbot.mouseClick(dialog.cancel_button, LEFT)
+        hub.release()  # the transfer goes on to its next progress point, where the cancel is seen
+    assert "cancelled" in dialog.message.text() and not dialog.progress.isVisible()
+    assert dialog.table.findItems("not installed", Qt.MatchFlag.MatchExactly, 2)  # nothing half-installed is listed
+
+    with qtbot.waitSignal(window.model_jobs.finished, timeout=JOB_TIMEOUT_MS):
+        dialog.select("glm-ocr")
+        assert dialog.download_selected()
+    dialog.select("glm-ocr")
+    assert dialog.remove_button.isEnabled()
+    dialog.remove_selected()
+    assert dialog.message.text().startswith("Removed glm-ocr")
+    assert window.model_offer.isVisible() and window.model_offer.button.text() == "Download GLM-OCR"
