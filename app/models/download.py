@@ -334,6 +334,8 @@ def _download_locked(entry: CatalogEntry, revision: str | None, on_progress: Pro
     if installed is not None and wanted == installed.revision and installed.complete():
         return installed.snapshot  # pinned and already verified: no network needed
     the_plan = plan(entry, revision)
+    if installed is not None and the_plan.revision == installed.revision and installed.complete():
+        return installed.snapshot  # the branch still points at the installed, verified commit
     snapshot = store.repo_cache_dir(the_plan.repo_id) / "snapshots" / the_plan.revision
     # Files already present from an earlier, interrupted call are not fetched again (checked
     # below like the rest), so only the others need space.

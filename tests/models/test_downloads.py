@@ -132,6 +132,8 @@ def test_a_pinned_installed_model_is_not_fetched_again(hub, hub_env, small_repo)
     before = len(hub.state.requests)
     assert dl.download(entry) == first
     assert len(hub.state.requests) == before, "no request: the pinned revision is installed and verified"
+    dl.download("org/small")  # unpinned: one metadata request finds main at the installed commit
+    assert [p for _m, p, _h in hub.state.requests[before:]] == ["/api/models/org/small?blobs=true"]
 
 
 def test_content_that_does_not_match_the_etag_is_rejected_and_deleted(hub, hub_env, small_repo):
