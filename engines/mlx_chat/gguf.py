@@ -3,7 +3,8 @@
     model, tokenizer = load_gguf("SmolLM2-135M-Instruct.Q4_1.gguf")
 
 The steps, top to bottom in `load_gguf`:
-1. read the header (our own small parser: fast, no torch) and pick the mlx-lm model module;
+1. read the header (our own small parser, ~30x faster than gguf.GGUFReader; a test holds it
+   to GGUFReader's reading) and pick the mlx-lm model module;
 2. read the tensors: MLX's own GGUF reader (`mx.load`) where it can read the whole file
    (F32/F16 and Q4_0/Q4_1/Q8_0, which it keeps packed as MLX affine quantization, group 32);
    otherwise our own reader: 32-blocks (Q4_0/Q4_1/Q5_0/Q5_1/Q8_0) repacked exactly as MLX
@@ -148,8 +149,9 @@ class GGUFHeader:
 
 
 def read_header(path: Path) -> GGUFHeader:
-    """Parse a GGUF header (our own reader: the gguf package's parses every vocabulary string
-    into numpy fields and takes seconds; transformers' needs torch). Problems -> EngineError."""
+    """Parse a GGUF header. Problems -> EngineError."""
+    # Not gguf.GGUFReader: it builds numpy fields for every vocabulary string, 53 s vs 1.8 s here
+    # on SmolLM2-135M's file (2 loaded cores); a test holds this parser to GGUFReader's reading.
     if not path.is_file():
         raise EngineError(f"GGUF file not found: {path}")
     with open(path, "rb") as f:

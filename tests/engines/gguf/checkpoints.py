@@ -130,9 +130,13 @@ def write_gguf(
     *,
     permute_qk: bool = True,
     norm_plus_one: bool = True,
+    rope_theta_factor: float = 1.0,
+    swap_norms: bool = False,
 ) -> Path:
-    """Write `model` as llama.cpp would. permute_qk / norm_plus_one=False write a file that
-    breaks llama.cpp's convention (negative controls)."""
+    """Write `model` as llama.cpp would. The other settings write files a correct loader must
+    NOT match (negative controls): permute_qk / norm_plus_one=False break llama.cpp's
+    conventions, rope_theta_factor=2 doubles rope_theta, swap_norms swaps the first block's
+    attention and feed-forward norm weights."""
     cfg = model.config
     arch = {"gemma3_text": "gemma3"}.get(cfg.model_type, cfg.model_type)
     writer = GGUFWriter(str(path), arch)
@@ -145,7 +149,7 @@ def write_gguf(
     writer.add_head_count_kv(cfg.num_key_value_heads)
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     if arch != "gemma3":
-        writer.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
+        writer.add_rope_freq_base(cfg.rope_parameters["rope_theta"] * rope_theta_factor)
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         writer.add_rope_dimension_count(head_dim)
         writer.add_vocab_size(cfg.vocab_size)
@@ -153,7 +157,7 @@ def write_gguf(
             writer.add_key_length(head_dim)
             writer.add_value_length(head_dim)
     else:
-        writer.add_rope_freq_base(cfg.rope_parameters["full_attention"]["rope_theta"])
+        writer.add_rope_freq_base(cfg.rope_parameters["full_attention"]["rope_theta"] * rope_theta_factor)
         writer.add_key_length(cfg.head_dim)
         writer.add_value_length(cfg.head_dim)
         writer.add_sliding_window(cfg.sliding_window)
@@ -170,8 +174,13 @@ def write_gguf(
     writer.add_add_bos_token(False)
     writer.add_chat_template(CHAT_TEMPLATE)
 
-    for name, w in stored_tensors(model, qtype, permute_qk=permute_qk, norm_plus_one=norm_plus_one).items():
-        writer.add_tensor(gguf_name(name, arch), w[0], raw_dtype=w[1])
+    stored = {gguf_name(name, arch): w for name, w in stored_tensors(
+        model, qtype, permute_qk=permute_qk, norm_plus_one=norm_plus_one).items()}
+    if swap_norms:
+        a, b = "blk.0.attn_norm.weight", "blk.0.ffn_norm.weight"
+        stored[a], stored[b] = stored[b], stored[a]
+    for name, (data, raw_dtype) in stored.items():
+        writer.add_tensor(name, data, raw_dtype=raw_dtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
