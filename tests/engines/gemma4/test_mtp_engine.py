@@ -308,3 +308,17 @@ def test_skip_streak_with_mtp(edge_engine, edge_pair):
     skipped = [r for r in decode if r.proposed == 0]
     assert skipped and len(skipped) < len(decode) / 2
     assert decode[2].proposed == 0 and decode[0].proposed == decode[1].proposed == 3
+
+
+def test_mtp_output_is_mlx_lm_greedy(engine_and_pair):
+    """Against mlx-lm's own generate_step, not only this engine with speculation off (a
+    replaying drafter, so drafts are accepted and rejected)."""
+    from mlx_lm.generate import generate_step
+
+    engine, pair = engine_and_pair
+    ids = engine._prompt_ids(Request(prompt=PROMPT))
+    want = [t for t, _ in generate_step(mx.array(ids), engine.model, max_tokens=MAX_TOKENS)]
+    engine.mtp_proposer = replay_factory(reference=ids + want, error_rate=0.25, seed=1)
+    rounds = run(engine, mtp(pair, 3))
+    assert tokens_of(rounds) == want
+    assert 0 < sum(r.accepted for r in rounds) < sum(r.proposed for r in rounds)
