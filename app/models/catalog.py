@@ -187,7 +187,7 @@ def entry_for_path(path: str | os.PathLike, role: Role | None = None) -> Catalog
             raise EngineError(f"not a model: {path} (expected a model directory or a .gguf file)")
         detected: Role = "chat"
     elif p.is_dir():
-        detected = _role_of_dir(p)
+        detected = role_of_dir(p)
     else:
         raise EngineError(f"no such file or directory: {path}")
     return CatalogEntry(id=f"local:{p.name}", title=p.name, role=role or detected, source="local",
@@ -202,7 +202,9 @@ def _has_gguf_magic(p: Path) -> bool:
         return False
 
 
-def _role_of_dir(p: Path) -> Role:
+def role_of_dir(p: Path) -> Role:
+    """What a model folder is for, from its files: a GLM-OCR checkpoint or Core ML conversion ->
+    ocr, a Gemma 4 assistant -> drafter, anything else -> chat."""
     if (p / "manifest.json").is_file():  # a GLM-OCR Core ML conversion
         return "ocr"
     try:

@@ -22,14 +22,14 @@ import hashlib
 import os
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
 from engines import EngineError
 
 from app.models import store
-from app.models.catalog import DENY_PATTERNS, CatalogEntry, add_user_entry, entry_for_repo, find, is_repo_id
+from app.models.catalog import DENY_PATTERNS, CatalogEntry, add_user_entry, entry_for_repo, find, is_repo_id, role_of_dir
 
 # Free space a download must leave behind (bytes). SPECSCOPE_MIN_FREE_BYTES changes it: a user
 # with a tight disk can lower it, and the tests raise it to refuse a download honestly
@@ -360,6 +360,6 @@ def _download_locked(entry: CatalogEntry, revision: str | None, on_progress: Pro
         progress.emit()
     store.write_record(store.InstallRecord(the_plan.repo_id, the_plan.revision,
                                            {f.name: f.size for f in the_plan.files}))
-    if entry.user_added and find(entry.id) is None:
-        add_user_entry(entry)
+    if entry.user_added and find(entry.id) is None:  # any repo id: remember it, for what it is
+        add_user_entry(replace(entry, role=role_of_dir(snapshot)))
     return snapshot

@@ -287,3 +287,15 @@ def test_a_pinned_catalog_entry_is_fetched_at_its_pin(hub, hub_env, small_repo):
     path = dl.download("glm-ocr")
     assert path.name == entry.revision and store.status(entry).revision == entry.revision
     assert all(f"/resolve/{entry.revision}/" in p for m, p, _h in hub.requests_for("/resolve/"))
+
+
+def test_any_repo_id_is_remembered_for_what_it_is(hub, hub_env, tmp_path):
+    import json
+
+    folder = make_small_repo(tmp_path / "ocr-like")
+    (folder / "config.json").write_text(json.dumps({"model_type": "glm_ocr"}))
+    hub.serve_repo("someone/glm-ocr-finetune", folder)
+    path = dl.download("someone/glm-ocr-finetune")
+    entry = catalog.find("someone/glm-ocr-finetune")
+    assert entry is not None and entry.user_added and entry.role == "ocr"
+    assert store.resolve("someone/glm-ocr-finetune", "ocr") == path
