@@ -106,3 +106,20 @@ def test_models_dialog_shows_progress_mid_file_cancels_and_removes(qtbot, hub, o
     dialog.remove_selected()
     assert dialog.message.text().startswith("Removed glm-ocr")
     assert window.model_offer.isVisible() and window.model_offer.button.text() == "Download GLM-OCR"
+
+
+def test_mtp_without_its_drafter_offers_the_paired_assistant():
+    """What the chat pane offers for MTP: the target's paired assistant when it is missing, the
+    Models dialog for a target without a pair, nothing once a drafter is given."""
+    from app.models import catalog
+    from app.views.models_dialog import missing_model
+
+    target = catalog.find("gemma-4-e2b-it")
+    pair = catalog.pair_of(target)
+    offer = missing_model("chat", target.id, "mtp", "")
+    assert offer.model_id == pair.id and offer.button == f"Download {pair.title}"
+    assert pair.title in offer.text and "not downloaded" in offer.text
+    unpaired = missing_model("chat", "", "mtp", "")  # the embedded SmolLM2 has no assistant
+    assert unpaired.model_id is None and unpaired.button == "Open Models\u2026"
+    assert missing_model("chat", target.id, "mtp", "/some/assistant") is None
+    assert missing_model("chat", target.id, "ngram", "") is None
