@@ -13,6 +13,7 @@ Catalog (`app.models.catalog`)
     find(id_or_repo)    by catalog id or hub repo id -> CatalogEntry | None
     pair_of(entry)      the paired entry (Gemma 4 target <-> its assistant) or None
     entry_for_path(p)   a user entry for a local model dir / .gguf (EngineError if not a model)
+    role_of_dir(p)      "ocr" | "drafter" | "chat", read from a model folder's config
     add_user_entry(e), remove_user_entry(id)
 
 Install state (`app.models.store`)
@@ -42,7 +43,10 @@ Downloads (`app.models.download`)
                         what is installed; unknown id; not enough disk space, before any
                         byte is written; a checksum mismatch -> the bad file is deleted)
 
-Tests: `tests/hub/` has a loopback hub server (`hub_server` fixture, `serve_repo(...)`).
+Tests: `tests/hub/` has a loopback hub server: fixtures `hub` and `hub_env`
+(tests/hub/fixtures.py), `hub.serve_repo(repo_id, folder, gated=False, revision=None)` (a
+built-in catalog repo is served at its pinned commit), `cut_first_transfer`, `stall`/`release`,
+`corrupt`; tiny repos in tests/hub/repos.py.
 """
 
 from app.models.catalog import CatalogEntry, find, load_catalog, pair_of
