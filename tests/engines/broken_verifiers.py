@@ -56,9 +56,10 @@ BROKEN = {
 
 def detectable(variant: str, steps: int, point_mass: bool, counted_tokens: int = 3) -> bool:
     """Whether a variant changes the law a test measures at all:
-    - skip_bonus changes only the tokens after a fully accepted round (the loop then feeds
-      the last draft twice); the first `counted_tokens` include one only when steps + 2 <=
-      counted_tokens, i.e. steps = 1 for the first three tokens;
+    - skip_bonus breaks the round's contract (accepted drafts + one target token), which the
+      tests assert; the law changes only for tokens after a fully accepted round (the loop
+      feeds the last draft twice), which the first `counted_tokens` include when
+      steps + 2 <= counted_tokens, i.e. steps = 1 for the first three tokens;
     - draft_q_of_next_position needs a drafter distribution (not a point mass) and >= 2 drafts."""
     if variant == "skip_bonus":
         return steps + 2 <= counted_tokens

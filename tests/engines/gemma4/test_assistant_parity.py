@@ -157,7 +157,7 @@ def test_view_with_masks_and_compiled_step_match_the_exact_kv(edge_pair, context
     from a cache that still holds a verify's rejected drafts (drafter_view) -- equals the
     eager step on exactly the K/V plain decoding holds (drafter_kv), for every accepted count.
     Evaluated only after the cache has been written again and rolled back: a chain keeps the
-    arrays it read, which is why the MLX proposer's drain() has nothing to wait for."""
+    arrays it read, which is why the loop may write the cache while a chain runs."""
     from engines.mlx_chat.cache import make_rollback_cache, rollback
 
     mlx_target, _ = load_targets(edge_pair.target)

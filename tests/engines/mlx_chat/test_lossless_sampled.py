@@ -16,6 +16,7 @@ from engines import Request, Sampling, SpecConfig
 from engines.mlx_chat.engine import ChatEngine
 from engines.speculative.sampling import target_probs
 from tests.engines.mlx_chat import checkpoints
+from tests.engines.broken_verifiers import BROKEN, detectable
 from tests.stats import chi_square_pvalue
 
 WORDS = ["cat", "dog", "sun", "moon"]
@@ -85,3 +86,48 @@ def test_a_lossy_acceptance_rule_fails_the_same_test(tiny, exact, monkeypatch):
     counts, proposed, _ = sample_counts(tiny, SpecConfig(method="ngram", steps=1), seed=1)
     assert proposed > 0.5 * N
     assert chi_square_pvalue(counts, exact, N) < 1e-3
+
+
+# -- multi-draft rounds: 1, 3 and 5 drafts per round, and the broken verifiers --------------------
+
+MULTI = [(method, steps) for method in ("ngram", "draft") for steps in (1, 3, 5)]
+
+
+def check_lossless(engine, exact, method, steps):
+    """The first three tokens follow the target's law, and every decode round that ran to its
+    end emitted its accepted drafts plus exactly one target token."""
+    spec = SpecConfig(method=method, steps=steps)
+    mx.random.seed(2)
+    counts, proposed, accepted = Counter(), 0, 0
+    for _ in range(N):
+        request = Request(prompt=PROMPT, max_tokens=steps + 2, spec=spec, sampling=SAMPLING, ignore_chat_template=True)
+        rounds = list(engine.generate(request))
+        for r in rounds[1:]:
+            assert r.finish is not None or len(r.tokens) == r.accepted + 1
+        counts[tuple(t for r in rounds for t in r.tokens)[:3]] += 1
+        proposed += sum(r.proposed for r in rounds)
+        accepted += sum(r.accepted for r in rounds)
+    assert proposed > 0.5 * N and 0.03 * proposed < accepted < 0.95 * proposed
+    assert chi_square_pvalue(counts, exact, N) > 1e-3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method,steps", MULTI)
+def test_multi_draft_rounds_keep_the_target_distribution(tiny, exact, method, steps):
+    check_lossless(tiny, exact, method, steps)
+
+
+# resample_from_p with n-gram drafts at steps=1 scored p = 0.34 at N = 500 (the first round's
+# single draft is mostly where resampling from p changes little); steps 3 and 5 and the exact
+# enumeration (test_verification_law) catch it.
+BROKEN_RUNS = [(v, m, k) for v in BROKEN for m, k in MULTI
+               if (v == "skip_bonus" or detectable(v, k, point_mass=m == "ngram"))
+               and (v, m, k) != ("resample_from_p", "ngram", 1)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant,method,steps", BROKEN_RUNS)
+def test_the_same_test_fails_a_broken_verifier(tiny, exact, variant, method, steps, monkeypatch):
+    BROKEN[variant](monkeypatch)
+    with pytest.raises(AssertionError):
+        check_lossless(tiny, exact, method, steps)
