@@ -9,6 +9,7 @@ of finished / cancelled / errored is emitted per run, then `done`."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import traceback
 from dataclasses import dataclass, field
@@ -78,6 +79,7 @@ class EngineCache:
         self.key: tuple | None = None
         self.engine: Engine | None = None
         self.model: dict = {}
+        self.leases = contextlib.ExitStack()  # the loaded model is in use: `models rm` refuses
 
     def get(self, kind: str, model: str, options: dict) -> tuple[Engine, dict]:
         with self.lock:
@@ -85,7 +87,12 @@ class EngineCache:
             key = (kind, path, tuple(sorted(options.items())))
             if key != self.key:
                 self.engine, self.key = None, None  # free the old model before loading the next
+                self.leases.close()
                 engine = self.loader(kind, path, **options)
+                if Path(path).exists():  # not a server URL
+                    from app.models.store import lease
+
+                    self.leases.enter_context(lease(path))
                 info = dict(engine.model_info())
                 info.setdefault("path", path)
                 info.setdefault("name", Path(path).name)

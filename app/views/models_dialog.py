@@ -294,8 +294,8 @@ class Offer:
 
 def missing_model(engine: str, model: str, method: str, draft_model: str) -> Offer | None:
     """What the chosen mode needs and does not have, and the one button that gets it: OCR with
-    no model chosen needs the downloaded GLM-OCR (and on macOS its Core ML conversion); MTP
-    needs the chat target's paired assistant drafter."""
+    no model chosen needs the downloaded GLM-OCR (and on macOS its Core ML conversion); a chat
+    target chosen by catalog id must be downloaded; MTP needs the target's paired assistant."""
     entries = catalog.load_catalog()
     if engine == "ocr":
         entry = catalog.find(DEFAULT_OCR_MODEL, entries)
@@ -310,9 +310,11 @@ def missing_model(engine: str, model: str, method: str, draft_model: str) -> Off
             return Offer("GLM-OCR is downloaded but not converted for Core ML yet (a few minutes, once).",
                          "Convert GLM-OCR for Core ML", entry.id)
         return None
+    target = (catalog.find(model, entries) or store.entry_at(Path(model), entries)) if model else None
+    if target is not None and target.source == "hub" and not store.status(target, entries).installed:
+        return Offer(f"{target.title} is not downloaded.", f"Download {target.title}", target.id)
     if method != "mtp" or draft_model:
         return None
-    target = (catalog.find(model, entries) or store.entry_at(Path(model), entries)) if model else None
     pair = catalog.pair_of(target, entries) if target is not None else None
     if pair is None or pair.role != "drafter":
         return Offer("Gemma 4 assistant (MTP) needs a Gemma 4 target paired with its assistant drafter: "

@@ -69,6 +69,12 @@ def test_ocr_with_nothing_installed_offers_glm_ocr_then_reads_a_dropped_image(qt
     assert window.session.model["path"] == path  # the downloaded snapshot, found by its catalog id
     assert "PyTorch reference runtime \u00b7 CPU" in window.model_label.text()
 
+    dialog = window.open_models_dialog()  # the model the window has loaded cannot be removed
+    dialog.select("glm-ocr")
+    dialog.remove_selected()
+    assert "glm-ocr is in use by this process" in dialog.message.text()
+    assert Path(path, "config.json").is_file()
+
 
 def test_models_dialog_shows_progress_mid_file_cancels_and_removes(qtbot, hub, ocr_window, tmp_path):
     window = ocr_window
@@ -108,14 +114,22 @@ def test_models_dialog_shows_progress_mid_file_cancels_and_removes(qtbot, hub, o
     assert window.model_offer.isVisible() and window.model_offer.button.text() == "Download GLM-OCR"
 
 
-def test_mtp_without_its_drafter_offers_the_paired_assistant():
+def test_mtp_without_its_drafter_offers_the_paired_assistant(monkeypatch, tmp_path):
     """What the chat pane offers for MTP: the target's paired assistant when it is missing, the
     Models dialog for a target without a pair, nothing once a drafter is given."""
-    from app.models import catalog
+    from app.models import catalog, store
     from app.views.models_dialog import missing_model
+
+    monkeypatch.setenv("SPECSCOPE_MODELS_DIR", str(tmp_path / "models"))  # this test's own install state
 
     target = catalog.find("gemma-4-e2b-it")
     pair = catalog.pair_of(target)
+    offer = missing_model("chat", target.id, "mtp", "")
+    assert offer.model_id == target.id and offer.button == f"Download {target.title}"  # the target first
+    store.write_record(store.InstallRecord(target.repo_id, "a" * 40, {}))  # as if it were downloaded
+    snapshot = store.read_record(target.repo_id).snapshot
+    snapshot.mkdir(parents=True)
+    assert store.status(target).installed
     offer = missing_model("chat", target.id, "mtp", "")
     assert offer.model_id == pair.id and offer.button == f"Download {pair.title}"
     assert pair.title in offer.text and "not downloaded" in offer.text
@@ -123,3 +137,16 @@ def test_mtp_without_its_drafter_offers_the_paired_assistant():
     assert unpaired.model_id is None and unpaired.button == "Open Models\u2026"
     assert missing_model("chat", target.id, "mtp", "/some/assistant") is None
     assert missing_model("chat", target.id, "ngram", "") is None
+
+
+def test_status_bar_names_the_runtime_and_compute_units():
+    import mlx.core as mx
+
+    from app.main_window import runtime_text
+
+    assert runtime_text("ocr", {"runtime": "coreml", "compute_units": "cpu_and_ne"}) == \
+        "Core ML \u00b7 compute units: cpu_and_ne"
+    assert runtime_text("ocr", {"runtime": "torch", "compute_units": "cpu"}) == "PyTorch reference runtime \u00b7 CPU"
+    device = "Metal GPU" if mx.metal.is_available() else "CPU"
+    assert runtime_text("chat", {"weights": "as stored"}) == f"MLX \u00b7 {device}"
+    assert runtime_text("chat", {"weights": "float32 (dequantized for MLX's CPU backend)"}).endswith("float32 (dequantized)")
