@@ -43,7 +43,7 @@ def default_chat_model() -> Path:
         raise EngineError(f"{e} \u2014 {SMOLLM2_HINT}") from e
 
 
-def resolve_model(kind: str, model: str) -> str:
+def resolve_model(kind: str, model: str, runtime: str | None = None) -> str:
     """A path, a catalog id or a downloaded hub repo id -> a path; "" = the mode's default
     (the embedded chat model; the downloaded GLM-OCR)."""
     from app.models import store
@@ -64,7 +64,7 @@ def resolve_model(kind: str, model: str) -> str:
         downloaded = store.resolve(DEFAULT_OCR_MODEL, "ocr")
     except EngineError:
         raise EngineError(OCR_HINT) from None
-    return str(ocr_model_dir(find(DEFAULT_OCR_MODEL), downloaded))
+    return str(ocr_model_dir(find(DEFAULT_OCR_MODEL), downloaded, runtime))
 
 
 class EngineCache:
@@ -83,7 +83,7 @@ class EngineCache:
 
     def get(self, kind: str, model: str, options: dict) -> tuple[Engine, dict]:
         with self.lock:
-            path = resolve_model(kind, model)
+            path = resolve_model(kind, model, options.get("runtime"))
             key = (kind, path, tuple(sorted(options.items())))
             if key != self.key:
                 self.engine, self.key = None, None  # free the old model before loading the next

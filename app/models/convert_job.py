@@ -54,11 +54,15 @@ def is_converted(entry: CatalogEntry) -> bool:
     return (store.coreml_dir(entry) / "manifest.json").is_file()
 
 
-def ocr_model_dir(entry: CatalogEntry, downloaded: Path) -> Path:
-    """What OCR runs: on macOS the Core ML conversion once there is one, else the download
-    (the torch runtime reads it as is)."""
-    if sys.platform == "darwin" and is_converted(entry):
-        return store.coreml_dir(entry)
+def ocr_model_dir(entry: CatalogEntry, downloaded: Path, runtime: str | None = None) -> Path:
+    """What OCR runs: the Core ML conversion for the coreml runtime (and, runtime not given, on
+    macOS once there is one), the download itself for the torch runtime."""
+    if runtime == "coreml" or (runtime is None and sys.platform == "darwin"):
+        if is_converted(entry):
+            return store.coreml_dir(entry)
+        if runtime == "coreml":
+            raise EngineError(f"{entry.id} is not converted for Core ML yet: use Convert GLM-OCR for Core ML "
+                              "above the text pane, or choose the PyTorch runtime")
     return downloaded
 
 

@@ -39,6 +39,13 @@ def test_only_macos_converts_after_download(downloaded):
     assert convert_job.conversion_needed(downloaded) == (sys.platform == "darwin")
 
 
+def test_the_runtime_decides_which_folder_ocr_reads(downloaded):
+    checkpoint = store.resolve("glm-ocr", "ocr")
+    assert convert_job.ocr_model_dir(downloaded, checkpoint, "torch") == checkpoint
+    with pytest.raises(EngineError, match="not converted for Core ML yet"):
+        convert_job.ocr_model_dir(downloaded, checkpoint, "coreml")
+
+
 def test_cancel_leaves_nothing_and_marks_nothing_ready(downloaded):
     events: list[convert_job.ConversionProgress] = []
 
@@ -74,5 +81,6 @@ def test_conversion_reports_each_package_then_is_ready(downloaded):
     assert [e.packages_done for e in events][-1] == 4
     assert [e.fraction for e in events] == sorted(e.fraction for e in events)
     assert folder == store.coreml_dir(downloaded) and convert_job.is_converted(downloaded)
+    assert convert_job.ocr_model_dir(downloaded, store.resolve("glm-ocr", "ocr"), "coreml") == folder
     assert leftovers(downloaded) == [folder]
     assert not any("not converted" in m for m in store.status(downloaded).missing)
