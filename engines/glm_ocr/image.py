@@ -4,17 +4,16 @@
 EngineError with one clear line (never a traceback) for empty, truncated, non-image, too
 large or too elongated inputs.
 
-`preprocess(image, config)` reproduces GLM-OCR's image processor (transformers'
-Glm46VImageProcessor / Glm4vImageProcessor, PIL backend): smart resize to multiples of
-patch * merge = 28 within [min_pixels, max_pixels] counted over the 2 temporal frames,
-bicubic resize, rescale by 1/255, CLIP mean/std normalisation, then patchify into rows of
-3 * temporal_patch * patch * patch values ordered by 2x2 merge windows.
+`preprocess(image, config)` is GLM-OCR's image processor itself: transformers'
+Glm46VImageProcessorPil (PIL backend, no torch) with the checkpoint's preprocessor_config.json:
+smart resize to multiples of patch * merge = 28 within [min_pixels, max_pixels] counted over
+the 2 temporal frames, bicubic resize, rescale, CLIP mean/std, patches ordered by 2x2 merge
+windows.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import warnings
 from dataclasses import dataclass
@@ -191,62 +190,36 @@ def _one_line(exc: BaseException) -> str:
 
 def smart_resize(height: int, width: int, config: ImageProcessorConfig) -> tuple[int, int]:
     """GLM-OCR's target size: multiples of `factor`, the pixel count of the 2 temporal
-    frames within [min_pixels, max_pixels], aspect ratio kept. Same arithmetic as
-    transformers.models.glm46v.image_processing_glm46v.smart_resize."""
-    factor = config.factor
-    frames = config.temporal_patch_size  # one image is repeated over the temporal patch
-    if height < factor or width < factor:
-        scale = max(factor / height, factor / width)
-        height, width = int(height * scale), int(width * scale)
-    if max(height, width) / min(height, width) > MAX_ASPECT_RATIO:
+    frames within [min_pixels, max_pixels], aspect ratio kept -- transformers' own
+    smart_resize of the GLM-4.6V processor; an extreme aspect ratio is one clear line."""
+    from transformers.models.glm46v.image_processing_pil_glm46v import smart_resize as glm46v_smart_resize
+
+    try:
+        return glm46v_smart_resize(config.temporal_patch_size, height, width, config.temporal_patch_size,
+                                   config.factor, config.min_pixels, config.max_pixels)
+    except ValueError:
+        ratio = max(height, width) / max(min(height, width), 1)
         raise EngineError(
-            f"image aspect ratio {max(height, width) / min(height, width):.0f}:1 is too extreme "
-            f"(GLM-OCR accepts at most {MAX_ASPECT_RATIO}:1); crop it into pieces"
-        )
-    h_bar = round(height / factor) * factor
-    w_bar = round(width / factor) * factor
-    t_bar = round(frames / config.temporal_patch_size) * config.temporal_patch_size
-    if t_bar * h_bar * w_bar > config.max_pixels:
-        beta = math.sqrt((frames * height * width) / config.max_pixels)
-        h_bar = max(factor, math.floor(height / beta / factor) * factor)
-        w_bar = max(factor, math.floor(width / beta / factor) * factor)
-    elif t_bar * h_bar * w_bar < config.min_pixels:
-        beta = math.sqrt(config.min_pixels / (frames * height * width))
-        h_bar = math.ceil(height * beta / factor) * factor
-        w_bar = math.ceil(width * beta / factor) * factor
-    return h_bar, w_bar
+            f"image aspect ratio {ratio:.0f}:1 is too extreme (GLM-OCR accepts at most {MAX_ASPECT_RATIO}:1); "
+            "crop it into pieces") from None
 
 
 def preprocess(
     image: Image.Image, config: ImageProcessorConfig | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """RGB image -> (pixel_values float32 [grid_h * grid_w, 3 * T * P * P],
-    image_grid_thw int64 [1, 3] = [[1, grid_h, grid_w]]), equal to GLM-OCR's processor."""
+    image_grid_thw int64 [1, 3] = [[1, grid_h, grid_w]]) from transformers' GLM-4.6V image
+    processor, PIL backend (no torch): GLM-OCR's own preprocessing."""
+    from transformers import Glm46VImageProcessorPil
+
     config = config or ImageProcessorConfig()
-    image = to_rgb(image)
-    height, width = smart_resize(image.height, image.width, config)
-    resized = image.resize((width, height), resample=Image.Resampling.BICUBIC)
-    # Rescale in float64 then cast, normalise in float32: the processor's order of operations.
-    pixels = (np.asarray(resized, dtype=np.uint8).astype(np.float64) * (1 / 255)).astype(np.float32)
-    mean = np.asarray(config.image_mean, dtype=np.float32)
-    std = np.asarray(config.image_std, dtype=np.float32)
-    pixels = ((pixels - mean) / std).astype(np.float32)
-    chw = np.ascontiguousarray(pixels.transpose(2, 0, 1))
-    patches, grid_h, grid_w = patchify(chw, config)
-    return patches, np.array([[1, grid_h, grid_w]], dtype=np.int64)
-
-
-def patchify(chw: np.ndarray, config: ImageProcessorConfig) -> tuple[np.ndarray, int, int]:
-    """[C, H, W] -> [grid_h * grid_w, C * T * P * P]. Rows go merge window by merge window
-    (the vision encoder's patch merger takes 2x2 neighbours as consecutive rows); within a
-    row: channel, temporal copy, patch row, patch column."""
-    p, m, t = config.patch_size, config.merge_size, config.temporal_patch_size
-    channels, height, width = chw.shape
-    grid_h, grid_w = height // p, width // p
-    patches = chw.reshape(channels, grid_h // m, m, p, grid_w // m, m, p)
-    patches = patches.transpose(1, 4, 2, 5, 0, 3, 6)  # (gh, gw, mh, mw, C, ph, pw)
-    patches = np.broadcast_to(patches[:, :, :, :, :, None], (*patches.shape[:5], t, p, p))
-    return np.ascontiguousarray(patches.reshape(grid_h * grid_w, channels * t * p * p)), grid_h, grid_w
+    smart_resize(image.height, image.width, config)  # refuses an extreme aspect ratio in one line
+    processor = Glm46VImageProcessorPil(
+        size={"shortest_edge": config.min_pixels, "longest_edge": config.max_pixels},
+        patch_size=config.patch_size, temporal_patch_size=config.temporal_patch_size, merge_size=config.merge_size,
+        image_mean=list(config.image_mean), image_std=list(config.image_std))
+    out = processor(images=[to_rgb(image)], return_tensors="np")
+    return np.asarray(out["pixel_values"], dtype=np.float32), np.asarray(out["image_grid_thw"], dtype=np.int64)
 
 
 def num_image_tokens(image_grid_thw: np.ndarray, merge_size: int = 2) -> int:
