@@ -2,12 +2,15 @@
 process (a tiny checkpoint built here in the real format: no model download).
 
     python bench/ocr_mtp.py [--hidden 256 --layers 4] [--error-rate 0.2] [--tokens 96]
+    python bench/ocr_mtp.py --only-depth [--chain-from normed] [--model DIR --images PNG...]
 
 1. Tokens per target forward at steps 1..7 with a benchmark-only replay drafter (the target's
    own greedy output, each draft replaced by a wrong token with probability error_rate), the
    ideal tokens per forward for that acceptance, and the realized / ideal speedup (wall time).
-2. The MTP layer trained on the target's own outputs (tests/engines/glm_ocr/checkpoints.py):
-   acceptance and tokens per target forward at steps 1..7.
+2. The tests' MTP layer trained for chains on the target's own outputs (cached per machine,
+   tests/engines/glm_ocr/checkpoints.py), or a real checkpoint given with --model/--images:
+   acceptance and tokens per target forward at steps 1..7; --chain-from normed measures
+   SGLang's way of continuing a chain against the engine's (vLLM's).
 3. The cost of MTP KV prefill per prompt token, batched (torch) and row by row (as the seq_len-1
    Core ML package runs), next to the target's own prefill cost per token.
 """
@@ -28,10 +31,10 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from engines import Request, SpecConfig  # noqa: E402
-from engines.glm_ocr.engine import OcrEngine  # noqa: E402
+from engines.glm_ocr.engine import MtpDrafter, OcrEngine  # noqa: E402
 from engines.glm_ocr.positions import text_rope  # noqa: E402
 from engines.speculative.rounds import session_stats  # noqa: E402
-from tests.engines.glm_ocr.checkpoints import make_tiny_glm_ocr, test_images, train_mtp_on_target  # noqa: E402
+from tests.engines.glm_ocr.checkpoints import make_tiny_glm_ocr, test_images, trained_glm_ocr  # noqa: E402
 
 
 class ReplayDrafter:
@@ -54,6 +57,36 @@ class ReplayDrafter:
         self.cursor += len(tokens) + 1
 
 
+class NormedChainDrafter(MtpDrafter):
+    """Benchmark-only: continues a chain from the MTP output after shared_head.norm, as SGLang
+    does (the engine follows vLLM: before the norm; docs/glm-ocr-mtp-convention.md)."""
+
+    def chain_hidden(self, raw, head):
+        return head
+
+
+def by_depth(chain_from: str, max_tokens: int, model_dir=None, images=None) -> None:
+    """Acceptance and tokens per target forward at steps 1..7 on the tests' MTP layer trained
+    for chains (checkpoints.trained_glm_ocr, cached per machine), or on `model_dir`."""
+    if model_dir is None:
+        model_dir, images = trained_glm_ocr()
+    engine = OcrEngine.load(model_dir, cache_length=512)
+    engine.repetition = None
+    print(f"\n2. MTP layer of {model_dir} ({len(images)} images, {max_tokens} tokens), chain from the "
+          f"{chain_from} MTP output: acceptance and tokens per target forward by depth")
+    print(f"{'steps':>5} {'accepted/proposed':>18} {'rate':>5} {'tok/fwd':>8}")
+    for steps in range(1, 8):
+        rounds_all = []
+        for p in images:
+            drafter = None
+            if chain_from == "normed":
+                prompt = engine._prompt(Request(kind="ocr", image=str(p), max_tokens=max_tokens))
+                drafter = NormedChainDrafter(engine.runtime, prompt.positions, engine.config.eos_token_ids)
+            rounds_all += run(engine, p, steps, max_tokens, drafter)[1]
+        s = session_stats(rounds_all)
+        print(f"{steps:>5} {s.accepted:>8}/{s.proposed:<9} {s.acceptance_rate:>5.2f} {s.tau:>8.2f}")
+
+
 def run(engine, image, steps, max_tokens, drafter=None):
     req = Request(kind="ocr", image=str(image), max_tokens=max_tokens,
                   spec=SpecConfig(method="mtp" if steps else "off", steps=steps))
@@ -72,8 +105,17 @@ def main() -> None:
     ap.add_argument("--error-rate", type=float, default=0.2)
     ap.add_argument("--tokens", type=int, default=96)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--chain-from", choices=("raw", "normed"), default="raw",
+                    help="section 2: continue chains from the MTP output before (raw, vLLM) or after "
+                         "(normed, SGLang) shared_head.norm")
+    ap.add_argument("--only-depth", action="store_true", help="run section 2 only")
+    ap.add_argument("--model", help="section 2 on this GLM-OCR checkpoint directory (with --images)")
+    ap.add_argument("--images", nargs="*", help="section 2's images when --model is given")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    if args.only_depth or args.model:
+        by_depth(args.chain_from, args.tokens, args.model, args.images)
+        return
 
     with tempfile.TemporaryDirectory() as tmp:
         path = make_tiny_glm_ocr(Path(tmp) / "ckpt", hidden_size=args.hidden, num_hidden_layers=args.layers,
@@ -83,12 +125,11 @@ def main() -> None:
         for i, im in enumerate(images):
             image_paths.append(Path(tmp) / f"img{i}.png")
             im.save(image_paths[-1])
-        accuracy = train_mtp_on_target(path, images, steps=150)
         engine = OcrEngine.load(path, cache_length=512)
         engine.repetition = None
         cfg = engine.config.text
         print(f"tiny GLM-OCR: hidden {cfg.hidden_size}, {cfg.num_hidden_layers} layers, vocab {cfg.vocab_size}; "
-              f"seq_len {engine.runtime.seq_len}; torch {torch.__version__} (1 thread); MTP train acc {accuracy:.2f}")
+              f"seq_len {engine.runtime.seq_len}; torch {torch.__version__} (1 thread)")
 
         # 1. replay drafter
         image = image_paths[0]
@@ -118,14 +159,7 @@ def main() -> None:
                   f"{speedup:>7.2f}x {ideal_tau:>5.2f}x {speedup / ideal_tau:>10.2f}")
 
         # 2. the trained MTP layer by depth
-        print("\n2. trained tiny MTP layer (4 images): acceptance and tokens per target forward by depth")
-        print(f"{'steps':>5} {'accepted/proposed':>18} {'rate':>5} {'tok/fwd':>8}")
-        for steps in range(1, 8):
-            rounds_all = []
-            for p in image_paths:
-                rounds_all += run(engine, p, steps, args.tokens)[1]
-            s = session_stats(rounds_all)
-            print(f"{steps:>5} {s.accepted:>8}/{s.proposed:<9} {s.acceptance_rate:>5.2f} {s.tau:>8.2f}")
+        by_depth(args.chain_from, args.tokens)
 
         # 3. MTP KV prefill cost
         req = Request(kind="ocr", image=str(image), max_tokens=1)

@@ -110,14 +110,19 @@ class MtpDrafter:
         self.slot += n
         self.pending_hidden, self.pending_embeds = [], []
         drafts = [self._greedy(head[-1])]
-        # chain: the MTP layer's own output (before shared_head.norm) and its last draft
-        raw_last = raw[-1:]
+        # chain: the MTP layer's own output and its last draft, one position further
         for step in range(1, k):
             if drafts[-1] in self.eos:
                 break
-            raw_last, head = self._run(self.slot + step - 1, raw_last, self._embed([drafts[-1]]))
+            raw, head = self._run(self.slot + step - 1, self.chain_hidden(raw, head)[-1:], self._embed([drafts[-1]]))
             drafts.append(self._greedy(head[-1]))
         return drafts
+
+    def chain_hidden(self, raw: np.ndarray, head: np.ndarray) -> np.ndarray:
+        """What continues a chain: the MTP layer's output before shared_head.norm, as vLLM's
+        GLM-OCR proposer feeds it back (SGLang feeds the normed one; bench/ocr_mtp.py
+        measures both)."""
+        return raw
 
     def accept(self, hiddens: np.ndarray, tokens: list[int]) -> None:
         """The round accepted `tokens` (a prefix of the drafts); hiddens[i] is the verified
@@ -247,12 +252,16 @@ class Output:
         kept, finish = clip_emitted(verdict.tokens, self.eos_ids, self.max_tokens - self.emitted)
         kept, finish, note = self._check_repetition(kept, finish)
         self.emitted += len(kept)
+        from_draft = [i < verdict.accepted for i in range(len(kept))]
+        text, spans = _text_and_draft_spans(self.text.pieces(kept), from_draft)
+        if finish is not None:
+            text += self.text.flush()
         now = time.perf_counter()
         return Round(
-            index=index, proposed=len(drafts), accepted=verdict.accepted, tokens=kept,
-            from_draft=[i < verdict.accepted for i in range(len(kept))], text=self.text.add(kept),
-            accept_flags=accept_flags(len(drafts), verdict.accepted), draft_s=draft_s, verify_s=verify_s,
-            wall_s=now - t0, t_s=now - self.t_start, prefill=prefill, steps=steps, finish=finish, note=note)
+            index=index, proposed=len(drafts), accepted=verdict.accepted, tokens=kept, from_draft=from_draft,
+            text=text, draft_spans=spans, accept_flags=accept_flags(len(drafts), verdict.accepted),
+            draft_s=draft_s, verify_s=verify_s, wall_s=now - t0, t_s=now - self.t_start, prefill=prefill,
+            steps=steps, finish=finish, note=note)
 
     def stopped(self, index: int, finish: str, note: str | None = None) -> Round:
         """A round that ran no forward: the run was cancelled, or the context is full."""
@@ -465,6 +474,21 @@ class OcrEngine:
         """One target forward over `tokens` at cache rows start..: their final-normed hidden states."""
         cos, sin = text_rope(positions.rows(start, len(tokens)), self.config.text)
         return self.runtime.decode(self.runtime.embeddings[np.asarray(tokens)], start, cos, sin)
+
+
+def _text_and_draft_spans(pieces: list[str], from_draft: list[bool]) -> tuple[str, list[tuple[int, int]]]:
+    """A round's text, and the [start, end) character ranges of it that accepted drafts wrote
+    (Round.draft_spans), adjacent ones merged."""
+    spans: list[tuple[int, int]] = []
+    at = 0
+    for piece, drafted in zip(pieces, from_draft):
+        if drafted and piece:
+            if spans and spans[-1][1] == at:
+                spans[-1] = (spans[-1][0], at + len(piece))
+            else:
+                spans.append((at, at + len(piece)))
+        at += len(piece)
+    return "".join(pieces), spans
 
 
 def _join(*notes: str | None) -> str | None:

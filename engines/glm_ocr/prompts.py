@@ -68,6 +68,18 @@ class TextStream:
 
         self.tokenizer = tokenizer
         self.stream = DecodeStream(skip_special_tokens=True)
+        self.ids: list[int] = []
+        self.shown = 0  # characters returned so far
 
-    def add(self, ids: list[int]) -> str:
-        return "".join(self.stream.step(self.tokenizer, int(t)) or "" for t in ids)
+    def pieces(self, ids: list[int]) -> list[str]:
+        """The text each token completes ("" while a character is still incomplete)."""
+        self.ids.extend(int(t) for t in ids)
+        out = [self.stream.step(self.tokenizer, int(t)) or "" for t in ids]
+        self.shown += sum(len(s) for s in out)
+        return out
+
+    def flush(self) -> str:
+        """At the end: what an incomplete last character decodes to (U+FFFD), as a one-shot
+        decode of the whole output would show it."""
+        full = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        return full[self.shown:]

@@ -17,19 +17,12 @@ def tiny_glm_ocr_no_mtp(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def trained_glm_ocr(tmp_path_factory):
-    """A tiny checkpoint whose MTP layer was trained on the target's own greedy outputs for
-    the images `train_images` (saved under the real names): accepted often, not always.
-    Returns (model dir, image paths)."""
-    from tests.engines.glm_ocr.checkpoints import test_images, train_mtp_on_target
+def trained_glm_ocr():
+    """A tiny checkpoint whose MTP layer was trained for chained drafting on the target's own
+    greedy outputs for four test images (saved under the real names): accepted often, not
+    always. Returns (model dir, image paths). Built once per machine and cached outside the
+    repository (checkpoints.trained_glm_ocr): the first run on a machine pays about 15 s of
+    CPU for the training; treat the files as read-only."""
+    from tests.engines.glm_ocr.checkpoints import trained_glm_ocr as build
 
-    root = tmp_path_factory.mktemp("glm_ocr_trained")
-    path = make_tiny_glm_ocr(root / "tiny")
-    images = test_images(4)
-    accuracy = train_mtp_on_target(path, images, steps=150)
-    assert accuracy > 0.8, accuracy
-    paths = []
-    for i, image in enumerate(images):
-        paths.append(root / f"image{i}.png")
-        image.save(paths[-1])
-    return path, paths
+    return build()

@@ -173,3 +173,38 @@ def test_repetition_guard_stops_at_the_same_token_with_and_without_mtp(trained_g
         tokens, rounds = run(e, trained_glm_ocr[1][0], steps, max_tokens=120)
         results.append((tokens, rounds[-1].finish))
     assert results[0] == results[1]
+
+
+def test_round_accepted_is_the_verdict_before_clipping(engine, trained_glm_ocr, plain, monkeypatch):
+    """A run that ends inside an accepted burst (the output's stop token is a draft the target
+    accepted): Round.accepted counts every accepted draft, as engines/speculative/rounds.py
+    defines it, while the emitted tokens stop at the stop token."""
+    image = trained_glm_ocr[1][0]
+    reference = plain[str(image)]
+    # a stop token that first occurs at a draft's place (7 drafts per round: the target's own
+    # token of round r is token 8r)
+    stop_at = next(j for j in range(1, len(reference)) if j % 8 not in (0, 7) and reference[j] not in reference[:j])
+    monkeypatch.setattr(engine.config, "eos_token_ids", [*engine.config.eos_token_ids, reference[stop_at]])
+    drafter = ReplayDrafter(reference, 0.0, engine.config.text.vocab_size)
+    tokens, rounds = run(engine, image, 7, drafter=drafter)
+    assert tokens == reference[: stop_at + 1] and rounds[-1].finish == "stop"
+    last = rounds[-1]
+    assert last.accepted == last.proposed == 7 and sum(last.accept_flags) == 7
+    assert sum(last.from_draft) == len(last.tokens) < last.accepted
+    assert session_stats(rounds).acceptance_rate == 1.0
+
+
+def test_streamed_text_and_draft_spans(engine, trained_glm_ocr):
+    """The rounds' texts, streamed token by token, add up to the one-shot decode of the output;
+    draft_spans lie in their round's text and, where every token is one ASCII character, cover
+    exactly the text of the accepted drafts."""
+    tokens, rounds = run(engine, trained_glm_ocr[1][1], 4)
+    assert "".join(r.text for r in rounds) == engine.decode(tokens)
+    checked = 0
+    for r in rounds:
+        assert all(0 <= a < b <= len(r.text) for a, b in r.draft_spans)
+        if r.draft_spans and all(t < 128 for t in r.tokens):
+            drafted = [t for t, d in zip(r.tokens, r.from_draft) if d]
+            assert "".join(r.text[a:b] for a, b in r.draft_spans) == engine.decode(drafted)
+            checked += 1
+    assert checked > 0

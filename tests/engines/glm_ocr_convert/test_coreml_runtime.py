@@ -165,20 +165,14 @@ def test_the_default_runtime_follows_the_directory(converted, tiny_checkpoint):
 
 @pytest.fixture(scope="module")
 def trained_conversion(tmp_path_factory):
-    """A tiny checkpoint whose MTP layer is trained on the target's outputs (accepted often),
-    converted; plus test images. Only built on macOS (the tests using it skip elsewhere)."""
+    """The tests' tiny checkpoint whose MTP layer is trained for chains (cached per machine),
+    converted; plus two of its images. Only built on macOS (the tests using it skip elsewhere)."""
     from engines.glm_ocr.convert import convert_glm_ocr
-    from tests.engines.glm_ocr.checkpoints import make_tiny_glm_ocr, test_images, train_mtp_on_target
+    from tests.engines.glm_ocr.checkpoints import trained_glm_ocr
 
-    root = tmp_path_factory.mktemp("glm_ocr_trained_coreml")
-    checkpoint = make_tiny_glm_ocr(root / "tiny")
-    images = test_images(2)
-    train_mtp_on_target(checkpoint, images, steps=150)
-    paths = []
-    for i, image in enumerate(images):
-        paths.append(root / f"image{i}.png")
-        image.save(paths[-1])
-    out = root / "converted"
+    checkpoint, paths = trained_glm_ocr()
+    paths = paths[:2]
+    out = tmp_path_factory.mktemp("glm_ocr_trained_coreml") / "converted"
     convert_glm_ocr(checkpoint, out, seq_len=SEQ_LEN, cache_length=CACHE_LENGTH)
     return checkpoint, out, paths
 
