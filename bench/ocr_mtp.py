@@ -65,11 +65,14 @@ class NormedChainDrafter(MtpDrafter):
         return head
 
 
-def by_depth(chain_from: str, max_tokens: int, model_dir=None, images=None) -> None:
-    """Acceptance and tokens per target forward at steps 1..7 on the tests' MTP layer trained
-    for chains (checkpoints.trained_glm_ocr, cached per machine), or on `model_dir`."""
+def by_depth(chain_from: str, max_tokens: int, model_dir=None, images=None, train_steps: int = 150,
+             train_tokens: int = 96) -> None:
+    """Acceptance and tokens per target forward at steps 1..7 on the tests' tiny checkpoint
+    with its MTP layer trained for chains on its own greedy outputs (`train_steps` Adam steps on
+    `train_tokens`-token continuations of 4 images, cached per machine by
+    checkpoints.trained_glm_ocr; 30 and 64 give the test suite's layer), or on `model_dir`."""
     if model_dir is None:
-        model_dir, images = trained_glm_ocr()
+        model_dir, images = trained_glm_ocr(steps=train_steps, max_new_tokens=train_tokens)
     engine = OcrEngine.load(model_dir, cache_length=512)
     engine.repetition = None
     print(f"\n2. MTP layer of {model_dir} ({len(images)} images, {max_tokens} tokens), chain from the "
@@ -111,10 +114,12 @@ def main() -> None:
     ap.add_argument("--only-depth", action="store_true", help="run section 2 only")
     ap.add_argument("--model", help="section 2 on this GLM-OCR checkpoint directory (with --images)")
     ap.add_argument("--images", nargs="*", help="section 2's images when --model is given")
+    ap.add_argument("--train-steps", type=int, default=150, help="section 2: training steps of the tiny MTP layer")
+    ap.add_argument("--train-tokens", type=int, default=96, help="section 2: length of the continuations it trains on")
     args = ap.parse_args()
     torch.set_num_threads(1)
     if args.only_depth or args.model:
-        by_depth(args.chain_from, args.tokens, args.model, args.images)
+        by_depth(args.chain_from, args.tokens, args.model, args.images, args.train_steps, args.train_tokens)
         return
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -159,7 +164,7 @@ def main() -> None:
                   f"{speedup:>7.2f}x {ideal_tau:>5.2f}x {speedup / ideal_tau:>10.2f}")
 
         # 2. the trained MTP layer by depth
-        by_depth(args.chain_from, args.tokens)
+        by_depth(args.chain_from, args.tokens, train_steps=args.train_steps, train_tokens=args.train_tokens)
 
         # 3. MTP KV prefill cost
         req = Request(kind="ocr", image=str(image), max_tokens=1)

@@ -227,7 +227,8 @@ class Sampler:
         s = self.sampling
         if s.greedy:
             return verify_greedy(drafts, [int(t) for t in np.argmax(logits, axis=-1)])
-        return rejection_verify(target_probs(logits, s.temperature, s.top_p, s.top_k), None, drafts, self.rng)
+        p = target_probs(logits, s.temperature, s.top_p, s.top_k, s.min_p)
+        return rejection_verify(p, None, drafts, self.rng)
 
 
 class Output:
