@@ -127,7 +127,7 @@ def test_chat_keeps_a_conversation_with_history_and_system_prompt(qtbot, make_wi
 
 
 def test_stop_cancels_within_one_round_and_the_window_stays_usable(qtbot, make_window):
-    window = make_window(max_tokens=5000, steps=0)
+    window = make_window(max_tokens=4000, steps=0)
     rec = Recorder(window)
     window.prompt.setPlainText("the cat")
     stop_at = []
