@@ -73,14 +73,41 @@ class Request:
 ShouldStop = Callable[[], bool]
 
 
+@dataclass(frozen=True)
+class PrefillProgress:
+    """How far the prompt has been read (prefill), reported after each chunk of a long prompt."""
+
+    done: int  # prompt tokens read so far
+    total: int
+    elapsed_s: float
+
+    @property
+    def tok_s(self) -> float:
+        return self.done / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def eta_s(self) -> float | None:
+        """Seconds left at the rate so far (an underestimate: later chunks attend to more)."""
+        return (self.total - self.done) / self.tok_s if self.tok_s > 0 else None
+
+    def describe(self) -> str:
+        eta = f", about {self.eta_s:.0f} s left" if self.eta_s is not None else ""
+        return f"reading the prompt: {self.done}/{self.total} tokens, {self.tok_s:.0f} tok/s{eta}"
+
+
+OnPrefill = Callable[[PrefillProgress], None]
+
+
 class Engine(Protocol):
     """What the worker thread and the CLI drive. `generate` is a generator of Rounds; the
     caller may stop iterating between rounds (cancel), and `should_stop` is polled between
-    rounds so the last Round says finish="cancelled"."""
+    rounds (and between prefill chunks) so the last Round says finish="cancelled".
+    `on_prefill` hears how a long prompt's prefill is going (engines may never call it)."""
 
     model_path: str
 
-    def generate(self, request: Request, should_stop: ShouldStop | None = None) -> Iterator[Round]: ...
+    def generate(self, request: Request, should_stop: ShouldStop | None = None, *,
+                 on_prefill: OnPrefill | None = None) -> Iterator[Round]: ...
 
     def decode(self, token_ids: list[int]) -> str: ...
 

@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import copy
 import csv
+import io
 import json
 import statistics
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from engines import Engine, Request, ShouldStop
+from engines import Engine, OnPrefill, Request, ShouldStop
+from engines.files import atomic_write_text
 from engines.speculative.rounds import Round
 from engines.speculative.session import Session, machine_info
 from engines.speculative.trace import TraceWriter
@@ -27,9 +30,10 @@ def run_session(
     on_round: Callable[[Round], None] | None = None,
     trace: TraceWriter | None = None,
     should_stop: ShouldStop | None = None,
+    on_prefill: OnPrefill | None = None,
 ) -> Session:
     session = Session(request=request.to_dict(), model=engine.model_info())
-    for rnd in engine.generate(request, should_stop):
+    for rnd in engine.generate(request, should_stop, on_prefill=on_prefill):
         session.add(rnd)
         if trace is not None:
             trace.write(rnd)
@@ -100,9 +104,12 @@ def bench_pair(name: str, plain: tuple[Engine, Request], spec: tuple[Engine, Req
     )
 
 
-def write_bench(cases: list[BenchCase], settings: dict, model: dict, out_dir: Path) -> tuple[Path, Path, dict]:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
+BENCH_COLUMNS = ["name", "plain_tok_s", "spec_tok_s", "speedup", "tau", "acceptance", "identical", "tokens",
+                 "host_overhead"]
+
+
+def bench_document(cases: list[BenchCase], settings: dict, model: dict) -> dict:
+    """The JSON report: settings, model, machine, summary and every case."""
     # A case whose output ended at once (EOS as the first token) has no decode rounds to time.
     timed = [c for c in cases if c.plain_tok_s > 0 and c.spec_tok_s > 0]
     summary = {
@@ -112,15 +119,28 @@ def write_bench(cases: list[BenchCase], settings: dict, model: dict, out_dir: Pa
         "untimed_cases": [c.name for c in cases if c not in timed],
         "all_identical": all(c.identical for c in cases),
     }
-    doc = {"settings": settings, "model": model, "machine": machine_info(), "summary": summary,
-           "cases": [asdict(c) for c in cases]}
+    return {"settings": settings, "model": model, "machine": machine_info(), "summary": summary,
+            "cases": [asdict(c) for c in cases]}
+
+
+def write_bench(doc: dict, out_dir: Path) -> tuple[Path, Path]:
+    """bench-<time>.json and .csv in `out_dir`, each written whole or not at all. OSError if
+    the folder cannot be made or written."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
     json_path = out_dir / f"bench-{stamp}.json"
-    json_path.write_text(json.dumps(doc, indent=1))
+    atomic_write_text(json_path, json.dumps(doc, indent=1))
+    table = io.StringIO()
+    w = csv.DictWriter(table, fieldnames=BENCH_COLUMNS, extrasaction="ignore")
+    w.writeheader()
+    w.writerows(doc["cases"])
     csv_path = out_dir / f"bench-{stamp}.csv"
-    with open(csv_path, "w", newline="") as f:
-        cols = ["name", "plain_tok_s", "spec_tok_s", "speedup", "tau", "acceptance", "identical", "tokens", "host_overhead"]
-        w = csv.DictWriter(f, fieldnames=cols)
-        w.writeheader()
-        for c in cases:
-            w.writerow({k: getattr(c, k) for k in cols})
-    return json_path, csv_path, summary
+    atomic_write_text(csv_path, table.getvalue())
+    return json_path, csv_path
+
+
+def check_writable(folder: Path) -> None:
+    """The up-front check of an output folder: make it and write a file there. OSError if not."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=folder, prefix=".specscope-probe-"):
+        pass

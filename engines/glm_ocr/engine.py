@@ -331,8 +331,10 @@ class OcrEngine:
     # -- the round loop -------------------------------------------------------------------
 
     def generate(self, request: Request, should_stop: ShouldStop | None = None, *,
-                 drafter: Drafter | None = None) -> Iterator[Round]:
-        """One Round per target forward. `drafter` replaces the MTP drafter (tests, benchmarks)."""
+                 drafter: Drafter | None = None, on_prefill=None) -> Iterator[Round]:
+        """One Round per target forward. `drafter` replaces the MTP drafter (tests, benchmarks).
+        `on_prefill` is accepted for the Engine protocol; the image prompt's prefill, bounded
+        by the converted cache length, reports no progress yet."""
         prompt = self._prompt(request)
         schedule, drafter, note = self._drafting(request, prompt.positions, drafter)
         sampler = Sampler(request.sampling)

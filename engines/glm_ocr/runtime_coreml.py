@@ -55,10 +55,24 @@ def read_manifest(model_dir: str | os.PathLike) -> dict:
         raise EngineError(f"cannot read {path}: {exc}") from None
     if manifest.get("format") != MANIFEST_FORMAT:
         raise EngineError(f"{path} is not a Specscope GLM-OCR manifest (format {manifest.get('format')!r})")
+    entries = list(manifest.get("packages", {}).values()) + [manifest.get("embeddings", {})]
+    for entry in entries:
+        if "path" in entry:
+            inside(model_dir, entry["path"])
     for name, entry in manifest.get("packages", {}).items():
         if not (model_dir / entry["path"]).exists():
             raise EngineError(f"{model_dir} is incomplete: {entry['path']} is missing; convert again")
     return manifest
+
+
+def inside(model_dir: Path, relative: str) -> Path:
+    """A path the manifest names, confined to the model folder: an absolute path or `..` would
+    make loading the model read (np.load) a file it does not own. Checked on the path's text,
+    not its resolved target: a hub cache's snapshot folder is symlinks into its blob store."""
+    if (not isinstance(relative, str) or not relative or Path(relative).is_absolute()
+            or Path(os.path.normpath(relative)).parts[0] == ".."):
+        raise EngineError(f"{model_dir}/manifest.json names a file outside the model folder: {relative!r}")
+    return model_dir / relative
 
 
 def default_runtime(model_dir: str | os.PathLike) -> str:
@@ -141,7 +155,7 @@ class CoreMLRuntime:
         self.config = GlmOcrConfig.load(model_dir)
         self.seq_len = int(manifest["seq_len"])
         self.cache_length = int(manifest["cache_length"])
-        self.embeddings = np.load(model_dir / manifest["embeddings"]["path"]).astype(np.float32)
+        self.embeddings = np.load(model_dir / manifest["embeddings"]["path"], allow_pickle=False).astype(np.float32)
         self.models = models
         self.mtp_unavailable = None if "mtp" in models else (
             manifest.get("mtp", {}).get("reason") or f"MTP unavailable: {model_dir} has no mtp.mlpackage")

@@ -30,11 +30,12 @@ from typing import Any, Iterator
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
-from engines import EngineError, Request, ShouldStop
+from engines import EngineError, OnPrefill, Request, ShouldStop
 from engines.mlx_chat import sampling as mxs
-from engines.mlx_chat.cache import cache_arrays, make_rollback_cache, rollback
-from engines.mlx_chat.context import check_fits, context_length
+from engines.mlx_chat.cache import make_rollback_cache, rollback
 from engines.mlx_chat.loading import LoadedModel, TokenizerMismatch, check_same_tokenizer, load_model
+from engines.mlx_chat.prefill import feed_prompt
+from engines.mlx_chat.context import check_fits, context_length
 from engines.mlx_chat.proposers import (
     EMPTY,
     Draft,
@@ -49,8 +50,6 @@ from engines.speculative.schedule import DraftSchedule
 from engines.speculative.stops import TextStream
 from engines.speculative.verify import Verdict, accept_flags, clip_emitted, verify_greedy, verify_sampled
 from engines.validation import validate
-
-PREFILL_CHUNK = 2048
 
 
 @dataclass
@@ -172,10 +171,11 @@ class ChatEngine:
         }
 
     # -- THE round loop ------------------------------------------------------------------------
-    def generate(self, request: Request, should_stop: ShouldStop | None = None) -> Iterator[Round]:
+    def generate(self, request: Request, should_stop: ShouldStop | None = None, *,
+                 on_prefill: OnPrefill | None = None) -> Iterator[Round]:
         should_stop = should_stop or (lambda: False)
         run = self._start(request)
-        first = self._prefill(run)
+        first = self._prefill(run, should_stop, on_prefill)
         if not first.finish and should_stop():
             first.finish = "cancelled"
         yield first
@@ -271,18 +271,17 @@ class ChatEngine:
             return logits[0], hidden[0]
         return self.model(inputs[None], cache=run.cache)[0], None
 
-    def _prefill(self, run: Run) -> Round:
+    def _prefill(self, run: Run, should_stop: ShouldStop, on_prefill: OnPrefill | None) -> Round:
         """The prompt through the target; the first token (a Round with no drafts)."""
         t0 = time.perf_counter()
         prompt = mx.array(run.ctx.tokens, dtype=mx.uint32)
         if prompt.size == 0:
             raise EngineError("empty prompt")
-        while prompt.size > 1:  # all but the last prompt token, in chunks
-            n = min(PREFILL_CHUNK, prompt.size - 1)
-            self.model(prompt[:n][None], cache=run.cache)
-            mx.eval(cache_arrays(run.cache))
-            prompt = prompt[n:]
-        logits, hidden = self._forward(run, prompt)
+        # all but the last prompt token, in chunks (progress, cancel); the last gives the logits
+        if not feed_prompt(self.model, run.cache, prompt[:-1], should_stop, on_prefill):
+            stopped = Step(0, EMPTY, 0.0, verify_s=time.perf_counter() - t0, wall_s=time.perf_counter() - t0)
+            return self._round(run, stopped, Verdict(0, []), [], "cancelled", prefill=True)
+        logits, hidden = self._forward(run, prompt[-1:])
         step = Step(0, EMPTY, 0.0, token=mxs.pick(logits[-1:], run.ctx.sampling), hidden=hidden)
         verdict = self._settle(run, step)
         tokens, finish = clip_emitted(verdict.tokens, run.eos, run.remaining)

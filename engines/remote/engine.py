@@ -104,7 +104,8 @@ class RemoteEngine:
             raise EngineError(f"{self.server} does not report token ids") from None
 
     # -- one request -------------------------------------------------------------------------
-    def generate(self, request: Request, should_stop: ShouldStop | None = None) -> Iterator[Round]:
+    def generate(self, request: Request, should_stop: ShouldStop | None = None, *,
+                 on_prefill=None) -> Iterator[Round]:  # on_prefill: the server reports no prefill progress
         should_stop = should_stop or (lambda: False)
         before = self._scrape_counters() if self.server in ("vllm", "sglang", "openai-compatible") else None
         assembler = self._assembler()

@@ -62,6 +62,16 @@ class Round:
         return cls(**{k: v for k, v in d.items() if k in names})
 
 
+# How the engines' Round.note says the drafter failed and decoding went on plainly (graceful
+# degradation): "speculation stopped: ..." mid-run, "speculation unavailable: ..." at the start.
+FALLBACK_NOTES = ("speculation stopped", "speculation unavailable")
+
+
+def fallback_note(rnd: Round) -> str | None:
+    """The round's note if it reports a drafter fallback."""
+    return rnd.note if rnd.note and any(n in rnd.note for n in FALLBACK_NOTES) else None
+
+
 @dataclass
 class SessionStats:
     rounds: int
@@ -79,6 +89,8 @@ class SessionStats:
     draft_s: float = 0.0
     verify_s: float = 0.0
     wall_s: float = 0.0
+    fallbacks: int = 0  # rounds reporting that the drafter failed and decoding went on plainly
+    fallback: str | None = None  # the first such report
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -100,6 +112,7 @@ def session_stats(rounds: list[Round]) -> SessionStats:
         offered = [r.accept_flags[j] for r in rounds if len(r.accept_flags) > j]
         per_position.append(sum(offered) / len(offered))
 
+    fallbacks = [note for note in map(fallback_note, rounds) if note]
     return SessionStats(
         rounds=len(rounds),
         decode_rounds=len(decode),
@@ -116,4 +129,6 @@ def session_stats(rounds: list[Round]) -> SessionStats:
         draft_s=sum(r.draft_s for r in rounds),
         verify_s=sum(r.verify_s for r in rounds),
         wall_s=sum(r.wall_s for r in rounds),
+        fallbacks=len(fallbacks),
+        fallback=fallbacks[0] if fallbacks else None,
     )

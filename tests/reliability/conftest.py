@@ -24,3 +24,19 @@ def short_engine(short_context_llama):
     from engines import load_engine
 
     return load_engine("chat", str(short_context_llama))
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory):
+    """The tiny Llama with its 4096-token context: long runs to interrupt."""
+    pytest.importorskip("mlx.core")
+    from tests.engines.mlx_chat.checkpoints import make_tiny_llama
+
+    return make_tiny_llama(tmp_path_factory.mktemp("tiny-llama") / "llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_engine(tiny_llama):
+    from engines import load_engine
+
+    return load_engine("chat", str(tiny_llama))

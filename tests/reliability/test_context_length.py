@@ -45,3 +45,26 @@ def test_negative_seed_is_one_line_not_a_type_error(short_engine):
     # before: mx.random.seed(-1) raised TypeError (a traceback in the CLI)
     with pytest.raises(InvalidParameter, match="seed"):
         first_round(short_engine, Request(prompt="the cat", max_tokens=4, sampling=Sampling(temperature=1.0, seed=-1)))
+
+
+LONG_PROMPT = WORDS * 90  # ~900 tokens: several prefill chunks on the CPU backend (256 tokens each)
+
+
+def test_prefill_reports_progress_and_stops_between_chunks(tiny_llama_engine):
+    from engines.mlx_chat.prefill import PREFILL_CHUNK
+
+    seen = []
+    request = Request(prompt=LONG_PROMPT, max_tokens=8, ignore_chat_template=True)
+    rounds = list(tiny_llama_engine.generate(request, on_prefill=seen.append))
+    total = len(tiny_llama_engine.tokenizer.encode(LONG_PROMPT)) - 1  # the last token gives the logits
+    assert [p.done for p in seen] == [min(total, PREFILL_CHUNK * (i + 1)) for i in range(len(seen))]
+    assert seen[-1].done == seen[-1].total == total and len(seen) >= 2
+    assert all(p.tok_s > 0 for p in seen) and seen[0].eta_s > 0 and seen[-1].eta_s == 0
+    assert "tok/s" in seen[0].describe() and "left" in seen[0].describe()
+    assert sum(len(r.tokens) for r in rounds) == 8
+
+    # cancel during prefill: asked after the first chunk, the run ends before the second
+    seen.clear()
+    rounds = list(tiny_llama_engine.generate(request, should_stop=lambda: bool(seen), on_prefill=seen.append))
+    assert len(seen) == 1 and len(rounds) == 1
+    assert rounds[0].prefill and rounds[0].finish == "cancelled" and rounds[0].tokens == []
