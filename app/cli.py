@@ -13,6 +13,7 @@ import os
 import sys
 from pathlib import Path
 
+from app.cli_io import EXIT_INTERRUPTED, Interrupt, PrefillMeter, PromptError, read_prompt, stdout_failed
 from engines import EngineError, Request, Sampling, SpecConfig
 from engines.speculative.schedule import MAX_STEPS, PRESETS
 from engines.speculative.trace import TraceError, TraceWriter
@@ -64,7 +65,9 @@ def add_spec_arguments(p: argparse.ArgumentParser, methods: list[str], default_m
 def chat_parser() -> Parser:
     p = Parser(prog="specscope chat", description="Chat with an mlx-lm model (HF directory or GGUF file).")
     p.add_argument("--model", default=None, help="catalog id, hub repo id (after `models get`), directory or .gguf (default: the embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--prompt", "-p", required=True)
+    prompt = p.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("--prompt", "-p", help="the prompt; - reads it from stdin")
+    prompt.add_argument("--prompt-file", "-f", metavar="PATH", help="read the prompt from PATH (- for stdin)")
     p.add_argument("--system", default=None, help="system prompt")
     p.add_argument("--draft-model", default=None, help="draft model (--spec draft) or Gemma 4 assistant (--spec mtp; default: the target's paired assistant)")
     p.add_argument("--ignore-chat-template", action="store_true", help="tokenize the raw prompt, no chat template")
@@ -127,35 +130,58 @@ def open_trace(args: argparse.Namespace) -> TraceWriter | None:
 
 
 def run_and_report(engine, request: Request, args: argparse.Namespace, trace: TraceWriter | None) -> int:
+    """Run to the end (or to the round after Ctrl-C), then print the text's stats or the JSON.
+    A trace that stops being writable is said once and the run goes on without it."""
     from engines.runs import run_session
 
     if trace is not None:
+        trace.on_error = lambda message: print(f"specscope: warning: {message}; the run goes on without the trace",
+                                               file=sys.stderr, flush=True)
         trace.write_header({"request": request.to_dict(), "model": engine.model_info()})
     def on_round(rnd) -> None:
         if rnd.note:  # e.g. why this run decodes plainly: said on stderr, --json or not
             print(f"specscope: {rnd.note}", file=sys.stderr)
         if not args.json:
-            sys.stdout.write(rnd.text)
-            sys.stdout.flush()
+            write_stdout(rnd.text)
 
+    interrupt = Interrupt()
     try:
-        session = run_session(engine, request, on_round=on_round, trace=trace)
+        with interrupt.installed():
+            session = run_session(engine, request, on_round=on_round, trace=trace, should_stop=interrupt,
+                                  on_prefill=PrefillMeter())
     finally:
         if trace is not None:
             trace.close()
     if args.json:
-        json.dump(session.to_dict(), sys.stdout, ensure_ascii=False)
-        sys.stdout.write("\n")
+        write_stdout(json.dumps(session.to_dict(), ensure_ascii=False) + "\n")
     else:
-        s = session.stats()
-        sys.stdout.write("\n")
-        print(
-            f"[{s.decode_rounds} rounds, {s.tokens} tokens, {s.decode_tok_s:.1f} tok/s decode, "
+        write_stdout("\n")
+        print(stats_line(session), file=sys.stderr)
+    return EXIT_INTERRUPTED if session.finish == "cancelled" else 0
+
+
+def stats_line(session) -> str:
+    s = session.stats()
+    fallback = f"; {s.fallback}" if s.fallback else ""  # the drafter failed; decoding went on plainly
+    return (f"[{s.decode_rounds} rounds, {s.tokens} tokens, {s.decode_tok_s:.1f} tok/s decode, "
             f"tau {s.tau:.2f}, acceptance {100 * s.acceptance_rate:.0f}%, ttft {1000 * s.ttft_s:.0f} ms, "
-            f"finish {session.finish}]",
-            file=sys.stderr,
-        )
-    return 0
+            f"finish {session.finish}{fallback}]")
+
+
+class StdoutFailed(Exception):
+    """Writing to stdout failed (a closed pipe, a full disk); `error` is the OSError."""
+
+    def __init__(self, error: OSError):
+        super().__init__(str(error))
+        self.error = error
+
+
+def write_stdout(text: str) -> None:
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except OSError as e:
+        raise StdoutFailed(e) from e
 
 
 def load_chat_engine(model: str | None, draft_model: str | None):
@@ -186,6 +212,7 @@ def resolve_models(args: argparse.Namespace, spec: SpecConfig, role: str) -> Non
 
 def cmd_chat(argv: list[str]) -> int:
     args = chat_parser().parse_args(argv)
+    args.prompt = read_prompt(args.prompt, args.prompt_file)
     if not args.prompt.strip():
         raise UsageError("the prompt is empty")
     if not args.server:
@@ -210,6 +237,7 @@ def cmd_ocr(argv: list[str]) -> int:
     args = ocr_parser().parse_args(argv)
     if not Path(args.image).exists():
         raise UsageError(f"no such image: {args.image}")
+    check_images([args.image])
     request = checked(Request(
         kind="ocr", image=args.image, task=args.task, max_tokens=args.max_tokens,
         spec=spec_config(args, builtin_drafter=True), sampling=sampling(args),
@@ -225,6 +253,14 @@ def cmd_ocr(argv: list[str]) -> int:
     with leases(args.model):
         engine = load_engine("ocr", args.model, runtime=args.runtime)
         return run_and_report(engine, request, args, trace)
+
+
+def check_images(paths: list[str]) -> None:
+    """Decode each input before the model loads (seconds), so a bad file is said at once."""
+    from engines.glm_ocr.image import load_image
+
+    for path in paths:
+        load_image(path).close()  # EngineError: one line naming the file and what is wrong
 
 
 def cmd_convert(argv: list[str]) -> int:
@@ -291,11 +327,15 @@ def load_prompts(path: str | None) -> list[tuple[str, str]]:
 
 def cmd_bench(argv: list[str]) -> int:
     from engines import load_engine
-    from engines.runs import bench_case, write_bench
+    from engines.runs import bench_case, bench_document, check_writable
 
     args = bench_parser().parse_args(argv)
     if args.runs < 1 or args.warmup < 0:
         raise UsageError("--runs must be >= 1 and --warmup >= 0")
+    try:  # before the benchmark runs, not after
+        check_writable(Path(args.out))
+    except OSError as e:
+        raise UsageError(f"cannot write to --out {args.out}: {e.strerror or e}")
     if args.engine == "chat" and args.server:
         from app.connect import bench_servers
 
@@ -309,6 +349,7 @@ def cmd_bench(argv: list[str]) -> int:
         engine = load_chat_engine(args.model, spec.draft_model)
     else:
         spec = spec_config(args, builtin_drafter=True)
+        check_images(args.images)
         cases = [(Path(img).name, checked(Request(kind="ocr", image=img, task=args.task, max_tokens=args.max_tokens,
                                                   spec=spec, sampling=sampling(args)))) for img in args.images]
         resolve_models(args, spec, "ocr")
@@ -323,12 +364,32 @@ def cmd_bench(argv: list[str]) -> int:
         print(f"{name:<22} {c.plain_tok_s:>11.1f} {c.spec_tok_s:>10.1f} {speedup} {c.tau:>5.2f} "
               f"{100 * c.acceptance:>6.0f}% {'yes' if c.identical else 'NO':>5}", file=sys.stderr, flush=True)
     settings = vars(args) | {"spec": cases[0][1].spec.__dict__ if cases else None}
-    json_path, csv_path, summary = write_bench(results, settings, engine.model_info(), Path(args.out))
+    doc = bench_document(results, settings, engine.model_info())
+    summary = doc["summary"]
     if summary["median_speedup"] is not None:
         print(f"speedup: median {summary['median_speedup']:.2f}x, geometric mean {summary['geomean_speedup']:.2f}x, "
               f"median tau {summary['median_tau']:.2f}; outputs identical: {summary['all_identical']}", file=sys.stderr)
-    print(f"wrote {json_path} and {csv_path}", file=sys.stderr)
-    return 0
+    return save_bench(doc, Path(args.out))
+
+
+def save_bench(doc: dict, out: Path) -> int:
+    """The results are never lost: --out, else a temporary folder, else the JSON on stdout;
+    each fallback says where the results went (exit 1 when --out was not written)."""
+    import tempfile
+
+    from engines.runs import write_bench
+
+    for folder in (out, Path(tempfile.gettempdir()) / "specscope-bench"):
+        try:
+            json_path, csv_path = write_bench(doc, folder)
+        except OSError as e:
+            print(f"specscope: cannot write the results to {folder}: {e.strerror or e}", file=sys.stderr)
+            continue
+        print(f"wrote {json_path} and {csv_path}", file=sys.stderr)
+        return 0 if folder == out else 1
+    print("specscope: the results follow on stdout", file=sys.stderr)
+    write_stdout(json.dumps(doc, indent=1) + "\n")
+    return 1
 
 
 def cmd_models(argv: list[str]) -> int:
@@ -384,7 +445,11 @@ def main(argv: list[str] | None = None) -> int:
     except InvalidParameter as e:
         print(f"specscope: error: {FLAGS.get(e.name, e.name)} {e.problem}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except (UsageError, EngineError, TraceError) as e:
+    except StdoutFailed as e:
+        return stdout_failed(e.error)
+    except BrokenPipeError as e:  # a listing piped into `head`
+        return stdout_failed(e)
+    except (UsageError, EngineError, TraceError, PromptError) as e:
         print(f"specscope: error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
