@@ -216,6 +216,8 @@ def run_gui(args: argparse.Namespace) -> int:
     settings = load_settings()
     apply_arguments(settings, args)
     window = MainWindow(settings, persist=not screenshot)
+    if window.autosave_message:  # e.g. a read-only data folder: the run goes on unsaved
+        print(f"specscope: {window.autosave_message}", file=sys.stderr)
     if _arg(args, "ocr"):
         if not window.document.add_images([_arg(args, "ocr")]):
             print(f"specscope: cannot read image {_arg(args, 'ocr')}", file=sys.stderr)

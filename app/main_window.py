@@ -25,18 +25,23 @@ from PySide6.QtWidgets import (
 from app import APP_NAME
 from app.bursts import Burst
 from app.compare import CompareResult, compare_sessions
-from app.sessions import SavedSession, export_csv, export_json, export_png, load_session, new_autosave_path
+from app.sessions import (
+    SavedSession, autosave_problem, crashed_sessions, export_csv, export_json, export_png, load_session,
+    mark_interrupted, new_autosave_path, sessions_dir,
+)
 from app.settings import AppSettings, data_dir, save_settings
 from app.model_jobs import ModelJobs
 from app.views.controls import ControlsPanel
 from app.views.document import DocumentView
 from app.views.models_dialog import ModelOffer, ModelsDialog, missing_model
+from app.views.notice import Notice
 from app.views.prompt import PromptEdit
 from app.views.server_dialog import ServerDialog
 from app.views.sessions_dialog import SessionsDialog
 from app.views.transcript import TranscriptView
 from app.worker import EngineCache, EngineLoader, RunSpec, RunWorker, start_worker
 from engines import EngineError, Request, SpecConfig
+from engines.speculative.rounds import fallback_note
 from engines.speculative.session import Session
 from engines.validation import validate
 
@@ -75,6 +80,8 @@ class MainWindow(QMainWindow):
         self.engines = EngineCache(engine_loader)
         self.history: list[dict] = []  # the chat conversation, {"role", "content"}
         self.session: Session | None = None  # the run shown in the panes
+        self.fallback: str | None = None  # the shown run's drafter fallback, if its drafter failed
+        self.autosave_message: str | None = None  # why runs are not (or no longer) being saved
         self.session_settings: dict = {}
         self.worker: RunWorker | None = None
         self.thread = None
@@ -119,6 +126,8 @@ class MainWindow(QMainWindow):
         self.model_offer = ModelOffer(self.model_jobs)  # "OCR needs GLM-OCR ... [Download GLM-OCR]"
         self.model_offer.models_requested.connect(self.open_models_dialog)
         output_col.addWidget(self.model_offer)
+        self.recovery = Notice()  # offers a run a crash cut short
+        output_col.addWidget(self.recovery)
         output_col.addWidget(self.transcript, 1)
         self.prompt_row = QWidget(objectName="promptRow")
         prompt_layout = QHBoxLayout(self.prompt_row)
@@ -145,6 +154,8 @@ class MainWindow(QMainWindow):
         self.setCentralWidget(self.side_split)
         self.status = QLabel("Ready")
         self.statusBar().addWidget(self.status, 1)
+        self.autosave_label = QLabel(objectName="muted")  # says when runs are not being saved
+        self.statusBar().addPermanentWidget(self.autosave_label)
         self.model_label = QLabel(objectName="muted")
         self.statusBar().addPermanentWidget(self.model_label)
 
@@ -159,6 +170,7 @@ class MainWindow(QMainWindow):
         for event in (self.model_jobs.finished, self.model_jobs.cancelled, self.model_jobs.errored):
             event.connect(self.update_model_offer)
         self._build_menus()
+        self._check_autosave()
         self.controls.apply_settings(self.settings)
         self._on_engine_changed(self.controls.engine)
         self._restore_geometry()
@@ -332,13 +344,18 @@ class MainWindow(QMainWindow):
         settings = asdict(self.settings)
         settings.pop("window_geometry", None)
         settings.pop("window_state", None)
+        saving = self.autosave
         run = RunSpec(request=request, model=self.controls.model_path(),
                       options=self.controls.engine_options(), settings=settings,
-                      autosave=new_autosave_path(request.kind) if self.autosave else None, label=label)
+                      autosave=self._autosave_path(request.kind), label=label)
         self._begin_panes(request, label)
+        if saving and not self.autosave:  # the autosave folder failed just now: say so with this run
+            self.transcript.show_message(self.autosave_message, "warning")
         self.worker = RunWorker(run, self.engines)
         self.worker.engine_loaded.connect(self._on_engine_loaded)
+        self.worker.prefill_progressed.connect(self._on_prefill_progressed)
         self.worker.round_finished.connect(self._on_round)
+        self.worker.autosave_failed.connect(self._on_autosave_failed)
         # bound methods of this window, never lambdas: a lambda would run on the worker thread
         self.worker.finished.connect(self._on_worker_finished)
         self.worker.cancelled.connect(self._on_worker_cancelled)
@@ -364,6 +381,7 @@ class MainWindow(QMainWindow):
                 pass  # the offer above the pane says what is missing; the engine says it too
 
     def _begin_panes(self, request: Request, label: str) -> None:
+        self.fallback = None
         self.transcript.hide_message()
         self.transcript.show_rendered(False)
         if request.kind == "chat":
@@ -394,6 +412,9 @@ class MainWindow(QMainWindow):
                                  f"\u00b7 {m.get('hash', '')}")
         self.status.setText("Running\u2026")
 
+    def _on_prefill_progressed(self, progress) -> None:
+        self.status.setText(progress.describe().capitalize() + " \u2014 Esc stops")
+
     def _on_round(self, burst: Burst) -> None:
         """Queued from the worker. Only buffers: a fast engine can emit rounds faster than the
         panes draw them, and Qt delivers all queued events in one batch, so drawing here would
@@ -412,7 +433,8 @@ class MainWindow(QMainWindow):
             self._show_burst(last)
         if last is not None and not last.round.prefill and last.round.wall_s > 0:
             rnd = last.round
-            self.status.setText(f"Round {rnd.index} \u00b7 {len(rnd.tokens) / rnd.wall_s:.1f} tok/s")
+            self.status.setText(f"Round {rnd.index} \u00b7 {len(rnd.tokens) / rnd.wall_s:.1f} tok/s"
+                                + (f" \u00b7 {self.fallback}" if self.fallback else ""))
         if not self.pending:
             self.flush_timer.stop()
             if self.pending_end is not None:
@@ -422,6 +444,7 @@ class MainWindow(QMainWindow):
 
     def _show_burst(self, burst: Burst) -> None:
         rnd = burst.round
+        self.fallback = self.fallback or fallback_note(rnd)  # the drafter failed: said until the run ends
         self.transcript.append_burst(burst)
         if self.telemetry is not None:
             self.telemetry.append(rnd)
@@ -454,7 +477,8 @@ class MainWindow(QMainWindow):
         self._end_run()
         stats = session.stats()
         self.status.setText(f"Finished ({session.finish or 'done'}): {stats.tokens} tokens, "
-                            f"{stats.rounds} rounds, {stats.decode_tok_s:.1f} tok/s")
+                            f"{stats.rounds} rounds, {stats.decode_tok_s:.1f} tok/s"
+                            + (f" \u00b7 {stats.fallback}" if stats.fallback else ""))
         if self.telemetry is not None:
             self.telemetry.refresh(force=True)
         if self.compare is not None:
@@ -532,6 +556,57 @@ class MainWindow(QMainWindow):
         return series
 
     # --- sessions -------------------------------------------------------------------------
+    def _check_autosave(self) -> None:
+        """At start: runs are autosaved only where they can be; a run a crash cut short is offered."""
+        if not self.autosave:
+            return
+        problem = autosave_problem()
+        if problem is not None:
+            self._autosave_off(f"Autosave is off: {problem}. Runs still work; File \u203a Export keeps one.")
+            return
+        crashed = crashed_sessions()
+        if crashed:
+            last = crashed[0]
+            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(last.started_at))
+            self.recovery.offer(f"A {last.kind} run of {when} did not finish (the app quit mid-run); "
+                                f"its {last.rounds} rounds were saved.", "Reopen")
+            self.recovery.accepted.connect(lambda: self._answer_recovery(crashed, reopen=True))
+            self.recovery.dismissed.connect(lambda: self._answer_recovery(crashed, reopen=False))
+
+    def _answer_recovery(self, crashed: list, reopen: bool) -> None:
+        for entry in crashed:  # offered once: the files get the "end" line their runs never wrote
+            try:
+                mark_interrupted(entry.path)
+            except OSError:
+                pass
+        if reopen:
+            self.open_session(crashed[0].path)
+
+    def _autosave_off(self, message: str, show: bool = True) -> None:
+        self.autosave = False
+        self.autosave_message = message
+        self.autosave_label.setText("Autosave off")
+        self.autosave_label.setToolTip(message)
+        if show:
+            self.transcript.show_message(message, "warning")
+
+    def _autosave_path(self, kind: str) -> Path | None:
+        if not self.autosave:
+            return None
+        try:
+            return new_autosave_path(kind)
+        except OSError as e:  # the folder went away or became read-only since the start
+            self._autosave_off(f"Autosave is off: cannot write to {sessions_dir()} ({e.strerror or e}). "
+                               f"This run goes on unsaved; File \u203a Export keeps it.", show=False)
+            return None
+
+    def _on_autosave_failed(self, message: str) -> None:
+        """The autosave stopped mid-run (full disk); the run goes on, and the window says so."""
+        self.autosave_label.setText("Autosave stopped")
+        self.autosave_label.setToolTip(message)
+        self.autosave_message = f"Autosave stopped: {message}. The run goes on; File \u203a Export keeps it."
+        self.transcript.show_message(self.autosave_message, "warning")
+
     def show_saved(self, saved: SavedSession) -> None:
         """Shows a past session (from its autosave file) in the panes."""
         if self.running:

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from app.bursts import Burst, burst_of
 from app.settings import data_dir
+from engines.files import atomic_path, atomic_write_text
 from engines.speculative.rounds import Round
 from engines.speculative.session import Session
 from engines.speculative.trace import TraceWriter
@@ -36,18 +39,34 @@ def new_autosave_path(kind: str) -> Path:
     raise OSError(f"no free autosave name in {folder}")
 
 
-class Autosave(TraceWriter):
-    """Appends each round as it happens, flushed, so the file is complete up to the last round."""
+def autosave_problem() -> str | None:
+    """The up-front check of the autosave folder: None if a session file can be written there,
+    else one line saying where and why not (a read-only or unreachable data folder)."""
+    folder = sessions_dir()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".probe-"):
+            pass
+    except OSError as e:
+        return f"{folder} is not writable ({e.strerror or e})"
+    return None
 
-    def __init__(self, path: Path, session: Session, settings: dict | None = None):
+
+class Autosave(TraceWriter):
+    """Appends each round as it happens, flushed, so the file is complete up to the last round.
+    A write that fails (full disk) stops the autosave, not the run (TraceWriter.on_error)."""
+
+    def __init__(self, path: Path, session: Session, settings: dict | None = None,
+                 on_error: Callable[[str], None] | None = None):
         header = {
             "request": session.request,
             "settings": settings or {},
             "model": session.model,
             "machine": session.machine,
             "started_at": session.started_at,
+            "pid": os.getpid(),  # a run whose writer is gone and that has no "end" line crashed
         }
-        super().__init__(path, header=header)
+        super().__init__(path, header=header, on_error=on_error)
 
     def write_burst(self, burst: Burst) -> None:
         self._write({"event": "round", **burst.round.to_dict(), "draft_chars": burst.draft_chars})
@@ -62,8 +81,9 @@ class SavedSession:
     session: Session
     settings: dict = field(default_factory=dict)
     bursts: list[Burst] = field(default_factory=list)
-    outcome: str | None = None  # finished | cancelled | errored; None = the run never ended (crash)
+    outcome: str | None = None  # finished | cancelled | errored | interrupted; None = never ended
     message: str | None = None
+    pid: int | None = None  # the process that wrote it
 
 
 def load_session(path: str | Path) -> SavedSession:
@@ -90,7 +110,8 @@ def load_session(path: str | Path) -> SavedSession:
         machine=header.get("machine", {}),
         started_at=header.get("started_at", 0.0),
     )
-    return SavedSession(path, session, header.get("settings", {}), bursts, end.get("outcome"), end.get("message"))
+    return SavedSession(path, session, header.get("settings", {}), bursts, end.get("outcome"), end.get("message"),
+                        header.get("pid"))
 
 
 @dataclass
@@ -102,6 +123,7 @@ class SessionEntry:
     rounds: int
     outcome: str | None
     preview: str
+    pid: int | None = None
 
 
 def list_sessions(folder: Path | None = None, limit: int = 200) -> list[SessionEntry]:
@@ -126,8 +148,38 @@ def list_sessions(folder: Path | None = None, limit: int = 200) -> list[SessionE
             rounds=len(s.rounds),
             outcome=saved.outcome,
             preview=(req.get("prompt") or Path(str(req.get("image") or "")).name or s.text)[:80],
+            pid=saved.pid,
         ))
     return entries
+
+
+def crashed_sessions(folder: Path | None = None) -> list[SessionEntry]:
+    """Runs that never ended (no "end" line) and whose writing process is gone: the app was
+    killed or crashed mid-run. Newest first. A run still being written by another window of
+    the app (its pid alive) is not one."""
+    return [e for e in list_sessions(folder, limit=20) if e.outcome is None and not _alive(e.pid)]
+
+
+def _alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    if pid == os.getpid():
+        return True  # this process: its run may be going on now
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # exists, owned by someone else
+    return True
+
+
+def mark_interrupted(path: Path) -> None:
+    """Record that a crashed run was seen (offered once): its file gets the "end" line the run
+    never wrote."""
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps({"event": "end", "outcome": "interrupted", "message": "the app quit mid-run",
+                            "ended_at": time.time()}) + "\n")
 
 
 def export_dict(session: Session, settings: dict | None = None) -> dict:
@@ -137,17 +189,17 @@ def export_dict(session: Session, settings: dict | None = None) -> dict:
     return d
 
 
+# Exports are written whole or not at all (engines.files): a full disk leaves no 0-byte file.
 def export_json(session: Session, path: str | Path, settings: dict | None = None) -> None:
-    Path(path).write_text(json.dumps(export_dict(session, settings), indent=1, ensure_ascii=False),
-                          encoding="utf-8")
+    atomic_write_text(path, json.dumps(export_dict(session, settings), indent=1, ensure_ascii=False))
 
 
 def export_csv(session: Session, path: str | Path) -> None:
-    with open(path, "w", encoding="utf-8", newline="") as f:
-        f.write(session.to_csv())
+    atomic_write_text(path, session.to_csv())
 
 
 def export_png(widget, path: str | Path) -> None:
     """The widget (the telemetry pane) as rendered now."""
-    if not widget.grab().save(os.fspath(path), "PNG"):
-        raise OSError(f"cannot write {path}")
+    with atomic_path(path) as tmp:
+        if not widget.grab().save(os.fspath(tmp), "PNG"):
+            raise OSError(f"cannot write {path}")

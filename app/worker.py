@@ -22,6 +22,7 @@ from app.bursts import burst_of
 from app.sessions import Autosave
 from engines import Engine, EngineError, Request
 from engines.speculative.session import Session, model_hash
+from engines.speculative.trace import TraceError
 
 EngineLoader = Callable[..., Engine]  # (kind, model_path, **options) -> Engine
 
@@ -117,10 +118,12 @@ class RunSpec:
 class RunWorker(QObject):
     started = Signal()
     engine_loaded = Signal(object)  # the Session header: request + model, no rounds yet
+    prefill_progressed = Signal(object)  # a PrefillProgress, after each chunk of a long prompt
     round_finished = Signal(object)  # a Burst
     finished = Signal(object)  # the Session
     cancelled = Signal(object)  # the Session up to the last round
     errored = Signal(str)  # one line for the user
+    autosave_failed = Signal(str)  # one line: the autosave stopped (the run goes on without it)
     done = Signal()  # always last
 
     def __init__(self, spec: RunSpec, engines: EngineCache):
@@ -145,8 +148,7 @@ class RunWorker(QObject):
             kind = self.spec.request.kind
             engine, model = self.engines.get(kind, self.spec.model, self.spec.options)
             self.session = Session(request=self.spec.request.to_dict(), model=model)
-            if self.spec.autosave is not None:
-                autosave = Autosave(self.spec.autosave, self.session, self.spec.settings)
+            autosave = self._open_autosave()
             self.engine_loaded.emit(Session(self.session.request, model, machine=self.session.machine,
                                             started_at=self.session.started_at))
             outcome = self._run_rounds(engine, autosave)
@@ -166,10 +168,22 @@ class RunWorker(QObject):
                 autosave.close()
             self.done.emit()
 
+    def _open_autosave(self) -> Autosave | None:
+        """The autosave is telemetry: when it cannot be written the run goes on and says so."""
+        if self.spec.autosave is None:
+            return None
+        try:
+            return Autosave(self.spec.autosave, self.session, self.spec.settings,
+                            on_error=self.autosave_failed.emit)
+        except TraceError as e:
+            self.autosave_failed.emit(str(e))
+            return None
+
     def _run_rounds(self, engine: Engine, autosave: Autosave | None) -> str:
         if self._stop:
             return "cancelled"
-        rounds = engine.generate(self.spec.request, should_stop=self.should_stop)
+        rounds = engine.generate(self.spec.request, should_stop=self.should_stop,
+                                 on_prefill=self.prefill_progressed.emit)
         try:
             for rnd in rounds:
                 stopping = self._stop
@@ -190,10 +204,7 @@ class RunWorker(QObject):
 
     def _end(self, autosave: Autosave | None, outcome: str, message: str | None = None) -> None:
         if autosave is not None:
-            try:
-                autosave.write_end(outcome, message)
-            except (OSError, ValueError):
-                pass
+            autosave.write_end(outcome, message)  # a failure here was already said (on_error)
 
 
 def start_worker(worker: RunWorker) -> QThread:

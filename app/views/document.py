@@ -17,6 +17,21 @@ from PySide6.QtWidgets import (
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp"}
 
 
+def upright_pixmap(path: str) -> QPixmap:
+    """The page as the model sees it: the OCR engine's own loader (EXIF orientation applied by
+    ImageOps.exif_transpose, transparency on white), where Qt alone would show a phone photo
+    sideways. A file that loader refuses is shown as Qt reads it; the run says what is wrong."""
+    from engines import EngineError
+    from engines.glm_ocr.image import load_image
+
+    try:
+        rgb = load_image(path)
+    except EngineError:
+        return QPixmap(path)
+    image = QImage(rgb.tobytes(), rgb.width, rgb.height, 3 * rgb.width, QImage.Format.Format_RGB888)
+    return QPixmap.fromImage(image.copy())  # copy: the QImage borrows the bytes object's buffer
+
+
 def image_paths_from_mime(mime) -> list[str]:
     paths = []
     for url in mime.urls() if mime.hasUrls() else []:
@@ -142,7 +157,7 @@ class DocumentView(QWidget):
         if not 0 <= index < len(self.pages):
             return
         self.index = index
-        self.view.set_pixmap(QPixmap(self.pages[index]))
+        self.view.set_pixmap(upright_pixmap(self.pages[index]))
         self.stack.setCurrentWidget(self.view)
         self._update_bar()
         self.page_changed.emit(index)
