@@ -170,3 +170,24 @@ def test_screenshot_run_with_an_unreachable_data_folder_says_so_and_exits(tmp_pa
     assert "Traceback" not in out.stderr
     assert f"Autosave is off: {blocker / 'home' / 'data' / 'sessions'} is not writable" in out.stderr
     assert shot.exists()
+
+
+def test_a_drafter_fallback_is_in_the_status_bar(qtbot, make_window, monkeypatch):
+    from engines.mlx_chat.proposers import NGramProposer
+
+    original, calls = NGramProposer.propose, []
+
+    def breaks_on_the_third_call(self, ctx, k):  # a real drafter failing mid-run
+        calls.append(k)
+        if len(calls) == 3:
+            raise ValueError("drafter broke")
+        return original(self, ctx, k)
+
+    monkeypatch.setattr(NGramProposer, "propose", breaks_on_the_third_call)
+    window = make_window(chat_method="ngram", max_tokens=40)
+    window.prompt.setPlainText("the cat is big and the dog is small . the cat is big and the dog is small .")
+    with qtbot.waitSignal(window.run_ended, timeout=RUN_TIMEOUT_MS) as ended:
+        assert window.run()
+    assert ended.args == ["finished"]
+    assert "speculation stopped" in window.status.text() and "drafter broke" in window.status.text()
+    assert window.session.stats().fallbacks == 1
