@@ -237,11 +237,11 @@ def cmd_ocr(argv: list[str]) -> int:
     args = ocr_parser().parse_args(argv)
     if not Path(args.image).exists():
         raise UsageError(f"no such image: {args.image}")
-    check_images([args.image])
     request = checked(Request(
         kind="ocr", image=args.image, task=args.task, max_tokens=args.max_tokens,
         spec=spec_config(args, builtin_drafter=True), sampling=sampling(args),
     ))
+    check_images([args.image])
     if args.server:
         args.model = None if args.model == "glm-ocr" else args.model  # the catalog default is no server id
         return run_on_server(args, request)
@@ -349,9 +349,9 @@ def cmd_bench(argv: list[str]) -> int:
         engine = load_chat_engine(args.model, spec.draft_model)
     else:
         spec = spec_config(args, builtin_drafter=True)
-        check_images(args.images)
         cases = [(Path(img).name, checked(Request(kind="ocr", image=img, task=args.task, max_tokens=args.max_tokens,
                                                   spec=spec, sampling=sampling(args)))) for img in args.images]
+        check_images(args.images)
         resolve_models(args, spec, "ocr")
         engine = load_engine("ocr", args.model, runtime=args.runtime)
     cases = cases[: args.limit] if args.limit else cases

@@ -109,7 +109,7 @@ from app.bursts import Burst
 session = Session(request={"kind": "chat", "prompt": "the cat"}, model={"name": "tiny"})
 autosave = Autosave(new_autosave_path("chat"), session, {})
 for i, text in enumerate(["the", " cat", " sat"]):
-    autosave.write_burst(Burst(Round(i, 0, 0, [i + 5], [False], text, [], 0.0, 0.01, 0.01, prefill=i == 0), 0))
+    autosave.write_burst(Burst(Round(i, 0, 0, [i + 5], [False], text, [], 0.0, 0.01, 0.01, prefill=i == 0), []))
 os.kill(os.getpid(), signal.SIGKILL)  # kill -9 mid-run: no "end" line is written
 """
 
