@@ -24,7 +24,7 @@ def feed_prompt(model, cache: list[Any], prompt: mx.array, should_stop: ShouldSt
     each chunk so progress is real. False if `should_stop` said stop between chunks."""
     t0, total, done = time.perf_counter(), int(prompt.size), 0
     while done < total:
-        if should_stop():
+        if done and should_stop():  # between chunks: a prompt read in one chunk is not polled
             return False
         n = min(chunk, total - done)
         model(prompt[done:done + n][None], cache=cache)
