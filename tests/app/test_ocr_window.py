@@ -16,11 +16,9 @@ from PySide6.QtCore import QMimeData, QPointF, Qt, QUrl
 from PySide6.QtGui import QDragEnterEvent, QDropEvent
 from PySide6.QtWidgets import QApplication
 
-pytest.importorskip("engines.glm_ocr.engine", reason="the GLM-OCR engine has not landed in this tree yet")
-
-from app.main_window import MainWindow  # noqa: E402
-from app.settings import AppSettings  # noqa: E402
-from tests.app.conftest import Recorder  # noqa: E402
+from app.main_window import MainWindow
+from app.settings import AppSettings
+from tests.app.conftest import Recorder
 
 ROOT = Path(__file__).resolve().parents[2]
 
