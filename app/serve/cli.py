@@ -15,10 +15,10 @@ def serve_parser(parser_class) -> argparse.ArgumentParser:
 
     p = parser_class(prog="specscope serve", description="Serve the chat (and GLM-OCR) engines over an "
                      "OpenAI-compatible HTTP API: /v1/chat/completions, /v1/models, /health, /metrics.")
-    p.add_argument("--model", default=None, help="chat model directory or .gguf (default: the embedded SmolLM2)")
+    p.add_argument("--model", default=None, help="chat model: catalog id, hub repo id, directory or .gguf (default: the embedded SmolLM2)")
     p.add_argument("--model-name", default=None, help="the id clients ask for (default: the model's file name)")
     p.add_argument("--draft-model", default=None, help="draft model (--spec draft) or Gemma 4 assistant (--spec mtp)")
-    p.add_argument("--ocr-model", default=None, help="also serve GLM-OCR from this checkpoint (image content parts)")
+    p.add_argument("--ocr-model", default=None, help="also serve GLM-OCR (catalog id or checkpoint; image content parts)")
     p.add_argument("--ocr-runtime", choices=["coreml", "torch"], default=None)
     p.add_argument("--no-chat", action="store_true", help="serve only the OCR model")
     p.add_argument("--host", default="127.0.0.1", help="default loopback; another address needs --api-key or --insecure")
@@ -31,7 +31,7 @@ def serve_parser(parser_class) -> argparse.ArgumentParser:
 
 
 def cmd_serve(argv: list[str]) -> int:
-    from app.cli import Parser, UsageError, load_chat_engine, spec_config
+    from app.cli import Parser, UsageError, load_chat_engine, pick_drafter, resolve_models, spec_config
     from engines import load_engine
 
     args = serve_parser(Parser).parse_args(argv)
@@ -44,14 +44,19 @@ def cmd_serve(argv: list[str]) -> int:
         raise UsageError("--no-chat leaves nothing to serve: give --ocr-model PATH")
     served: list[Served] = []
     if not args.no_chat:
+        pick_drafter(args)
         spec = spec_config(args)
+        asked = args.model  # a catalog id names the model better than its cache folder does
+        resolve_models(args, spec, "chat")
         engine = load_chat_engine(args.model, spec.draft_model)
-        name = args.model_name or Path(engine.model_path).name
+        name = args.model_name or Path(asked or engine.model_path).name
         served.append(Served(ServedModel(name, "chat", spec), engine))
     if args.ocr_model:
+        from app.models.cli import model_path
+
         ocr_args = argparse.Namespace(**vars(args) | {"spec": "mtp" if args.spec != "off" else "off"})
         spec = spec_config(ocr_args, builtin_drafter=True)
-        engine = load_engine("ocr", args.ocr_model, runtime=args.ocr_runtime)
+        engine = load_engine("ocr", model_path(args.ocr_model, "ocr"), runtime=args.ocr_runtime)
         served.append(Served(ServedModel(Path(args.ocr_model).name, "ocr", spec), engine))
     app = build_app(config, served)
     print(f"specscope serve: {', '.join(s.model.id for s in served)} on http://{args.host}:{args.port}/v1",

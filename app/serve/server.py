@@ -213,7 +213,7 @@ def build_app(config: ServeConfig, served: list[Served]) -> Starlette:
                     stop.set()  # the engine stops at its next round
         finally:
             await _drain(rounds, stop, parsed)
-        metrics.prompt_tokens.inc(prompt_n[0] or 0 if prompt_n else 0)
+        metrics.prompt_tokens.inc((prompt_n[0] if prompt_n else None) or 0)
         metrics.requests.labels(outcome=collected[-1].finish or "stop").inc()
         return JSONResponse(completion(completion_id(), parsed.model, collected, prompt_n[0] if prompt_n else None, decode))
 

@@ -281,3 +281,23 @@ def test_cli_bad_server_url_is_one_line(capsys):
     assert main(["chat", "--server", "http://127.0.0.1:9", "--prompt", "hi"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "cannot reach" in err
+
+
+def test_bench_chat_on_the_server_beside_the_local_engine_and_beside_a_baseline_server(server, engine, tmp_path, capsys):
+    from app.cli import main
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text(PROMPT + "\n")
+    common = ["--prompts", str(prompts), "--runs", "1", "--warmup", "0", "-m", "12", "--steps", "3"]
+    assert main(["bench", "chat", "--server", server.url, "--model", engine.model_path,
+                 "--out", str(tmp_path / "local"), *common]) == 0
+    assert main(["bench", "chat", "--server", server.url, "--baseline-server", server.url,
+                 "--out", str(tmp_path / "twin"), *common]) == 0
+    for folder, baseline in (("local", "local engine"), ("twin", server.url)):
+        doc = json.loads(next((tmp_path / folder).glob("bench-*.json")).read_text())
+        assert doc["settings"]["baseline"] == baseline
+        case = doc["cases"][0]
+        # the same engine and request on both sides: the same text, and the server's figures kept
+        assert case["identical"] and case["tokens"] == 12 and case["acceptance"] > 0
+        assert doc["settings"]["server_reports"][0]["draft_n"] > 0
+    assert "baseline: local engine" in capsys.readouterr().err
