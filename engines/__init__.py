@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterator, Literal, Protocol
 
+from engines.speculative.repetition import DEFAULT_MAX_REPEAT
 from engines.speculative.rounds import Round
 
 SpecMethod = Literal["off", "ngram", "draft", "mtp"]
@@ -63,6 +64,7 @@ class Request:
     max_tokens: int = 256
     stop: list[str] = field(default_factory=list)  # stop strings (chat); the text ends before them
     ignore_chat_template: bool = False
+    max_repeat: int = DEFAULT_MAX_REPEAT  # stop when one block repeats this many times; 0 = off
     spec: SpecConfig = field(default_factory=SpecConfig)
     sampling: Sampling = field(default_factory=Sampling)
 

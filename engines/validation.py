@@ -53,6 +53,8 @@ def validate(request: Request, context_length: int | None = None) -> None:
     if context_length is not None and request.max_tokens >= context_length:
         raise InvalidParameter(
             "max_tokens", f"of {request.max_tokens} does not fit the model's context of {context_length} tokens")
+    if not _integer(request.max_repeat) or request.max_repeat < 0 or request.max_repeat == 1:
+        raise InvalidParameter("max_repeat", f"must be 0 (off) or a number of copies >= 2, got {request.max_repeat!r}")
     for stop in request.stop:
         # "" would match at once and cut the output to nothing; a non-string is a caller's bug
         if not isinstance(stop, str) or stop == "":

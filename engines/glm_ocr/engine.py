@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterator, Protocol
 
 import numpy as np
@@ -27,6 +27,7 @@ from engines.glm_ocr.config import GlmOcrConfig
 from engines.glm_ocr.positions import prompt_positions, text_positions, text_rope
 from engines.glm_ocr.prompts import GlmTokenizer, TextStream, prompt_ids
 from engines.glm_ocr.runtime import Runtime
+from engines.speculative.repetition import RepetitionDetector, clip_at_repetition
 from engines.speculative.rounds import Round
 from engines.speculative.sampling import rejection_verify, target_probs
 from engines.speculative.schedule import DraftSchedule
@@ -149,38 +150,6 @@ class MtpDrafter:
         return int(np.argmax(self.runtime.logits(head_hidden[None])[0]))
 
 
-# ----------------------------------------------------------------------------- repetition
-
-
-@dataclass
-class RepetitionGuard:
-    """GLM-OCR's most reported failure is endless repetition. Flags a run whose last tokens
-    are one block of `period` tokens repeated: at least `min_copies` copies and at least
-    `min_span` tokens in all. Checked token by token (so a speculative run stops at exactly
-    the token plain decoding stops at); run[p] counts trailing tokens equal to the token p
-    back, so each check costs O(max_period)."""
-
-    max_period: int = 128
-    min_copies: int = 4
-    min_span: int = 64
-    tokens: list[int] = field(default_factory=list)
-    run: list[int] = field(default_factory=list)
-
-    def __post_init__(self):
-        self.run = [0] * (self.max_period + 1)
-
-    def push(self, token: int) -> int | None:
-        """Add a token; return the repeating period if the tail is now a repetition."""
-        self.tokens.append(token)
-        n = len(self.tokens)
-        found = None
-        for p in range(1, min(self.max_period, n - 1) + 1):
-            self.run[p] = self.run[p] + 1 if self.tokens[-1] == self.tokens[-1 - p] else 0
-            if found is None and self.run[p] + p >= max(self.min_copies * p, self.min_span):
-                found = p
-        return found
-
-
 # ----------------------------------------------------------------------------- the run
 
 
@@ -239,7 +208,7 @@ class Output:
     from_draft marks the emitted tokens that came from accepted drafts."""
 
     def __init__(self, tokenizer: GlmTokenizer, eos_ids: list[int], max_tokens: int,
-                 guard: RepetitionGuard | None):
+                 guard: RepetitionDetector | None):
         self.tokenizer = tokenizer
         self.eos_ids = eos_ids
         self.max_tokens = max_tokens
@@ -272,13 +241,8 @@ class Output:
 
     def _check_repetition(self, kept: list[int], finish):
         """Token by token, so a speculative run stops at exactly the token plain decoding does."""
-        if self.guard is None:
-            return kept, finish, None
-        for i, t in enumerate(kept):
-            period = self.guard.push(t)
-            if period is not None:
-                return kept[: i + 1], "repetition", f"stopped: the output repeats a block of {period} tokens"
-        return kept, finish, None
+        kept, note = clip_at_repetition(self.guard, kept)
+        return kept, ("repetition" if note else finish), note
 
 
 # ----------------------------------------------------------------------------- the engine
@@ -291,7 +255,8 @@ class OcrEngine:
         self.model_path = model_path
         self.config: GlmOcrConfig = runtime.config
         self.image_config = image_config
-        self.repetition: RepetitionGuard | None = RepetitionGuard()  # None disables the guard
+        # the loop detector's shape (its copies come from Request.max_repeat); None turns it off
+        self.repetition: RepetitionDetector | None = RepetitionDetector()
 
     @classmethod
     def load(cls, model_path: str | os.PathLike, runtime: str | None = "torch", **options) -> "OcrEngine":
@@ -338,7 +303,7 @@ class OcrEngine:
         prompt = self._prompt(request)
         schedule, drafter, note = self._drafting(request, prompt.positions, drafter)
         sampler = Sampler(request.sampling)
-        out = Output(self.tokenizer, self.config.eos_token_ids, request.max_tokens, self._guard())
+        out = Output(self.tokenizer, self.config.eos_token_ids, request.max_tokens, self._guard(request))
 
         # prefill: the prompt in seq_len chunks; the last row's logits give the first token
         t0 = time.perf_counter()
@@ -459,10 +424,12 @@ class OcrEngine:
             return schedule, None, f"{self.runtime.mtp_unavailable}; decoding plainly"
         return schedule, MtpDrafter(self.runtime, positions, self.config.eos_token_ids), None
 
-    def _guard(self) -> RepetitionGuard | None:
-        """A fresh guard per run, with the engine's settings."""
+    def _guard(self, request: Request) -> RepetitionDetector | None:
+        """A fresh detector per run: the request's copies, the engine's span and period."""
         r = self.repetition
-        return RepetitionGuard(r.max_period, r.min_copies, r.min_span) if r else None
+        if r is None or not request.max_repeat:
+            return None
+        return RepetitionDetector(copies=request.max_repeat, min_span=r.min_span, max_period=r.max_period)
 
     def _prefill(self, prompt: Prompt) -> np.ndarray:
         s = self.runtime.seq_len

@@ -39,6 +39,11 @@ PRESETS: dict[str, Preset] = {
 }
 
 
+# Drafts per round when the user names a method but no draft length (the CLI and the window
+# alike). N-gram drafts cost almost nothing to make, so they go deeper than a model drafter's.
+DEFAULT_STEPS = {"off": 0, "ngram": 5, "draft": 3, "mtp": PRESETS["balanced"].steps}
+
+
 def preset_for_steps(steps: int, current: str | None = None) -> str | None:
     """The preset a spec-step value corresponds to (the current one if it still fits), or None
     when the value is custom. Keeps a preset combo and a step slider in sync."""

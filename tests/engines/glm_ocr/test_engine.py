@@ -159,18 +159,18 @@ def test_max_tokens_flag_and_errors(engine, trained_glm_ocr, tiny_glm_ocr_no_mtp
 
 
 def test_repetition_guard_stops_at_the_same_token_with_and_without_mtp(trained_glm_ocr):
-    from engines.glm_ocr.engine import RepetitionGuard
+    from engines.speculative.repetition import RepetitionDetector
 
-    g = RepetitionGuard(max_period=8, min_copies=3, min_span=12)
+    g = RepetitionDetector(copies=3, max_period=8, min_span=12)
     seq = [5, 6, 7, 8] + [1, 2, 3] * 5
     flags = [g.push(t) for t in seq]
     first = next(i for i, f in enumerate(flags) if f)
     assert flags[first] == 3 and first == 4 + 12 - 1  # 12 tokens of period 3
     e = OcrEngine.load(trained_glm_ocr[0], cache_length=320)
-    e.repetition = RepetitionGuard(max_period=16, min_copies=3, min_span=8)
+    e.repetition = RepetitionDetector(max_period=16, min_span=8)
     results = []
     for steps in (0, 3):
-        tokens, rounds = run(e, trained_glm_ocr[1][0], steps, max_tokens=120)
+        tokens, rounds = run(e, trained_glm_ocr[1][0], steps, max_tokens=120, max_repeat=3)
         results.append((tokens, rounds[-1].finish))
     assert results[0] == results[1]
 
