@@ -15,9 +15,11 @@ from pathlib import Path
 
 from app.cli_io import EXIT_INTERRUPTED, Interrupt, PrefillMeter, PromptError, read_prompt, stdout_failed
 from engines import EngineError, Request, Sampling, SpecConfig
-from engines.speculative.schedule import MAX_STEPS, PRESETS
+from engines.speculative.schedule import DEFAULT_STEPS, MAX_STEPS, PRESETS
 from engines.speculative.trace import TraceError, TraceWriter
 from app.connect import add_server_arguments, run_on_server
+from app.documents import EXPORT_FORMATS, PageResult, export_text, pages_of, parse_page_ranges, summarize
+from engines.speculative.repetition import DEFAULT_MAX_REPEAT
 from engines.validation import InvalidParameter, validate
 
 EXIT_BAD_INPUT = 2
@@ -26,11 +28,7 @@ EXIT_BAD_INPUT = 2
 FLAGS = {"temperature": "--temp", "top_p": "--top-p", "top_k": "--top-k", "min_p": "--min-p", "seed": "--seed",
          "max_tokens": "--max-tokens", "stop": "--stop", "spec": "--spec", "steps": "--steps",
          "skip_streak": "--skip-streak", "ngram_min": "--ngram-min", "ngram_max": "--ngram-max",
-         "max_steps": "--preset's max steps", "min_steps": "min steps"}
-
-# Drafts per round when neither --steps nor --preset is given. N-gram drafts cost almost
-# nothing to make, so they go deeper than a model drafter's.
-DEFAULT_STEPS = {"off": 0, "ngram": 5, "draft": 3, "mtp": PRESETS["balanced"].steps}
+         "max_steps": "--preset's max steps", "min_steps": "min steps", "max_repeat": "--max-repeat"}
 
 
 class UsageError(Exception):
@@ -46,18 +44,26 @@ class Parser(argparse.ArgumentParser):
 
 def add_spec_arguments(p: argparse.ArgumentParser, methods: list[str], default_method: str) -> None:
     p.add_argument("--spec", choices=methods, default=default_method, help=f"speculation method (default {default_method})")
-    p.add_argument("--steps", type=int, default=None, help=f"drafts per round, 0..{MAX_STEPS} (0 = plain decoding)")
+    p.add_argument("--steps", type=int, default=None, help=f"drafts per round, 0..{MAX_STEPS} (0 = plain decoding; "
+                   f"default per method: {', '.join(f'{m} {DEFAULT_STEPS[m]}' for m in methods if m != 'off')})")
     p.add_argument("--preset", choices=sorted(PRESETS), default=None, help="block-size preset (B counts the target token)")
     p.add_argument("--adaptive", action="store_true", help="adapt the draft length to acceptance")
     p.add_argument("--skip-streak", type=int, default=0, help="skip drafting once after N zero-accept rounds (0 = off)")
-    p.add_argument("--ngram-min", type=int, default=1, help="n-gram lookup: shortest suffix to match")
-    p.add_argument("--ngram-max", type=int, default=4, help="n-gram lookup: longest suffix to match")
+    if "ngram" in methods:  # the n-gram lookup's own settings, only where it can be chosen
+        p.add_argument("--ngram-min", type=int, default=1, help="n-gram lookup: shortest suffix to match")
+        p.add_argument("--ngram-max", type=int, default=4, help="n-gram lookup: longest suffix to match")
     p.add_argument("--max-tokens", "-m", type=int, default=256)
     p.add_argument("--temp", type=float, default=0.0, help="sampling temperature (0 = greedy)")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--min-p", type=float, default=0.0, help="mlx-lm's min-p (0 = off)")
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--max-repeat", type=int, default=DEFAULT_MAX_REPEAT, metavar="N",
+                   help=f"stop when the output repeats one block N times in a row (default {DEFAULT_MAX_REPEAT}; 0 = off)")
+
+
+def add_output_arguments(p: argparse.ArgumentParser) -> None:
+    """What a single run writes (bench writes its own reports)."""
     p.add_argument("--trace", default=None, help="append one NDJSON line per round to this file")
     p.add_argument("--json", action="store_true", help="print one JSON document instead of streaming text")
 
@@ -73,17 +79,23 @@ def chat_parser() -> Parser:
     p.add_argument("--ignore-chat-template", action="store_true", help="tokenize the raw prompt, no chat template")
     p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop before this text (repeatable)")
     add_spec_arguments(p, ["off", "ngram", "draft", "mtp"], "ngram")
+    add_output_arguments(p)
     add_server_arguments(p)
     return p
 
 
 def ocr_parser() -> Parser:
-    p = Parser(prog="specscope ocr", description="Read a document image with GLM-OCR.")
-    p.add_argument("image")
+    p = Parser(prog="specscope ocr", description="Read document images and PDFs with GLM-OCR, page by page.")
+    p.add_argument("files", nargs="+", metavar="FILE", help="images, multi-page TIFFs or PDFs, read in order")
     p.add_argument("--model", default="glm-ocr", help="catalog id, hub repo id, GLM-OCR HF checkpoint (torch runtime) or converted directory (default: glm-ocr)")
     p.add_argument("--runtime", choices=["coreml", "torch"], default=None, help="default: coreml for a converted directory on macOS, else torch")
     p.add_argument("--task", choices=["text", "table", "formula"], default="text")
+    p.add_argument("--pages", default=None, metavar="LIST", help="pages of each PDF / TIFF to read, e.g. 1-3,7 (default: all)")
+    p.add_argument("--format", choices=EXPORT_FORMATS, default=None,
+                   help="print the document at the end as Markdown, plain text or JSON (per page: text, task, "
+                        "model, runtime, rounds summary) instead of streaming its text")
     add_spec_arguments(p, ["off", "mtp"], "mtp")
+    add_output_arguments(p)
     add_server_arguments(p)
     return p
 
@@ -109,8 +121,8 @@ def spec_config(args: argparse.Namespace, builtin_drafter: bool = False) -> Spec
         max_steps=preset.max_steps if preset else MAX_STEPS,
         skip_streak=args.skip_streak,
         draft_model=draft_model,
-        ngram_min=args.ngram_min,
-        ngram_max=args.ngram_max,
+        ngram_min=getattr(args, "ngram_min", 1),
+        ngram_max=getattr(args, "ngram_max", 4),
     )
 
 
@@ -129,34 +141,40 @@ def open_trace(args: argparse.Namespace) -> TraceWriter | None:
     return TraceWriter(args.trace) if args.trace else None
 
 
-def run_and_report(engine, request: Request, args: argparse.Namespace, trace: TraceWriter | None) -> int:
-    """Run to the end (or to the round after Ctrl-C), then print the text's stats or the JSON.
-    A trace that stops being writable is said once and the run goes on without it."""
+def run_and_report(engine, request: Request, args: argparse.Namespace, trace: TraceWriter | None,
+                   stream: bool | None = None, label: str = ""):
+    """Run to the end (or to the round after Ctrl-C), streaming the text (or printing --json),
+    the stats line to stderr; returns the Session. The caller closes the trace (the pages of a
+    document append their runs to one trace). A trace that stops being writable is said once
+    and the run goes on without it."""
     from engines.runs import run_session
 
+    stream = not args.json if stream is None else stream
     if trace is not None:
         trace.on_error = lambda message: print(f"specscope: warning: {message}; the run goes on without the trace",
                                                file=sys.stderr, flush=True)
         trace.write_header({"request": request.to_dict(), "model": engine.model_info()})
+
     def on_round(rnd) -> None:
         if rnd.note:  # e.g. why this run decodes plainly: said on stderr, --json or not
             print(f"specscope: {rnd.note}", file=sys.stderr)
-        if not args.json:
+        if stream:
             write_stdout(rnd.text)
 
     interrupt = Interrupt()
-    try:
-        with interrupt.installed():
-            session = run_session(engine, request, on_round=on_round, trace=trace, should_stop=interrupt,
-                                  on_prefill=PrefillMeter())
-    finally:
-        if trace is not None:
-            trace.close()
+    with interrupt.installed():
+        session = run_session(engine, request, on_round=on_round, trace=trace, should_stop=interrupt,
+                              on_prefill=PrefillMeter())
     if args.json:
         write_stdout(json.dumps(session.to_dict(), ensure_ascii=False) + "\n")
     else:
-        write_stdout("\n")
-        print(stats_line(session), file=sys.stderr)
+        if stream:
+            write_stdout("\n")  # flushed: a piped stdout never takes the stats line in mid-text
+        print((f"[{label}] " if label else "") + stats_line(session), file=sys.stderr, flush=True)
+    return session
+
+
+def exit_code(session) -> int:
     return EXIT_INTERRUPTED if session.finish == "cancelled" else 0
 
 
@@ -220,7 +238,7 @@ def cmd_chat(argv: list[str]) -> int:
     request = checked(Request(
         kind="chat", prompt=args.prompt, system=args.system, max_tokens=args.max_tokens, stop=args.stop,
         ignore_chat_template=args.ignore_chat_template, spec=spec_config(args, builtin_drafter=bool(args.server)),
-        sampling=sampling(args),
+        sampling=sampling(args), max_repeat=args.max_repeat,
     ))
     if args.server:
         return run_on_server(args, request)
@@ -228,31 +246,70 @@ def cmd_chat(argv: list[str]) -> int:
     trace = open_trace(args)
     from app.models.store import leases
 
-    with leases(args.model, request.spec.draft_model):  # `models rm` refuses while this runs
-        engine = load_chat_engine(args.model, request.spec.draft_model)
-        return run_and_report(engine, request, args, trace)
+    try:
+        with leases(args.model, request.spec.draft_model):  # `models rm` refuses while this runs
+            engine = load_chat_engine(args.model, request.spec.draft_model)
+            return exit_code(run_and_report(engine, request, args, trace))
+    finally:
+        if trace is not None:
+            trace.close()
 
 
 def cmd_ocr(argv: list[str]) -> int:
+    """Every page of every FILE in order, in one process (the model loads once). Streams each
+    page's text as it is read (a Markdown heading per page when there are several), or prints
+    the whole document at the end with --format (or one page's rounds with --json)."""
+    from app.settings import data_dir
+
     args = ocr_parser().parse_args(argv)
-    if not Path(args.image).exists():
-        raise UsageError(f"no such image: {args.image}")
-    request = checked(Request(
-        kind="ocr", image=args.image, task=args.task, max_tokens=args.max_tokens,
-        spec=spec_config(args, builtin_drafter=True), sampling=sampling(args),
-    ))
-    check_images([args.image])
+    if args.json and args.format:
+        raise UsageError("--json prints one page's rounds, --format json every page's text and summary: pick one")
+    wanted = parse_page_ranges(args.pages) if args.pages else None
+    pages = pages_of(args.files, data_dir() / "pages", wanted)
+    if args.json and len(pages) > 1:
+        raise UsageError(f"--json prints one page's rounds and the input has {len(pages)} pages; use --format json")
+    requests = [checked(Request(
+        kind="ocr", image=page.image, task=args.task, max_tokens=args.max_tokens,
+        spec=spec_config(args, builtin_drafter=True), sampling=sampling(args), max_repeat=args.max_repeat,
+    )) for page in pages]
+    check_images([page.image for page in pages])
     if args.server:
+        if args.format or len(pages) > 1:
+            raise UsageError("--server reads one page at a time without --format: give one image")
         args.model = None if args.model == "glm-ocr" else args.model  # the catalog default is no server id
-        return run_on_server(args, request)
-    resolve_models(args, request.spec, "ocr")
+        return run_on_server(args, requests[0])
+    resolve_models(args, requests[0].spec, "ocr")
     trace = open_trace(args)
     from app.models.store import leases
     from engines import load_engine
 
-    with leases(args.model):
-        engine = load_engine("ocr", args.model, runtime=args.runtime)
-        return run_and_report(engine, request, args, trace)
+    try:
+        with leases(args.model):
+            engine = load_engine("ocr", args.model, runtime=args.runtime)
+            results = read_pages(engine, pages, requests, args, trace)
+    finally:
+        if trace is not None:
+            trace.close()
+    if args.format:
+        write_stdout(export_text(results, args.format))
+    if len(pages) > 1:
+        print(f"[document: {summarize(results).line()}]", file=sys.stderr, flush=True)
+    return exit_code(results[-1].session)
+
+
+def read_pages(engine, pages, requests: list[Request], args: argparse.Namespace,
+               trace: TraceWriter | None) -> list[PageResult]:
+    """The pages in order; Ctrl-C ends the page being read and the document there."""
+    stream = not args.json and not args.format
+    results = []
+    for i, (page, request) in enumerate(zip(pages, requests)):
+        if stream and len(pages) > 1:
+            write_stdout(("\n" if i else "") + f"## {page.label}\n\n")
+        session = run_and_report(engine, request, args, trace, stream, page.label if len(pages) > 1 else "")
+        results.append(PageResult(page, session))
+        if session.finish == "cancelled":
+            break
+    return results
 
 
 def check_images(paths: list[str]) -> None:
@@ -407,7 +464,7 @@ def cmd_serve(argv: list[str]) -> int:
 COMMANDS = {"chat": cmd_chat, "ocr": cmd_ocr, "bench": cmd_bench, "convert": cmd_convert, "models": cmd_models,
             "serve": cmd_serve}
 
-TOP_HELP = f"""usage: specscope [--screenshot PATH --chat PROMPT | --ocr IMAGE] [options]   (opens the window)
+TOP_HELP = f"""usage: specscope [--screenshot PATH --chat PROMPT | --ocr FILE...] [options]   (opens the window)
        specscope {{{','.join(COMMANDS)}}} ...                              (command line)
 
   chat      chat with an mlx-lm model, speculation off | ngram | draft | mtp
@@ -430,7 +487,11 @@ def main(argv: list[str] | None = None) -> int:
         if argv and argv[0] in COMMANDS:
             return COMMANDS[argv[0]](argv[1:])
         if argv and argv[0] in ("-h", "--help", "help"):
-            print(TOP_HELP)
+            from app.gui import add_gui_arguments
+
+            window = Parser(prog="specscope", usage=argparse.SUPPRESS, add_help=False)
+            add_gui_arguments(window)
+            print(TOP_HELP + "\n\n" + window.format_help().strip())
             return 0
         if argv and argv[0] == "--version":
             from app import __version__

@@ -194,6 +194,11 @@ def export_json(session: Session, path: str | Path, settings: dict | None = None
     atomic_write_text(path, json.dumps(export_dict(session, settings), indent=1, ensure_ascii=False))
 
 
+def export_text_file(text: str, path: str | Path) -> None:
+    """A document export (Markdown, plain text, per-page JSON: app.documents.export_text)."""
+    Path(path).write_text(text, encoding="utf-8")
+
+
 def export_csv(session: Session, path: str | Path) -> None:
     atomic_write_text(path, session.to_csv())
 

@@ -1,6 +1,7 @@
 """`specscope ocr` and `specscope bench ocr` on a tiny real-format GLM-OCR checkpoint."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -47,3 +48,32 @@ def test_bench_ocr_writes_json_and_csv(model_and_image, tmp_path, capsys):
     case = doc["cases"][0]
     assert case["plain_tok_s"] > 0 and case["spec_tok_s"] > 0 and case["tau"] >= 1
     assert next(tmp_path.glob("bench-*.csv")).read_text().startswith("name,plain_tok_s")
+
+
+def test_two_page_pdf_gives_two_page_entries(model_and_image, tmp_path, capsys, monkeypatch):
+    from app.cli import main
+    from tests.pdfs import pdf_of_images
+
+    monkeypatch.setenv("SPECSCOPE_HOME", str(tmp_path / "home"))
+    model, _image = model_and_image
+    pdf = pdf_of_images(tmp_path / "two-page.pdf", sample_images(2))
+    rc = main(["ocr", str(pdf), "--model", str(model), "--runtime", "torch", "--max-tokens", "4", "--format", "json"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    pages = json.loads(out)["pages"]
+    assert [(p["source"], p["page"]) for p in pages] == [(str(pdf), 1), (str(pdf), 2)]
+    assert all(p["task"] == "text" and p["runtime"] == "torch" and 1 <= p["rounds"]["tokens"] <= 4 for p in pages)
+    assert "[document: 2 pages" in err
+
+
+@pytest.mark.parametrize("make, says", [("pdf_without_pages", "has no pages"), ("encrypted_pdf", "is encrypted"),
+                                        ("corrupt_pdf", "corrupt or not a PDF")])
+def test_unreadable_pdf_is_one_line_and_exit_2(tmp_path, make, says):
+    import tests.pdfs
+
+    pdf = getattr(tests.pdfs, make)(tmp_path / "bad.pdf")
+    env = dict(os.environ, SPECSCOPE_HOME=str(tmp_path / "home"))
+    out = subprocess.run([sys.executable, "-m", "app", "ocr", str(pdf), "--model", str(tmp_path)],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.count("\n") == 1 and says in out.stderr and "Traceback" not in out.stderr

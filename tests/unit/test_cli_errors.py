@@ -25,8 +25,14 @@ CASES = {
     "ocr nan temperature": (["ocr", "/etc/hostname", "--model", "/nonexistent", "--temp", "nan"], "--temp"),
     "bad preset": (["chat", "--prompt", "hi", "--preset", "fastest"], "invalid choice"),
     "unwritable trace": (["chat", "--prompt", "hi", "--trace", "/nonexistent-dir/t.ndjson"], "cannot write trace file"),
-    "missing image": (["ocr", "/nonexistent.png", "--model", "/nonexistent"], "no such image"),
+    "missing image": (["ocr", "/nonexistent.png", "--model", "/nonexistent"], "no such file"),
     "missing model dir": (["chat", "--prompt", "hi", "--model", "/nonexistent-model"], "/nonexistent-model"),
+    # issue 14: flags that were accepted and ignored are gone; new ones are checked
+    "ocr has no n-gram lookup": (["ocr", "/etc/hostname", "--ngram-min", "2"], "unrecognized arguments"),
+    "bench writes no trace": (["bench", "chat", "--trace", "t.ndjson"], "unrecognized arguments"),
+    "bench has no --json": (["bench", "chat", "--json"], "unrecognized arguments"),
+    "one copy is no repetition": (["chat", "--prompt", "hi", "--max-repeat", "1"], "--max-repeat must be 0"),
+    "bad page list": (["ocr", "/etc/hostname", "--pages", "3-1"], "--pages"),
 }
 
 
