@@ -1,9 +1,10 @@
 """`specscope` with no subcommand: the window. The lead's CLI (app/__main__.py) calls
 add_gui_arguments(parser) and run_gui(args).
 
-`--screenshot PATH` with `--ocr IMAGE` or `--chat PROMPT` performs the run, then saves a
-screenshot of the window and exits; it works offscreen (QT_QPA_PLATFORM=offscreen).
-Files given on the command line (`specscope page.png other.png`) and files the system asks the
+`--screenshot PATH` with `--ocr FILE...` or `--chat PROMPT` performs the run, then saves a
+screenshot of the window and exits; it works offscreen (QT_QPA_PLATFORM=offscreen). The flags
+are the CLI's words with the CLI's defaults (--spec, --steps, --temp, --max-tokens, ...).
+Files given on the command line (`specscope page.png scan.pdf`) and files the system asks the
 app to open (macOS: Open With, a drop on the Dock icon, as QFileOpenEvents) open in OCR mode, in
 the order given.
 Nothing heavy is imported here: engines load on the worker thread, pyqtgraph after the window
@@ -22,7 +23,7 @@ from PySide6.QtCore import QEvent, QObject, QTimer, Signal
 from app import APP_ID, APP_NAME, __version__
 
 RESOURCES = Path(__file__).resolve().parent.parent / "resources"
-METHODS = ["ngram", "draft", "mtp"]
+METHODS = ["off", "ngram", "draft", "mtp"]
 
 
 def add_gui_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,23 +31,28 @@ def add_gui_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("gui_files", nargs="*", metavar="FILE", help="documents to open for OCR, in this order")
     g.add_argument("--screenshot", dest="gui_screenshot", metavar="PATH",
                    help="perform the run given by --ocr or --chat, save a PNG of the window to PATH, exit")
-    g.add_argument("--ocr", dest="gui_ocr", metavar="IMAGE", help="open IMAGE and run OCR on it")
+    g.add_argument("--ocr", dest="gui_ocr", metavar="FILE", nargs="+",
+                   help="open images / PDFs (their pages in order) and read them")
     g.add_argument("--chat", dest="gui_chat", metavar="PROMPT", help="send PROMPT to the chat engine")
     g.add_argument("--model", dest="gui_model", metavar="PATH",
                    help="model file or folder (default for chat: the embedded SmolLM2-135M-Instruct)")
     g.add_argument("--runtime", dest="gui_runtime", choices=["torch", "coreml"], help="OCR runtime")
     g.add_argument("--task", dest="gui_task", choices=["text", "table", "formula"], help="OCR task")
-    g.add_argument("--method", dest="gui_method", choices=METHODS, help="speculation method")
+    g.add_argument("--spec", dest="gui_method", choices=METHODS,
+                   help="speculation method (default: ngram for chat, mtp for OCR)")
     g.add_argument("--draft-model", dest="gui_draft_model", metavar="PATH", help="draft / assistant model")
-    g.add_argument("--steps", dest="gui_steps", type=int, metavar="N", help="drafts per round, 0-7 (0 = off)")
+    g.add_argument("--steps", dest="gui_steps", type=int, metavar="N",
+                   help="drafts per round, 0-7 (0 = off; default per method as in the CLI: ngram 5, draft 3, mtp 2)")
     g.add_argument("--preset", dest="gui_preset", choices=["throughput", "lift", "balanced", "quality"])
-    g.add_argument("--temperature", dest="gui_temperature", type=float)
-    g.add_argument("--max-tokens", dest="gui_max_tokens", type=int)
+    g.add_argument("--temp", dest="gui_temperature", type=float, metavar="T", help="sampling temperature (0 = greedy)")
+    g.add_argument("--max-tokens", dest="gui_max_tokens", type=int, metavar="N", help="default 256")
+    g.add_argument("--max-repeat", dest="gui_max_repeat", type=int, metavar="N",
+                   help="stop when the output repeats one block N times in a row (default 4; 0 = off)")
     g.add_argument("--system", dest="gui_system", metavar="TEXT", help="chat system prompt")
     g.add_argument("--compare", dest="gui_compare", action="store_true",
                    help="run an A/B compare (speculation off, then on) instead of a single run")
-    g.add_argument("--window-size", dest="gui_window_size", default="1480x920", metavar="WxH",
-                   help="window size for --screenshot (default 1480x920)")
+    g.add_argument("--window-size", dest="gui_window_size", default=None, metavar="WxH",
+                   help="window size (default: 1480x920, or the screen if smaller)")
 
 
 def _arg(args, name: str, default=None):
@@ -55,7 +61,7 @@ def _arg(args, name: str, default=None):
 
 def apply_arguments(settings, args) -> None:
     """Command-line options override the remembered settings for this launch."""
-    from engines.speculative.schedule import PRESETS
+    from engines.speculative.schedule import DEFAULT_STEPS, PRESETS
 
     if _arg(args, "ocr") or _arg(args, "files"):
         settings.engine = "ocr"
@@ -66,17 +72,21 @@ def apply_arguments(settings, args) -> None:
             settings.ocr_model = str(Path(_arg(args, "model")).expanduser())
         else:
             settings.chat_model = str(Path(_arg(args, "model")).expanduser())
-    for name in ("runtime", "task", "draft_model", "temperature", "max_tokens"):
+    for name in ("runtime", "task", "draft_model", "temperature", "max_tokens", "max_repeat"):
         value = _arg(args, name)
         if value is not None:
             setattr(settings, {"runtime": "ocr_runtime"}.get(name, name), value)
     if _arg(args, "system") is not None:
         settings.system_prompt = _arg(args, "system")
-    if _arg(args, "method"):
+    method = _arg(args, "method")
+    if method == "off":  # as in the CLI: plain decoding is 0 drafts
+        settings.steps, settings.preset = 0, None
+    elif method:
         if settings.engine == "ocr":
-            settings.ocr_method = _arg(args, "method")
+            settings.ocr_method = method
         else:
-            settings.chat_method = _arg(args, "method")
+            settings.chat_method = method
+        settings.steps, settings.preset = DEFAULT_STEPS[method], None
     if _arg(args, "preset"):
         settings.preset = _arg(args, "preset")
         settings.steps = PRESETS[settings.preset].steps
@@ -219,16 +229,22 @@ def run_gui(args: argparse.Namespace) -> int:
     if window.autosave_message:  # e.g. a read-only data folder: the run goes on unsaved
         print(f"specscope: {window.autosave_message}", file=sys.stderr)
     if _arg(args, "ocr"):
-        if not window.document.add_images([_arg(args, "ocr")]):
-            print(f"specscope: cannot read image {_arg(args, 'ocr')}", file=sys.stderr)
+        unreadable = []
+        window.document.load_failed.connect(unreadable.append)
+        if not window.open_documents(_arg(args, "ocr")) or unreadable:
+            print(f"specscope: error: {unreadable[0] if unreadable else 'cannot read ' + _arg(args, 'ocr')[0]}",
+                  file=sys.stderr)
             return 2
     if _arg(args, "files"):
         window.open_documents(_arg(args, "files"))
     file_events.files_opened.connect(window.open_documents)
     if _arg(args, "chat"):
         window.prompt.setPlainText(_arg(args, "chat"))
-    if screenshot:
-        w, _, h = (_arg(args, "window_size") or "1480x920").partition("x")
+    if _arg(args, "window_size"):
+        w, _, h = _arg(args, "window_size").partition("x")
+        if not (w.isdigit() and h.isdigit()):
+            print("specscope: error: --window-size takes WIDTHxHEIGHT, e.g. 1280x800", file=sys.stderr)
+            return 2
         window.resize(int(w), int(h))
     if os.environ.get("SPECSCOPE_FIRST_PAINT_EXIT"):
         window.installEventFilter(FirstPaint(app))

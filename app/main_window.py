@@ -1,10 +1,15 @@
 """The main window: composes the panes, wires the worker's signals to them, and keeps the
-conversation and the session of the current run. No inference code here: a run is a RunSpec
-handed to a RunWorker on its own QThread (app.worker).
+conversation, the pages read and the session of the current run. No inference code here: a
+run is a RunSpec handed to a RunWorker on its own QThread (app.worker).
 
-Layout: controls sidebar | document pane | output pane, with the telemetry pane underneath.
-The telemetry pane (pyqtgraph) is built right after the window is first shown, so the window
-appears before pyqtgraph is imported."""
+Layout: controls sidebar | document pane (page list, page) | output pane, with the telemetry
+pane underneath. The telemetry pane (pyqtgraph) is built right after the window is first shown,
+so the window appears before pyqtgraph is imported.
+
+Chat and OCR keep separate state (ModeState: transcript, session, A/B result, status line):
+switching modes shows the other mode as it was left. OCR reads every page of the document in
+order, one run per page (a Reading); Stop ends it after the current round and keeps the pages
+already read, and the next Read goes on from the first page not read."""
 
 from __future__ import annotations
 
@@ -12,22 +17,23 @@ import base64
 import sys
 import time
 from collections import deque
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from PySide6.QtCore import QByteArray, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (
     QApplication, QFileDialog, QHBoxLayout, QLabel, QMainWindow, QMessageBox, QPushButton,
-    QSplitter, QVBoxLayout, QWidget,
+    QSplitter, QStackedWidget, QToolButton, QVBoxLayout, QWidget,
 )
 
 from app import APP_NAME
 from app.bursts import Burst
 from app.compare import CompareResult, compare_sessions
+from app.documents import Page, PageResult, export_text, summarize
 from app.sessions import (
-    SavedSession, autosave_problem, crashed_sessions, export_csv, export_json, export_png, load_session,
-    mark_interrupted, new_autosave_path, sessions_dir,
+    SavedSession, autosave_problem, crashed_sessions, export_csv, export_json, export_png, export_text_file,
+    load_session, mark_interrupted, new_autosave_path, sessions_dir,
 )
 from app.settings import AppSettings, data_dir, save_settings
 from app.model_jobs import ModelJobs
@@ -39,9 +45,10 @@ from app.views.prompt import PromptEdit
 from app.views.server_dialog import ServerDialog
 from app.views.sessions_dialog import SessionsDialog
 from app.views.transcript import TranscriptView
-from app.worker import EngineCache, EngineLoader, RunSpec, RunWorker, start_worker
+from app.worker import EngineCache, EngineLoader, EnginePreload, RunSpec, RunWorker, start_worker
 from engines import EngineError, Request, SpecConfig
 from engines.speculative.rounds import fallback_note
+from engines.speculative.repetition import acceptance_jump
 from engines.speculative.session import Session
 from engines.validation import validate
 
@@ -49,6 +56,33 @@ from engines.validation import validate
 GIL_SWITCH_INTERVAL_S = 0.0005
 SHOW_INTERVAL_MS = 15  # how often buffered rounds are drawn
 SHOW_BUDGET_S = 0.012  # and for how long at most, so the event loop always gets its turn
+DEFAULT_SIZE = (1480, 920)  # shrunk to the screen, so it also fits 1280x800
+A_B_ON = "A/B \u00b7 speculation on"
+PAGE_STATE_OF_FINISH = {"stop": "read", None: "read", "length": "length", "repetition": "repetition",
+                        "cancelled": "cancelled", "error": "errored"}
+
+
+@dataclass
+class ModeState:
+    """What one mode (chat or OCR) shows; the other mode's is kept aside, untouched."""
+
+    session: Session | None = None  # the run shown in the panes
+    session_settings: dict = field(default_factory=dict)
+    last_compare: CompareResult | None = None
+    status: str = "Ready"
+    model_label: str = ""
+
+
+@dataclass
+class Reading:
+    """An OCR run over pages, in order: `queue` holds (page index, page) still to read."""
+
+    queue: deque
+    region: bool = False  # reading a region of one page, not whole pages
+
+    @property
+    def current(self) -> tuple[int, Page]:
+        return self.queue[0]
 
 
 def runtime_text(kind: str | None, model: dict) -> str:
@@ -69,20 +103,25 @@ class MainWindow(QMainWindow):
     round_shown = Signal(object)  # a Burst, after the panes have taken it
     run_ended = Signal(str)  # finished | cancelled | errored, after the pane updates
     compare_finished = Signal(object)  # CompareResult
+    page_read = Signal(object)  # a PageResult, after its page has ended (OCR)
     telemetry_ready = Signal()
+    model_preloaded = Signal(str)  # "" when the chat model is ready, else why it could not load
 
     def __init__(self, settings: AppSettings | None = None, engine_loader: EngineLoader | None = None,
-                 persist: bool = True, autosave: bool = True):
+                 persist: bool = True, autosave: bool = True, preload: bool = True):
         super().__init__()
         self.settings = settings or AppSettings()
         self.persist = persist  # save settings on close (off for tests and screenshots)
         self.autosave = autosave
+        self.preload = preload  # load the chat model in the background once the window shows
         self.engines = EngineCache(engine_loader)
         self.history: list[dict] = []  # the chat conversation, {"role", "content"}
-        self.session: Session | None = None  # the run shown in the panes
+        self.modes = {"chat": ModeState(), "ocr": ModeState()}
+        self.mode = "chat"
+        self.results: list[PageResult] = []  # the pages read (OCR), in reading order
+        self.reading: Reading | None = None
         self.fallback: str | None = None  # the shown run's drafter fallback, if its drafter failed
         self.autosave_message: str | None = None  # why runs are not (or no longer) being saved
-        self.session_settings: dict = {}
         self.worker: RunWorker | None = None
         self.thread = None
         self.threads: list = []  # (QThread, RunWorker) pairs, kept alive until the thread finishes
@@ -106,13 +145,23 @@ class MainWindow(QMainWindow):
         self.setAcceptDrops(True)
         self.controls = ControlsPanel()
         self.document = DocumentView(paste_dir=data_dir() / "pasted")
-        self.transcript = TranscriptView()
+        self.document.load_failed.connect(lambda message: self.transcripts["ocr"].show_message(message, "error"))
+        self.document.page_changed.connect(self._show_page_result)
+        self.transcripts = {"chat": TranscriptView(), "ocr": TranscriptView()}
+        self.transcripts["chat"].title.setText("Conversation")
+        self.transcripts["ocr"].title.setText("Text")
+        self.transcript_stack = QStackedWidget()
+        for view in self.transcripts.values():
+            self.transcript_stack.addWidget(view)
+            view.round_selected.connect(self._select_in_telemetry)
         self.prompt = PromptEdit(placeholderText="Message \u2014 Enter to send, Shift+Enter for a new line",
                                  objectName="prompt")
         self.prompt.setFixedHeight(70)
         self.prompt.submitted.connect(self.run)
-        self.send_button = QPushButton("Send", objectName="primary")
+        self.send_button = QPushButton("Send", objectName="primary", toolTip="Send (Enter)")
         self.send_button.clicked.connect(self.run)
+        self.clear_button = QToolButton(text="Clear", toolTip="Clear the conversation (Ctrl+L)", autoRaise=True)
+        self.clear_button.clicked.connect(self.clear_conversation)
         self.telemetry_holder = QWidget(objectName="telemetryHolder")
         QVBoxLayout(self.telemetry_holder).setContentsMargins(0, 0, 0, 0)
         self.telemetry_holder.setMinimumHeight(250)
@@ -128,10 +177,11 @@ class MainWindow(QMainWindow):
         output_col.addWidget(self.model_offer)
         self.recovery = Notice()  # offers a run a crash cut short
         output_col.addWidget(self.recovery)
-        output_col.addWidget(self.transcript, 1)
+        output_col.addWidget(self.transcript_stack, 1)
         self.prompt_row = QWidget(objectName="promptRow")
         prompt_layout = QHBoxLayout(self.prompt_row)
         prompt_layout.setContentsMargins(10, 8, 10, 10)
+        prompt_layout.addWidget(self.clear_button, 0, Qt.AlignmentFlag.AlignBottom)
         prompt_layout.addWidget(self.prompt, 1)
         prompt_layout.addWidget(self.send_button, 0, Qt.AlignmentFlag.AlignBottom)
         output_col.addWidget(self.prompt_row)
@@ -163,7 +213,6 @@ class MainWindow(QMainWindow):
         self.controls.stop_requested.connect(self.stop)
         self.controls.compare_requested.connect(self.start_compare)
         self.controls.engine_changed.connect(self._on_engine_changed)
-        self.transcript.round_selected.connect(self._select_in_telemetry)
         self.controls.method_combo.currentIndexChanged.connect(self.update_model_offer)
         self.controls.model_combo.currentTextChanged.connect(self.update_model_offer)
         self.controls.draft_edit.textChanged.connect(self.update_model_offer)
@@ -172,10 +221,50 @@ class MainWindow(QMainWindow):
         self._build_menus()
         self._check_autosave()
         self.controls.apply_settings(self.settings)
+        self.mode = self.controls.engine
         self._on_engine_changed(self.controls.engine)
         self._restore_geometry()
         if not self.settings.window_geometry:
-            self.resize(1480, 920)
+            self.resize(*self.default_size())
+        # An explicit minimum: without one the layout would raise the window's minimum when the
+        # plots arrive after the first paint, and offscreen Qt warns "This plugin does not
+        # support propagateSizeHints()" on every such change.
+        self.setMinimumSize(960, 640)
+
+    def default_size(self) -> tuple[int, int]:
+        screen = self.screen().availableGeometry() if self.screen() else None
+        if screen is None:
+            return DEFAULT_SIZE
+        return min(DEFAULT_SIZE[0], screen.width()), min(DEFAULT_SIZE[1], screen.height())
+
+    # --- per-mode state -------------------------------------------------------------------
+    @property
+    def transcript(self) -> TranscriptView:
+        return self.transcripts[self.mode]
+
+    @property
+    def session(self) -> Session | None:
+        return self.modes[self.mode].session
+
+    @session.setter
+    def session(self, session: Session | None) -> None:
+        self.modes[self.mode].session = session
+
+    @property
+    def session_settings(self) -> dict:
+        return self.modes[self.mode].session_settings
+
+    @session_settings.setter
+    def session_settings(self, settings: dict) -> None:
+        self.modes[self.mode].session_settings = settings
+
+    @property
+    def last_compare(self) -> CompareResult | None:
+        return self.modes[self.mode].last_compare
+
+    @last_compare.setter
+    def last_compare(self, result: CompareResult | None) -> None:
+        self.modes[self.mode].last_compare = result
 
     # --- window furniture -----------------------------------------------------------------
     def _build_menus(self) -> None:
@@ -188,11 +277,15 @@ class MainWindow(QMainWindow):
             return a
 
         file = self.menuBar().addMenu("&File")
-        action(file, "Open Image\u2026", self.document.open_dialog, QKeySequence.StandardKey.Open)
+        action(file, "Open Images or PDFs\u2026", self.document.open_dialog, QKeySequence.StandardKey.Open)
         action(file, "Paste Image", self.paste, QKeySequence.StandardKey.Paste)
         file.addSeparator()
         action(file, "Sessions\u2026", self.open_sessions_dialog, "Ctrl+Shift+O")
         action(file, "Connect to Server\u2026", self.connect_to_server)
+        text = file.addMenu("Save Text As")
+        action(text, "Markdown\u2026", lambda: self._save_text_dialog("md"), "Ctrl+Shift+S")
+        action(text, "Plain Text\u2026", lambda: self._save_text_dialog("txt"))
+        action(text, "JSON (per page)\u2026", lambda: self._save_text_dialog("json"))
         export = file.addMenu("Export Session")
         action(export, "JSON\u2026", lambda: self._export_dialog("json"))
         action(export, "CSV\u2026", lambda: self._export_dialog("csv"))
@@ -200,13 +293,16 @@ class MainWindow(QMainWindow):
         file.addSeparator()
         action(file, "Quit", self.close, QKeySequence.StandardKey.Quit)
         edit = self.menuBar().addMenu("&Edit")
-        action(edit, "Copy Output", self.transcript.copy_output, "Ctrl+Shift+C")
+        action(edit, "Copy Output", lambda: self.transcript.copy_output(), "Ctrl+Shift+C")
+        action(edit, "Copy as Markdown", self.copy_markdown, "Ctrl+Alt+C")
+        edit.addSeparator()
+        self.clear_action = action(edit, "Clear Conversation", self.clear_conversation, "Ctrl+L")
         view = self.menuBar().addMenu("&View")
         action(view, "Zoom In", lambda: self.document.view.zoom_by(1.25), QKeySequence.StandardKey.ZoomIn)
         action(view, "Zoom Out", lambda: self.document.view.zoom_by(0.8), QKeySequence.StandardKey.ZoomOut)
         action(view, "Fit Page", self.document.view.fit, "Ctrl+0")
         run = self.menuBar().addMenu("&Run")
-        self.run_action = action(run, "Run", self.run, "Ctrl+R")
+        self.run_action = action(run, "Send", self.run, "Ctrl+R")
         self.stop_action = action(run, "Stop", self.stop, "Esc")
         action(run, "A/B Compare", self.start_compare, "Ctrl+Shift+R")
         models = self.menuBar().addMenu("&Models")
@@ -215,6 +311,19 @@ class MainWindow(QMainWindow):
         toolbar.setObjectName("modelsToolbar")
         toolbar.setMovable(False)
         toolbar.addAction(self.models_action)
+        help_menu = self.menuBar().addMenu("&Help")
+        action(help_menu, f"About {APP_NAME}", self.show_about)
+        action(help_menu, "README", lambda: self._open_readme())
+
+    def show_about(self) -> None:
+        from app.views.about import show_about
+
+        show_about(self, self.session.model if self.session else None)
+
+    def _open_readme(self) -> None:
+        from app.views.about import open_readme
+
+        open_readme(self)
 
     def _restore_geometry(self) -> None:
         try:
@@ -230,6 +339,41 @@ class MainWindow(QMainWindow):
         if self.telemetry is None and not self._telemetry_queued:
             self._telemetry_queued = True
             QTimer.singleShot(0, self.ensure_telemetry)
+            if self.preload:
+                QTimer.singleShot(0, self.preload_chat_model)
+
+    def preload_chat_model(self) -> None:
+        """Loads the chat model on a worker thread as the window opens, so the first Send
+        does not wait for it; the status bar says it is loading."""
+        if self.running or self.controls.engine != "chat":
+            return
+        worker = EnginePreload("chat", self.controls.model_path(), self.controls.engine_options(), self.engines)
+        worker.loaded.connect(self._on_preloaded)
+        worker.failed.connect(self._on_preload_failed)
+        thread = start_worker(worker)
+        thread.finished.connect(self._on_thread_finished)
+        self.threads.append((thread, worker))
+        self.modes["chat"].status = "Loading the chat model in the background\u2026"
+        if self.mode == "chat":
+            self.status.setText(self.modes["chat"].status)
+
+    def _on_preloaded(self, model: dict) -> None:
+        state = self.modes["chat"]
+        if state.status.startswith("Loading the chat model"):
+            state.status = f"Ready \u00b7 {model.get('name', 'the model')} is loaded"
+            state.model_label = f"{model.get('name', '?')} \u00b7 {model.get('hash', '')}"
+            if self.mode == "chat" and not self.running:
+                self.status.setText(state.status)
+                self.model_label.setText(state.model_label)
+        self.model_preloaded.emit("")
+
+    def _on_preload_failed(self, message: str) -> None:
+        state = self.modes["chat"]
+        if state.status.startswith("Loading the chat model"):
+            state.status = "Ready"
+            if self.mode == "chat" and not self.running:
+                self.status.setText("Ready")
+        self.model_preloaded.emit(message)  # the first Send reports it, with what to do
 
     def ensure_telemetry(self):
         """Imports pyqtgraph and builds the plots (after the first paint, to start fast)."""
@@ -237,7 +381,7 @@ class MainWindow(QMainWindow):
             from app.views.telemetry import TelemetryView
 
             self.telemetry = TelemetryView()
-            self.telemetry.round_selected.connect(self.transcript.select_round)
+            self.telemetry.round_selected.connect(lambda index: self.transcript.select_round(index))
             self.telemetry_holder.layout().addWidget(self.telemetry)
             if self.session is not None:  # rounds that arrived before the plots existed
                 for rnd in self.session.rounds:
@@ -249,11 +393,45 @@ class MainWindow(QMainWindow):
         self.ensure_telemetry().select_round(index)
 
     def _on_engine_changed(self, engine: str) -> None:
+        """Shows the other mode as it was left: its transcript, plots, A/B result and status."""
+        old = self.modes[self.mode]
+        if engine != self.mode:
+            old.status, old.model_label = self.status.text(), self.model_label.text()
+        self.mode = engine
         ocr = engine == "ocr"
         self.document.setVisible(ocr)
         self.prompt_row.setVisible(not ocr)
-        self.transcript.title.setText("Text" if ocr else "Conversation")
+        self.transcript_stack.setCurrentWidget(self.transcript)
+        self.controls.run_button.setVisible(ocr)  # chat's primary action is Send, beside the prompt
+        self.run_action.setText("Read" if ocr else "Send")
+        self.clear_action.setEnabled(not ocr)
+        state = self.modes[engine]
+        self.status.setText(state.status)
+        self.model_label.setText(state.model_label)
+        if self.telemetry is not None:
+            self._show_in_telemetry(state.session, state.last_compare)
         self.update_model_offer()
+
+    def _show_in_telemetry(self, session: Session | None, compare: CompareResult | None = None) -> None:
+        telemetry = self.ensure_telemetry()
+        telemetry.clear()
+        telemetry.set_baseline(self._series_of(compare.off) if compare else None)
+        telemetry.set_speedup(f"{compare.decode_speedup:.2f}\u00d7" if compare else "\u2013")
+        for rnd in session.rounds if session else []:
+            telemetry.append(rnd)
+        telemetry.refresh(force=True)
+
+    def clear_conversation(self) -> None:
+        """Starts a new chat: no history, an empty transcript, no figures."""
+        if self.running or self.mode != "chat":
+            return
+        self.history, self.pending_prompt = [], ""
+        self.transcripts["chat"].clear()
+        self.transcripts["chat"].hide_message()
+        self.modes["chat"] = ModeState(model_label=self.model_label.text())
+        self.status.setText("Ready")
+        if self.telemetry is not None:
+            self._show_in_telemetry(None)
 
     def update_model_offer(self, *_event) -> None:
         """The pane says what its mode is missing, with the one button that gets it."""
@@ -281,34 +459,35 @@ class MainWindow(QMainWindow):
         self.document.dragEnterEvent(event)
 
     def dropEvent(self, event) -> None:
+        if self.running:
+            return  # the mode cannot change under a run; drop again when it has ended
         if self.document.accept_mime(event.mimeData()):
             event.acceptProposedAction()
             self.controls.set_engine("ocr")
 
     def open_documents(self, paths: list[str]) -> int:
-        """Files opened from outside the window (command line, Open With, the Dock icon) become
-        pages in the order given, and the window switches to OCR. Returns how many opened."""
-        added = self.document.add_images(paths)
-        if added:
+        """Files opened from outside the window (command line, Open With, the Dock icon, a
+        drop) become pages in the order given (a PDF or TIFF gives all its pages), and the window
+        switches to OCR. Returns how many pages were added; a file that cannot be read says so
+        in the OCR pane (DocumentView.load_failed)."""
+        added = self.document.add_files([str(p) for p in paths])
+        if added and not self.running:
             self.controls.set_engine("ocr")
-        if added < len(paths):
-            unread = [Path(p).name for p in paths if p not in self.document.pages]
-            self.transcript.show_message(f"cannot open {', '.join(unread)}: not an image Specscope reads")
         return added
 
     def paste(self) -> None:
-        if self.document.paste(QApplication.clipboard()):
+        if not self.running and self.document.paste(QApplication.clipboard()):
             self.controls.set_engine("ocr")
 
-    def build_request(self, spec: SpecConfig | None = None) -> Request:
+    def build_request(self, spec: SpecConfig | None = None, image: str | None = None) -> Request:
         """The run the controls describe. Raises EngineError for what the user must fix first."""
         c = self.controls
         request = Request(kind=c.engine, max_tokens=c.max_tokens_spin.value(),
-                          spec=spec or c.spec_config(), sampling=c.sampling())
+                          spec=spec or c.spec_config(), sampling=c.sampling(), max_repeat=self.settings.max_repeat)
         if c.engine == "ocr":
-            image = self.document.current_image()
+            image = image or self.document.region_image() or self.document.current_image()
             if image is None:
-                raise EngineError("drop an image onto the window (or open / paste one) to run OCR")
+                raise EngineError("drop an image or a PDF onto the window (or open / paste one) to run OCR")
             request.image = image
             request.task = c.task_combo.currentData()
         else:
@@ -327,15 +506,87 @@ class MainWindow(QMainWindow):
         return self.worker is not None
 
     def run(self) -> bool:
-        """Starts a run from the controls; False (with a message) when it cannot start."""
+        """Starts a run from the controls (chat: send; OCR: read the pages, or the region);
+        False (with a message) when it cannot start."""
         if self.running:
             return False
         self.compare = None
+        if self.controls.engine == "ocr":
+            return self.read_document()
         return self._start(label="")
 
-    def _start(self, label: str, spec: SpecConfig | None = None) -> bool:
+    # --- OCR: pages in order ----------------------------------------------------------------
+    def read_document(self) -> bool:
+        """Reads the pages not read yet (all of them once every page has been read), or just
+        the region drawn on the current page."""
+        pages = self.document.pages
+        if not pages:
+            self.transcript.show_message("drop an image or a PDF onto the window (or open / paste one) to run OCR", "info")
+            return False
+        region = self.document.region_image()
+        if region is not None:
+            index, page = self.document.index, self.document.current_page()
+            queue = [(index, replace(page, image=region))]
+            self.results = []
+        else:
+            self.results = [r for r in self.results if r.page in pages]  # a region read is no page
+            done = {r.page for r in self.results}
+            queue = [(i, p) for i, p in enumerate(pages) if p not in done]
+            if not queue:  # everything was read: read it all again
+                queue, self.results = list(enumerate(pages)), []
+        if not self.results:
+            self.transcript.clear()
+            for i in range(len(pages)):
+                self.document.set_page_state(i, "")
+        for i, _page in queue:
+            self.document.set_page_state(i, "queued")
+        self.reading = Reading(deque(queue), region=region is not None)
+        if not self._read_next_page():
+            self.reading = None
+            return False
+        return True
+
+    def _read_next_page(self) -> bool:
+        index, page = self.reading.current
+        if not self.reading.region:
+            self.document.show_page(index)
+        self.document.set_page_state(index, "reading")
+        label = f"Region of {page.label}" if self.reading.region else page.label
+        if not self._start(label, image=page.image):
+            self.document.set_page_state(index, "errored")
+            return False
+        return True
+
+    def _page_ended(self, session: Session) -> None:
+        """A page's run has ended: mark it, keep it if it was read to an end, go on."""
+        index, page = self.reading.current
+        finish = session.finish
+        state = PAGE_STATE_OF_FINISH.get(finish, "read")
+        s = session.stats()
+        self.document.set_page_state(index, state, f"{s.tokens} tokens \u00b7 {s.decode_tok_s:.1f} tok/s "
+                                                   f"\u00b7 acceptance {100 * s.acceptance_rate:.0f}%")
+        if finish != "cancelled":
+            result = PageResult(page, session)
+            self.results.append(result)
+            self.page_read.emit(result)
+        self.reading.queue.popleft()
+
+    def _show_page_result(self, index: int) -> None:
+        """Clicking a page that has been read shows its own plots and figures."""
+        if self.running or not 0 <= index < len(self.document.pages):
+            return
+        page = self.document.pages[index]
+        result = next((r for r in self.results if r.page == page), None)
+        if result is not None and self.telemetry is not None:
+            self.session = result.session
+            self._show_in_telemetry(result.session)
+            s = result.session.stats()
+            self.status.setText(f"{page.label}: {s.tokens} tokens, {s.decode_tok_s:.1f} tok/s, "
+                                f"acceptance {100 * s.acceptance_rate:.0f}% ({result.session.finish})")
+
+    def _start(self, label: str, spec: SpecConfig | None = None, image: str | None = None) -> bool:
         try:
-            request = self.build_request(spec)
+            request = self.build_request(spec, image)
         except EngineError as e:
             self.transcript.show_message(str(e), "info")
             return False
@@ -385,14 +636,14 @@ class MainWindow(QMainWindow):
         self.transcript.hide_message()
         self.transcript.show_rendered(False)
         if request.kind == "chat":
-            if label != "A/B \u00b7 speculation on":
+            if label != A_B_ON:
                 self.transcript.add_turn("user", request.prompt)
                 self.pending_prompt = request.prompt
                 self.prompt.clear()
             self.transcript.begin_response("Assistant" + (f" \u00b7 {label}" if label else ""))
         else:
-            if label != "A/B \u00b7 speculation on":
-                self.transcript.clear()
+            if self.reading is None and label != A_B_ON:
+                self.transcript.clear()  # an A/B compare shows its two runs alone
             self.transcript.begin_response(label or None)
         self.session = None
         if self.telemetry is not None:
@@ -410,7 +661,11 @@ class MainWindow(QMainWindow):
         m = session.model
         self.model_label.setText(f"{m.get('name', '?')} \u00b7 {runtime_text(session.request.get('kind'), m)} "
                                  f"\u00b7 {m.get('hash', '')}")
-        self.status.setText("Running\u2026")
+        if self.reading is not None and len(self.reading.queue) + len(self.results) > 1:
+            index, page = self.reading.current
+            self.status.setText(f"Reading {page.label} ({index + 1} of {len(self.document.pages)})\u2026")
+        else:
+            self.status.setText("Running\u2026")
 
     def _on_prefill_progressed(self, progress) -> None:
         self.status.setText(progress.describe().capitalize() + " \u2014 Esc stops")
@@ -481,11 +736,47 @@ class MainWindow(QMainWindow):
                             + (f" \u00b7 {stats.fallback}" if stats.fallback else ""))
         if self.telemetry is not None:
             self.telemetry.refresh(force=True)
+        if session.finish == "repetition":
+            self._show_repetition(session)
         if self.compare is not None:
             self._continue_compare(session)
-        elif session.request.get("kind") == "chat":
+            self.run_ended.emit("finished")
+            return
+        if session.request.get("kind") == "chat":
             self._remember_turn(session)
+        if self.reading is not None:
+            self._page_ended(session)
+            if self.reading.queue:
+                if self._read_next_page():
+                    return
+                self.reading = None
+                self.run_ended.emit("errored")
+                return
+            self._end_reading()
         self.run_ended.emit("finished")
+
+    def _end_reading(self) -> None:
+        """The last page has been read: the session summary."""
+        self.reading = None
+        if len(self.results) > 1:
+            summary = summarize(self.results).line()
+            self.status.setText(f"Read {summary}")
+            if not self.transcript.message_text:
+                self.transcript.show_message(f"Read {summary}", "info")
+
+    def _show_repetition(self, session: Session) -> None:
+        """A run stopped because it repeated itself: say so, and show what speculation saw."""
+        note = next((r.note for r in reversed(session.rounds) if r.note and "repeats" in r.note),
+                    "stopped: the output repeats itself")
+        where = f" on {self.reading.current[1].label}" if self.reading is not None else ""
+        jump = acceptance_jump(session.rounds)
+        signal = ""
+        if jump is not None:
+            recent, before = jump
+            signal = (f" Draft acceptance rose to {100 * recent:.0f}% over the last rounds "
+                      f"(from {100 * before:.0f}%): the model was copying itself.")
+        self.transcript.show_message(f"{note[0].upper()}{note[1:]}{where}.{signal} "
+                                     "(--max-repeat sets how many copies end a run; 0 turns it off.)", "warning")
 
     def _on_cancelled(self, session: Session) -> None:
         self._end_run()
@@ -493,6 +784,14 @@ class MainWindow(QMainWindow):
         if session.request.get("kind") == "chat" and session.text:
             self._remember_turn(session)
         self.compare = None
+        if self.reading is not None:
+            self._page_ended(session)
+            read = len(self.results)
+            self.status.setText(f"Stopped after {len(session.rounds)} rounds; {read} page{'s' * (read != 1)} read "
+                                "are kept \u2014 Read goes on from the next page")
+            for i, _page in self.reading.queue:
+                self.document.set_page_state(i, "")
+            self.reading = None
         if self.telemetry is not None:
             self.telemetry.refresh(force=True)
         self.run_ended.emit("cancelled")
@@ -500,6 +799,12 @@ class MainWindow(QMainWindow):
     def _on_errored(self, message: str) -> None:
         self._end_run()
         self.compare = None
+        if self.reading is not None:
+            index, _page = self.reading.current
+            self.document.set_page_state(index, "errored", message)
+            for i, _page in list(self.reading.queue)[1:]:
+                self.document.set_page_state(i, "")
+            self.reading = None
         self.transcript.show_message(message, "error")
         self.status.setText("Error")
         self.run_ended.emit("errored")
@@ -521,8 +826,9 @@ class MainWindow(QMainWindow):
         if not on.enabled:
             self.transcript.show_message("A/B compare needs speculation on: set Drafts to 1 or more", "info")
             return False
-        self.compare = {"phase": "off", "on_spec": on}
-        if not self._start("A/B \u00b7 speculation off", SpecConfig(method="off", steps=0)):
+        image = (self.document.region_image() or self.document.current_image()) if self.mode == "ocr" else None
+        self.compare = {"phase": "off", "on_spec": on, "image": image}
+        if not self._start("A/B \u00b7 speculation off", SpecConfig(method="off", steps=0), image):
             self.compare = None
             return False
         return True
@@ -531,7 +837,7 @@ class MainWindow(QMainWindow):
         if self.compare["phase"] == "off":
             self.compare.update(phase="on", off=session)
             off_series = self._series_of(session)
-            if not self._start("A/B \u00b7 speculation on", self.compare["on_spec"]):
+            if not self._start(A_B_ON, self.compare["on_spec"], self.compare.get("image")):
                 self.compare = None
                 return
             if self.telemetry is not None:
@@ -631,8 +937,8 @@ class MainWindow(QMainWindow):
         self.session, self.session_settings = saved.session, saved.settings
         outcome = saved.outcome or "interrupted (recovered from the autosave file)"
         self.status.setText(f"Session {saved.path.name}: {len(saved.bursts)} rounds, {outcome}")
-        if req.get("image") and Path(req["image"]).exists() and req["image"] not in self.document.pages:
-            self.document.add_images([req["image"]])
+        if req.get("image") and Path(req["image"]).exists() and req["image"] not in self.document.page_images():
+            self.document.add_files([req["image"]])
 
     def open_session(self, path: str | Path) -> SavedSession:
         saved = load_session(path)
@@ -663,6 +969,44 @@ class MainWindow(QMainWindow):
         else:
             raise ValueError(kind)
 
+    # --- text exports -------------------------------------------------------------------------
+    def document_results(self) -> list[PageResult]:
+        """What the text exports hold: the pages read (OCR), or the last reply as one page (chat)."""
+        if self.mode == "ocr":
+            return list(self.results)
+        if self.session is None or not self.session.rounds:
+            return []
+        return [PageResult(Page("chat", 1, 1, ""), self.session)]
+
+    def export_text(self, fmt: str) -> str:
+        results = self.document_results()
+        if not results:
+            raise EngineError("nothing to export yet: run something first")
+        return export_text(results, fmt)
+
+    def copy_markdown(self) -> None:
+        try:
+            QApplication.clipboard().setText(self.export_text("md"))
+        except EngineError as e:
+            self.transcript.show_message(str(e), "info")
+
+    def save_text(self, fmt: str, path: str | Path) -> None:
+        export_text_file(self.export_text(fmt), path)
+
+    def _save_text_dialog(self, fmt: str) -> None:
+        if not self.document_results():
+            self.transcript.show_message("Nothing to save yet: run something first", "info")
+            return
+        names = {"md": "Markdown (*.md)", "txt": "Plain text (*.txt)", "json": "JSON (*.json)"}
+        source = self.results[0].page.source if self.mode == "ocr" and self.results else "specscope"
+        suggested = f"{Path(source).stem}.{fmt}"
+        path, _ = QFileDialog.getSaveFileName(self, "Save Text As", suggested, names[fmt])
+        if path:
+            try:
+                self.save_text(fmt, path)
+            except OSError as e:
+                QMessageBox.warning(self, APP_NAME, f"Saving failed: {e}")
+
     def _export_dialog(self, kind: str) -> None:
         if self.session is None:
             self.transcript.show_message("Nothing to export yet: run something first", "info")
@@ -689,7 +1033,7 @@ class MainWindow(QMainWindow):
         if self.worker is not None:
             self.worker.request_stop()
         self.model_jobs.shutdown(timeout_ms)
-        for thread, _worker in list(self.threads):
+        for thread, _worker in list(self.threads):  # runs and the background model load
             thread.quit()
             thread.wait(timeout_ms)
         self.threads = []

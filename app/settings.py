@@ -41,10 +41,11 @@ class AppSettings:
     task: str = "text"  # OCR task: text | table | formula
     chat_method: str = "ngram"
     ocr_method: str = "mtp"
-    steps: int = 2
-    preset: str | None = "balanced"
+    steps: int | None = None  # None: the method's default (engines.speculative.schedule.DEFAULT_STEPS)
+    preset: str | None = None
     temperature: float = 0.0
     max_tokens: int = 256
+    max_repeat: int = 4  # copies of a block that end a run (engines.speculative.repetition); 0 = off
     system_prompt: str = "You are a helpful, concise assistant."
     recent_models: list[str] = field(default_factory=list)
     window_geometry: str = ""  # base64 of QMainWindow.saveGeometry()

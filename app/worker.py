@@ -207,7 +207,31 @@ class RunWorker(QObject):
             autosave.write_end(outcome, message)  # a failure here was already said (on_error)
 
 
-def start_worker(worker: RunWorker) -> QThread:
+class EnginePreload(QObject):
+    """Loads an engine into the cache ahead of the first run (the window starts one for the
+    chat model as it opens, so the first Send does not wait for MLX and the weights)."""
+
+    loaded = Signal(object)  # the model info
+    failed = Signal(str)  # one line; the first run reports it again, with what to do
+    done = Signal()
+
+    def __init__(self, kind: str, model: str, options: dict, engines: EngineCache):
+        super().__init__()
+        self.kind, self.model, self.options, self.engines = kind, model, options, engines
+
+    @Slot()
+    def run(self) -> None:
+        try:
+            _engine, info = self.engines.get(self.kind, self.model, self.options)
+        except Exception as e:  # noqa: BLE001 -- a preload must never take the window down
+            self.failed.emit(str(e).splitlines()[0] if str(e) else type(e).__name__)
+        else:
+            self.loaded.emit(info)
+        finally:
+            self.done.emit()
+
+
+def start_worker(worker: RunWorker | EnginePreload) -> QThread:
     """Moves the worker to a new QThread and starts it; the thread quits after `done`.
     The caller keeps both alive until the thread's `finished`."""
     thread = QThread()

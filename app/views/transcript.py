@@ -1,7 +1,8 @@
 """The output pane: text streams in bursts, one per round. Characters that came from accepted
 drafts are tinted; the target's own tokens are plain (the legend says so). The text is kept
 verbatim (Markdown, tables, LaTeX stay as the engine wrote them), so copying gives plain text;
-a Rendered view shows Markdown rendered. Chat turns stack into a conversation."""
+"Render Markdown" shows it rendered, Markdown and HTML tables (GLM-OCR writes either) as
+tables. Chat turns stack into a conversation; OCR pages follow each other under their names."""
 
 from __future__ import annotations
 
@@ -111,8 +112,9 @@ class TranscriptView(QWidget):
         self.message.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.message_close = QToolButton(text="\u2715", autoRaise=True, toolTip="Dismiss")
         self.message_close.clicked.connect(self.hide_message)
-        self.render_button = QToolButton(text="Rendered", checkable=True, autoRaise=True,
-                                         toolTip="Show Markdown rendered / as source")
+        self.render_button = QToolButton(text="Render Markdown", checkable=True, autoRaise=True,
+                                         toolTip="Show the text with its Markdown rendered: headings, lists, and "
+                                                 "Markdown or HTML tables as tables. Off: the text exactly as emitted")
         self.render_button.toggled.connect(self._toggle_rendered)
         self.copy_button = QToolButton(text="Copy", autoRaise=True, toolTip="Copy the output as plain text")
         self.copy_button.clicked.connect(self.copy_output)
@@ -202,8 +204,14 @@ class TranscriptView(QWidget):
 
     def _toggle_rendered(self, on: bool) -> None:
         if on:
-            self.rendered.setMarkdown(self.response_text())
+            self.rendered.setMarkdown(self.edit.toPlainText())
         self.pages.setCurrentIndex(1 if on else 0)
+
+    def rendered_tables(self) -> int:
+        """How many tables the rendered view holds."""
+        from PySide6.QtGui import QTextTable
+
+        return sum(isinstance(f, QTextTable) for f in self.rendered.document().rootFrame().childFrames())
 
     # --- rounds ---------------------------------------------------------------------------
     def span_at(self, position: int) -> Span | None:

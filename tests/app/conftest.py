@@ -19,6 +19,21 @@ def tiny_chat(tmp_path_factory):
     return target, draft
 
 
+@pytest.fixture(scope="session")
+def tiny_ocr(tmp_path_factory):
+    """A tiny random GLM-OCR checkpoint in the real HF format, and two page images."""
+    pytest.importorskip("torch")
+    from tests.engines.glm_ocr.checkpoints import make_tiny_glm_ocr, test_images
+
+    root = tmp_path_factory.mktemp("tiny-ocr")
+    model = make_tiny_glm_ocr(root / "glm-ocr")
+    images = []
+    for i, image in enumerate(test_images(2)):
+        images.append(root / f"page-{i}.png")
+        image.save(images[-1])
+    return model, images
+
+
 @pytest.fixture(autouse=True)
 def specscope_home(tmp_path, monkeypatch):
     """Settings, autosaves and pasted images go to a temporary home, never the user's."""

@@ -23,19 +23,6 @@ from tests.app.conftest import Recorder
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def tiny_ocr(tmp_path_factory):
-    from tests.engines.glm_ocr.checkpoints import make_tiny_glm_ocr, test_images
-
-    root = tmp_path_factory.mktemp("tiny-ocr")
-    model = make_tiny_glm_ocr(root / "glm-ocr")
-    images = []
-    for i, image in enumerate(test_images(2)):
-        images.append(root / f"page-{i}.png")
-        image.save(images[-1])
-    return model, images
-
-
 def drop_files(widget, paths):
     mime = QMimeData()
     mime.setUrls([QUrl.fromLocalFile(str(p)) for p in paths])
@@ -59,46 +46,53 @@ def cli_ocr(model, image, steps, max_tokens):
     return json.loads(out.stdout)
 
 
-def test_drop_an_image_run_ocr_and_match_the_cli(qtbot, tiny_ocr, tmp_path):
+def test_drop_two_images_read_both_in_order_and_match_the_cli(qtbot, tiny_ocr, tmp_path):
     model, images = tiny_ocr
     window = MainWindow(AppSettings(engine="chat", ocr_model=str(model), ocr_method="mtp", steps=2,
-                                    preset=None, max_tokens=40), persist=False)
+                                    preset=None, max_tokens=16), persist=False, preload=False)
     qtbot.addWidget(window)
     window.show()
     window.ensure_telemetry()
 
-    # dropping two images onto the window (in chat mode) switches to OCR and shows the pages
+    # dropping two images onto the window (in chat mode) switches to OCR and lists the pages
     assert drop_files(window, images)
     assert window.controls.engine == "ocr" and window.document.isVisible()
-    assert window.document.pages == [str(p) for p in images]
-    window.document.previous_page()
-    assert window.document.current_image() == str(images[0])
+    assert window.document.page_images() == [str(p) for p in images]
+    assert window.document.page_list.count() == 2 and window.document.page_list.isVisible()
 
     rec = Recorder(window)
     page_during_run = []
-    window.round_shown.connect(lambda _b: page_during_run.append(
-        (window.document.current_image(), window.document.isVisible())))
-    with qtbot.waitSignal(window.run_ended, timeout=120_000) as ended:
+    window.round_shown.connect(lambda b: page_during_run.append(
+        (b.round.index, window.document.current_image(), window.document.isVisible())))
+    with qtbot.waitSignal(window.run_ended, timeout=240_000) as ended:
         assert window.run()
     assert ended.args == ["finished"]
+    assert [r.page.image for r in window.results] == [str(p) for p in images]  # in order, one run each
+    assert window.document.page_list.states == ["read" if r.session.finish == "stop" else r.session.finish
+                                                for r in window.results]
     rounds = rec.rounds
-    assert [r.index for r in rounds] == list(range(len(rounds)))
-    assert sum(len(r.tokens) for r in rounds) <= 40 and rounds[-1].finish in ("length", "stop")
+    starts = [i for i, r in enumerate(rounds) if r.index == 0]
+    assert len(starts) == 2  # round indices restart with each page
+    first_page = rounds[: starts[1]]
+    assert sum(len(r.tokens) for r in first_page) <= 16 and first_page[-1].finish in ("length", "stop")
     assert sum(r.proposed for r in rounds) > 0  # the MTP layer drafted
-    assert set(page_during_run) == {(str(images[0]), True)}  # the page stayed in view
+    # each page stayed in view while it was read
+    shown = [image for _i, image, visible in page_during_run if visible]
+    assert shown == [str(images[0])] * starts[1] + [str(images[1])] * (len(rounds) - starts[1])
 
-    cli = cli_ocr(model, images[0], steps=2, max_tokens=40)
-    assert window.session.tokens == cli["tokens"]
-    assert window.transcript.response_text() == cli["text"]
+    cli = cli_ocr(model, images[0], steps=2, max_tokens=16)
+    assert window.results[0].session.tokens == cli["tokens"]
+    assert window.results[0].session.text == cli["text"]
 
+    # the plots hold the page read last; the exports are of that page's session
     window.telemetry.refresh(force=True)
-    n = len(rounds)
+    n = len(rounds) - starts[1]
     assert window.telemetry.point_counts() == {"drafted": n, "accepted": n, "speed": n}
     window.export("json", tmp_path / "ocr.json")
     window.export("csv", tmp_path / "ocr.csv")
     window.export("png", tmp_path / "ocr.png")
     doc = json.loads((tmp_path / "ocr.json").read_text())
-    assert doc["request"]["image"] == str(images[0]) and doc["request"]["kind"] == "ocr"
+    assert doc["request"]["image"] == str(images[1]) and doc["request"]["kind"] == "ocr"
     assert len(doc["rounds"]) == n and doc["model"]["hash"]
     assert len(list(csv.DictReader((tmp_path / "ocr.csv").open()))) == n
     assert (tmp_path / "ocr.png").read_bytes()[:4] == b"\x89PNG"

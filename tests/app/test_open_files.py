@@ -53,7 +53,7 @@ def test_file_open_events_land_in_ocr_mode_in_order(qtbot, qapp, window, pages):
             QApplication.postEvent(qapp, QFileOpenEvent(path))
     assert opened.args == [pages]  # delivered together, in arrival order
     assert w.controls.engine == "ocr" and w.document.isVisible()
-    assert w.document.pages == pages
+    assert w.document.page_images() == pages
     assert w.document.current_image() == pages[0]
     assert w.transcript.message_text == ""
 
@@ -62,7 +62,7 @@ def test_file_open_events_land_in_ocr_mode_in_order(qtbot, qapp, window, pages):
     Image.new("RGB", (50, 50), (0, 0, 0)).save(more)
     with qtbot.waitSignal(events.files_opened, timeout=5000):
         QApplication.postEvent(qapp, QFileOpenEvent(more))
-    assert w.document.pages == pages + [more]
+    assert w.document.page_images() == pages + [more]
 
 
 def test_a_file_that_is_not_an_image_says_so(qtbot, qapp, window, pages, tmp_path):
@@ -72,7 +72,7 @@ def test_a_file_that_is_not_an_image_says_so(qtbot, qapp, window, pages, tmp_pat
     with qtbot.waitSignal(events.files_opened, timeout=5000):
         QApplication.postEvent(qapp, QFileOpenEvent(str(notes)))
         QApplication.postEvent(qapp, QFileOpenEvent(pages[1]))
-    assert w.document.pages == [pages[1]]
+    assert w.document.page_images() == [pages[1]]
     assert "notes.txt" in w.transcript.message_text
 
 

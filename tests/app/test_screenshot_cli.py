@@ -30,7 +30,7 @@ def test_screenshot_of_an_ab_compare_exits_cleanly(specscope_home):
     env = dict(os.environ, SPECSCOPE_HOME=str(specscope_home), QT_QPA_PLATFORM="offscreen", HF_HUB_OFFLINE="1")
     out = subprocess.run(
         [sys.executable, "-m", "app", "--screenshot", str(shot), "--chat", PROMPT,
-         "--method", "ngram", "--steps", "5", "--max-tokens", "160", "--compare"],
+         "--spec", "ngram", "--steps", "5", "--max-tokens", "160", "--compare"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "Fatal Python error" not in out.stderr

@@ -29,7 +29,7 @@ def test_killed_mid_run_the_finished_rounds_are_recoverable(qtbot, tiny_chat, sp
     env = dict(os.environ, SPECSCOPE_HOME=str(specscope_home), QT_QPA_PLATFORM="offscreen", HF_HUB_OFFLINE="1")
     proc = subprocess.Popen(
         [sys.executable, "-m", "app", "--chat", "the cat", "--model", str(target), "--steps", "0",
-         "--max-tokens", "4000", "--system", "be brief", "--screenshot", str(specscope_home / "never.png")],
+         "--max-tokens", "4000", "--max-repeat", "0", "--system", "be brief", "--screenshot", str(specscope_home / "never.png")],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         folder = sessions_dir()
