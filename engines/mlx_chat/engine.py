@@ -48,6 +48,7 @@ from engines.mlx_chat.proposers import (
 from engines.speculative.rounds import Round
 from engines.speculative.schedule import DraftSchedule
 from engines.speculative.stops import TextStream
+from engines.speculative.repetition import RepetitionDetector, clip_at_repetition, detector_for
 from engines.speculative.verify import Verdict, accept_flags, clip_emitted, verify_greedy, verify_sampled
 from engines.validation import validate
 
@@ -68,6 +69,7 @@ class Run:
     index: int = 0
     last_settled: float = 0.0  # end of the previous round's settle: rounds tile the timeline
     note: str | None = None  # said once, by the next Round
+    repetition: RepetitionDetector | None = None  # the loop detector (Request.max_repeat)
 
     @property
     def cache(self) -> list[Any]:
@@ -186,7 +188,7 @@ class ChatEngine:
             plain = step.k == 0 and not run.schedule.enabled  # (it may have just been disabled)
             ahead = self._launch(run, after=step) if plain and run.remaining > 1 else None
             verdict = self._settle(run, step)
-            tokens, finish = clip_emitted(verdict.tokens, run.eos, run.remaining)
+            tokens, finish = self._clip(run, verdict)
             self._commit(run, step, verdict, tokens, finish)
             if finish is None and should_stop():
                 finish = "cancelled"
@@ -220,6 +222,7 @@ class ChatEngine:
             remaining=request.max_tokens,
             started=time.perf_counter(),
             note=note,
+            repetition=detector_for(request.max_repeat),
         )
 
     def _speculation(self, request: Request) -> tuple[Proposer | None, list[Any], str | None]:
@@ -284,7 +287,7 @@ class ChatEngine:
         logits, hidden = self._forward(run, prompt[-1:])
         step = Step(0, EMPTY, 0.0, token=mxs.pick(logits[-1:], run.ctx.sampling), hidden=hidden)
         verdict = self._settle(run, step)
-        tokens, finish = clip_emitted(verdict.tokens, run.eos, run.remaining)
+        tokens, finish = self._clip(run, verdict)
         run.ctx.tokens += tokens
         run.remaining -= len(tokens)
         run.ctx.hidden = hidden[-1] if hidden is not None else None
@@ -361,6 +364,15 @@ class ChatEngine:
         step.verify_s, step.wall_s = step.build_s + (t1 - t0), t1 - run.last_settled
         run.last_settled = t1
         return verdict
+
+    def _clip(self, run: Run, verdict: Verdict) -> tuple[list[int], str | None]:
+        """The verdict's tokens cut at EOS, max_tokens and a repetition loop (fed token by
+        token to the detector, so plain and speculative runs stop at the same token)."""
+        tokens, finish = clip_emitted(verdict.tokens, run.eos, run.remaining)
+        tokens, loop = clip_at_repetition(run.repetition, tokens)
+        if loop is not None:
+            finish, run.note = "repetition", loop
+        return tokens, finish
 
     def _commit(self, run: Run, step: Step, verdict: Verdict, tokens: list[int], finish: str | None) -> None:
         """Roll the caches back over the rejected drafts and take the emitted tokens."""
