@@ -225,7 +225,7 @@ def run_gui(args: argparse.Namespace) -> int:
     screenshot = _arg(args, "screenshot")
     settings = load_settings()
     apply_arguments(settings, args)
-    window = MainWindow(settings, persist=not screenshot)
+    window = MainWindow(settings, persist=not screenshot, preload=True)
     if window.autosave_message:  # e.g. a read-only data folder: the run goes on unsaved
         print(f"specscope: {window.autosave_message}", file=sys.stderr)
     if _arg(args, "ocr"):

@@ -108,12 +108,12 @@ class MainWindow(QMainWindow):
     model_preloaded = Signal(str)  # "" when the chat model is ready, else why it could not load
 
     def __init__(self, settings: AppSettings | None = None, engine_loader: EngineLoader | None = None,
-                 persist: bool = True, autosave: bool = True, preload: bool = True):
+                 persist: bool = True, autosave: bool = True, preload: bool = False):
         super().__init__()
         self.settings = settings or AppSettings()
         self.persist = persist  # save settings on close (off for tests and screenshots)
         self.autosave = autosave
-        self.preload = preload  # load the chat model in the background once the window shows
+        self.preload = preload  # load the chat model in the background once the window shows (the app does)
         self.engines = EngineCache(engine_loader)
         self.history: list[dict] = []  # the chat conversation, {"role", "content"}
         self.modes = {"chat": ModeState(), "ocr": ModeState()}
@@ -339,6 +339,7 @@ class MainWindow(QMainWindow):
         if self.telemetry is None and not self._telemetry_queued:
             self._telemetry_queued = True
             QTimer.singleShot(0, self.ensure_telemetry)
+            QTimer.singleShot(0, self.controls.refresh_installed_models)
             if self.preload:
                 QTimer.singleShot(0, self.preload_chat_model)
 
@@ -1033,9 +1034,12 @@ class MainWindow(QMainWindow):
         if self.worker is not None:
             self.worker.request_stop()
         self.model_jobs.shutdown(timeout_ms)
-        for thread, _worker in list(self.threads):  # runs and the background model load
+        for thread, worker in list(self.threads):  # runs and the background model load
             thread.quit()
-            thread.wait(timeout_ms)
+            if isinstance(worker, EnginePreload):
+                thread.wait()  # a load cannot be interrupted, and Qt aborts if its thread is destroyed running
+            else:
+                thread.wait(timeout_ms)
         self.threads = []
 
     def closeEvent(self, event) -> None:

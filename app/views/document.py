@@ -173,16 +173,18 @@ class PageList(QListWidget):
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
         self.setObjectName("pageList")
-        self.setMinimumWidth(120)
+        self.setMinimumWidth(90)
         self.setTextElideMode(Qt.TextElideMode.ElideMiddle)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)  # long names elide
         self.states: list[str] = []
 
     def set_pages(self, pages: list[Page]) -> None:
         self.blockSignals(True)
         self.clear()
         self.states = [""] * len(pages)
+        one_file = len({p.source for p in pages}) == 1  # the pane's title names it already
         for page in pages:
-            item = QListWidgetItem(page.label)
+            item = QListWidgetItem(f"Page {page.number}" if one_file else page.label)
             item.setToolTip(page.source)
             self.addItem(item)
         self.blockSignals(False)
@@ -224,7 +226,7 @@ class DocumentView(QWidget):
         self.split.addWidget(self.page_list)
         self.split.addWidget(self.view)
         self.split.setStretchFactor(1, 1)
-        self.split.setSizes([150, 400])
+        self.split.setSizes([130, 400])
         self.split.setChildrenCollapsible(False)
         self.split.setHandleWidth(1)
         self.stack = QStackedLayout()
@@ -343,7 +345,7 @@ class DocumentView(QWidget):
         self.prev_button.setEnabled(self.index > 0)
         self.next_button.setEnabled(self.index < len(self.pages) - 1)
         page = self.current_page()
-        self.title.setText(page.label if page else "Document")
+        self.title.setText(Path(page.source).name if page else "Document")  # the page: "2 / 3" beside it
         self.region_button.setEnabled(page is not None)
 
     # --- region ---------------------------------------------------------------------------

@@ -168,7 +168,7 @@ def make_plot(title: str, x_label: str, y_label: str) -> pg.PlotWidget:
     plot.setLabel("left", y_label)
     plot.showGrid(x=False, y=True, alpha=0.15)
     plot.setMenuEnabled(False)
-    plot.setMinimumSize(200, 150)
+    plot.setMinimumSize(170, 150)
     font = QFont()
     font.setPointSizeF(8.5)
     for axis in ("bottom", "left"):
@@ -205,8 +205,8 @@ class TelemetryView(QWidget):
         self.cards: dict[str, QLabel] = {}
         grid = QGridLayout()
         grid.setSpacing(6)
-        names = [("tau", "\u03c4 tokens / round"), ("acceptance", "acceptance"),
-                 ("tok_s", "decode tok/s"), ("ttft", "time to first token"),
+        names = [("tau", "\u03c4 tokens/round"), ("acceptance", "acceptance"),
+                 ("tok_s", "decode tok/s"), ("ttft", "first token"),
                  ("rounds", "rounds"), ("speedup", "A/B speedup")]
         for i, (key, title) in enumerate(names):
             card, value = figure_card(title)
@@ -214,7 +214,7 @@ class TelemetryView(QWidget):
             grid.addWidget(card, i // 2, i % 2)
         figures = QWidget(objectName="figures")
         figures.setLayout(grid)
-        figures.setFixedWidth(270)
+        figures.setFixedWidth(236)
 
         self.drafts_plot = make_plot("Drafts per round", "round", "drafts (tokens)")
         # raw per-round values as thin lines (one point per round), and their moving averages
@@ -226,16 +226,15 @@ class TelemetryView(QWidget):
         self.accepted_mean = self.drafts_plot.plot(pen=pg.mkPen(GREEN, width=2), name="accepted")
         self.drafts_plot.setYRange(0, 4)
         self.speed_plot = make_plot("Decode speed", "time since start (s)", "tokens / s")
-        self.baseline_curve = self.speed_plot.plot(pen=pg.mkPen(BASELINE, width=2, style=pg.QtCore.Qt.PenStyle.DashLine),
-                                                   name="speculation off (A/B)")
+        self.baseline_curve = self.speed_plot.plot(pen=pg.mkPen(BASELINE, width=2, style=pg.QtCore.Qt.PenStyle.DashLine))
         self.speed_dots = self.speed_plot.plot(pen=pg.mkPen(QColor(10, 132, 255, 70), width=1))  # per round
         self.speed_curve = self.speed_plot.plot(pen=pg.mkPen(BLUE, width=2), connect="finite", name="tok/s")
-        self.position_plot = make_plot("Acceptance by position", "draft position", "accepted (%)")
+        self.position_plot = make_plot("By draft position", "draft position", "accepted (%)")
         self.position_plot.getPlotItem().setDownsampling(False)
         self.position_plot.setYRange(0, 100)
         self.position_plot.setXRange(0.4, 3.6)
         self.bars = pg.BarGraphItem(x=[], height=[], width=0.7, brush=pg.mkBrush(GREEN), pen=pg.mkPen(None),
-                                    name="accepted at position")
+                                    name="accepted")
         self.position_plot.addItem(self.bars)
         self.window_rounds = ROLLING  # the moving averages' window, as titled
 
@@ -260,7 +259,7 @@ class TelemetryView(QWidget):
         row.addWidget(figures)
         row.addWidget(self.drafts_plot, 3)
         row.addWidget(self.speed_plot, 3)
-        row.addWidget(self.position_plot, 2)
+        row.addWidget(self.position_plot, 3)
         title_row = QHBoxLayout()
         title_row.setContentsMargins(12, 8, 12, 0)
         title_row.addWidget(QLabel("Speculation", objectName="paneTitle"))
@@ -292,7 +291,12 @@ class TelemetryView(QWidget):
         self.dirty = True
 
     def set_baseline(self, series: RoundSeries | None) -> None:
-        """The speculation-off run of an A/B compare, drawn dashed behind the speed plot."""
+        """The speculation-off run of an A/B compare, drawn dashed behind the speed plot (and
+        named in its legend only while it is there)."""
+        legend = self.speed_plot.getPlotItem().legend
+        legend.removeItem(self.baseline_curve)
+        if series is not None:
+            legend.addItem(self.baseline_curve, "speculation off (A/B)")
         self.baseline = series
         self.dirty = True
 
@@ -378,7 +382,8 @@ class TelemetryView(QWidget):
         c["tau"].setText(f"{s.tau:.2f}" if decoded else "\u2013")
         c["acceptance"].setText(f"{s.acceptance_rate * 100:.1f}%" if s.proposed else "\u2013")
         c["tok_s"].setText(f"{s.decode_tok_s:.1f}" if decoded else "\u2013")
-        c["ttft"].setText(f"{s.prefill_wall * 1000:.0f} ms" if s.prefill_wall else "\u2013")
+        ttft = s.prefill_wall
+        c["ttft"].setText("\u2013" if not ttft else f"{ttft * 1000:.0f} ms" if ttft < 1 else f"{ttft:.1f} s")
         c["rounds"].setText(f"{s.n:,}")
 
     def figures(self) -> dict[str, str]:

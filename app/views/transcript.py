@@ -82,6 +82,9 @@ class TranscriptView(QWidget):
         self._starts: list[int] = []
         self.response_start = 0
         self.selected: int | None = None
+        # the same text as Markdown for the rendered view: headings (speaker, page name) as
+        # bold paragraphs of their own, so a table right under one still starts a table
+        self.markdown_parts: list[str] = []
 
         self.edit = OutputEdit(self)
         font = QFont("DejaVu Sans Mono")
@@ -149,6 +152,14 @@ class TranscriptView(QWidget):
         self.rendered.clear()
         self._reset_spans()
         self.response_start = 0
+        self.markdown_parts = []
+
+    def _heading(self, cursor: QTextCursor, heading: str) -> None:
+        if not self.edit.document().isEmpty():
+            cursor.insertText("\n\n", self.target_format)
+            self.markdown_parts.append("\n\n")
+        cursor.insertText(heading + "\n", self.role_format)
+        self.markdown_parts.append(f"**{heading}**\n\n")
 
     def _reset_spans(self) -> None:
         self.spans, self._starts, self.selected = [], [], None
@@ -162,19 +173,16 @@ class TranscriptView(QWidget):
     def add_turn(self, role: str, text: str) -> None:
         """A finished turn of the conversation (the user's prompt, an earlier reply)."""
         cursor = self._cursor_at_end()
-        if not self.edit.document().isEmpty():
-            cursor.insertText("\n\n", self.target_format)
-        cursor.insertText(("You" if role == "user" else "Assistant") + "\n", self.role_format)
+        self._heading(cursor, "You" if role == "user" else "Assistant")
         cursor.insertText(text, self.user_format if role == "user" else self.target_format)
+        self.markdown_parts.append(text)
 
     def begin_response(self, heading: str | None = None) -> None:
         """Bursts that follow make up one response; round indices restart."""
         self._reset_spans()
         cursor = self._cursor_at_end()
         if heading is not None:
-            if not self.edit.document().isEmpty():
-                cursor.insertText("\n\n", self.target_format)
-            cursor.insertText(heading + "\n", self.role_format)
+            self._heading(cursor, heading)
         self.response_start = cursor.position()
 
     def append_burst(self, burst: Burst) -> None:
@@ -184,6 +192,7 @@ class TranscriptView(QWidget):
         start = cursor.position()
         for piece, drafted in burst.segments():
             cursor.insertText(piece, self.draft_format if drafted else self.target_format)
+            self.markdown_parts.append(piece)
         self.spans.append(Span(burst.round.index, start, cursor.position(), burst))
         self._starts.append(start)
         if following:
@@ -204,7 +213,7 @@ class TranscriptView(QWidget):
 
     def _toggle_rendered(self, on: bool) -> None:
         if on:
-            self.rendered.setMarkdown(self.edit.toPlainText())
+            self.rendered.setMarkdown("".join(self.markdown_parts))
         self.pages.setCurrentIndex(1 if on else 0)
 
     def rendered_tables(self) -> int:

@@ -3,7 +3,7 @@ a 2-page PDF OCR session on a tiny GLM-OCR checkpoint (random weights, its MTP l
 on the target's own outputs so drafts are accepted as they would be on the real model) and a
 long chat run on the embedded SmolLM2, each at 1280x800 and 1920x1080, offscreen.
 
-    QT_QPA_PLATFORM=offscreen python docs/screenshots/make.py [WORK_DIR]
+    QT_QPA_PLATFORM=offscreen python docs/screenshots/make.py [WORK_DIR [WxH ...]]
 
 The tiny checkpoint is random: its "text" is byte soup. What the screenshots show is the
 window: the page list, the per-page bursts (green = accepted drafts), the plots."""
@@ -29,15 +29,21 @@ CHAT_PROMPT = (
 
 def tiny_ocr_document(work: Path) -> tuple[Path, Path]:
     sys.path.insert(0, str(ROOT))
+    from PIL import Image
+
+    from app.documents import pages_of
     from tests.engines.glm_ocr.checkpoints import make_tiny_glm_ocr, test_images, train_mtp_on_target
     from tests.pdfs import pdf_of_images
 
     model = work / "glm-ocr-tiny"
-    images = test_images(2)
-    if not (model / "config.json").exists():
+    pdf = pdf_of_images(work / "two-page.pdf", test_images(2))
+    if not (model / "trained").exists():
         make_tiny_glm_ocr(model)
-        train_mtp_on_target(model, images, steps=150)
-    return model, pdf_of_images(work / "two-page.pdf", images)
+        # trained on the pages as the window renders them, so its drafts are accepted there
+        pages = [Image.open(p.image).convert("RGB") for p in pages_of([str(pdf)], work / "pages")]
+        train_mtp_on_target(model, pages, steps=150)
+        (model / "trained").touch()
+    return model, pdf
 
 
 def shoot(name: str, size: str, args: list[str], home: Path) -> None:
@@ -55,7 +61,7 @@ def main() -> None:
     work = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tempfile.mkdtemp(prefix="specscope-shots-"))
     work.mkdir(parents=True, exist_ok=True)
     model, pdf = tiny_ocr_document(work)
-    for size in SIZES:
+    for size in sys.argv[2:] or SIZES:
         shoot("ocr-two-page-pdf", size, ["--ocr", str(pdf), "--model", str(model), "--runtime", "torch",
                                          "--spec", "mtp", "--steps", "3", "--max-tokens", "40"], work / f"home-ocr-{size}")
         shoot("chat-long-run", size, ["--chat", CHAT_PROMPT, "--spec", "ngram", "--max-tokens", "700"],

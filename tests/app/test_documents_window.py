@@ -25,7 +25,7 @@ MAX_TOKENS = 4  # a tiny random model on a 2-core machine shared by many: keep e
 def ocr_window(qtbot, tiny_ocr):
     model, _images = tiny_ocr
     window = MainWindow(AppSettings(engine="ocr", ocr_model=str(model), ocr_method="mtp", steps=2, preset=None,
-                                    max_tokens=MAX_TOKENS, task="text"), persist=False, preload=False)
+                                    max_tokens=MAX_TOKENS, task="text"), persist=False)
     qtbot.addWidget(window)
     window.show()
     window.ensure_telemetry()

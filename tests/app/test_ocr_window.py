@@ -49,7 +49,7 @@ def cli_ocr(model, image, steps, max_tokens):
 def test_drop_two_images_read_both_in_order_and_match_the_cli(qtbot, tiny_ocr, tmp_path):
     model, images = tiny_ocr
     window = MainWindow(AppSettings(engine="chat", ocr_model=str(model), ocr_method="mtp", steps=2,
-                                    preset=None, max_tokens=16), persist=False, preload=False)
+                                    preset=None, max_tokens=16), persist=False)
     qtbot.addWidget(window)
     window.show()
     window.ensure_telemetry()

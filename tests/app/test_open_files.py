@@ -48,7 +48,7 @@ def window(qtbot, qapp):
 def test_file_open_events_land_in_ocr_mode_in_order(qtbot, qapp, window, pages):
     w, events = window
     assert w.controls.engine == "chat"
-    with qtbot.waitSignal(events.files_opened, timeout=5000) as opened:
+    with qtbot.waitSignal(events.files_opened, timeout=30_000) as opened:
         for path in pages:  # one event per file, as macOS sends them
             QApplication.postEvent(qapp, QFileOpenEvent(path))
     assert opened.args == [pages]  # delivered together, in arrival order
@@ -60,7 +60,7 @@ def test_file_open_events_land_in_ocr_mode_in_order(qtbot, qapp, window, pages):
     # a later event adds to the document, after what is there
     more = str(Path(pages[0]).with_name("again.png"))
     Image.new("RGB", (50, 50), (0, 0, 0)).save(more)
-    with qtbot.waitSignal(events.files_opened, timeout=5000):
+    with qtbot.waitSignal(events.files_opened, timeout=30_000):
         QApplication.postEvent(qapp, QFileOpenEvent(more))
     assert w.document.page_images() == pages + [more]
 
@@ -69,7 +69,7 @@ def test_a_file_that_is_not_an_image_says_so(qtbot, qapp, window, pages, tmp_pat
     w, events = window
     notes = tmp_path / "notes.txt"
     notes.write_text("not an image")
-    with qtbot.waitSignal(events.files_opened, timeout=5000):
+    with qtbot.waitSignal(events.files_opened, timeout=30_000):
         QApplication.postEvent(qapp, QFileOpenEvent(str(notes)))
         QApplication.postEvent(qapp, QFileOpenEvent(pages[1]))
     assert w.document.page_images() == [pages[1]]
