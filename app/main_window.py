@@ -336,9 +336,10 @@ class MainWindow(QMainWindow):
         super().paintEvent(event)
         # After the first paint, not on show: a zero timer set on show fires before the window's
         # first paint, and the plots' import (pyqtgraph) would delay it by a second or more.
-        if self.telemetry is None and not self._telemetry_queued:
+        if not self._telemetry_queued:  # the first paint: what waited for it
             self._telemetry_queued = True
-            QTimer.singleShot(0, self.ensure_telemetry)
+            if self.telemetry is None:
+                QTimer.singleShot(0, self.ensure_telemetry)
             QTimer.singleShot(0, self.controls.refresh_installed_models)
             if self.preload:
                 QTimer.singleShot(0, self.preload_chat_model)

