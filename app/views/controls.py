@@ -64,8 +64,8 @@ class ControlsPanel(QWidget):
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
         self.setObjectName("controls")
-        self.setMinimumWidth(260)
-        self.setMaximumWidth(340)
+        self.setMinimumWidth(310)  # the model names fit whole (tests/app/test_window_defects.py)
+        self.setMaximumWidth(360)
         self._engine = "chat"
         self._models = {"chat": "", "ocr": ""}
         self._methods = {"chat": "ngram", "ocr": "mtp"}
