@@ -53,9 +53,9 @@ def bench_servers(args: argparse.Namespace) -> int:
     local model, the server's model id being its first). Same prompts, alternating runs."""
     from pathlib import Path
 
-    from app.cli import UsageError, checked, load_chat_engine, load_prompts, sampling, spec_config
+    from app.cli import UsageError, checked, load_chat_engine, load_prompts, sampling, save_bench, spec_config
     from engines import Request
-    from engines.runs import bench_pair, write_bench
+    from engines.runs import bench_document, bench_pair
 
     if args.runs < 1 or args.warmup < 0:
         raise UsageError("--runs must be >= 1 and --warmup >= 0")
@@ -80,10 +80,10 @@ def bench_servers(args: argparse.Namespace) -> int:
         print(f"{name:<22} {c.plain_tok_s:>10.1f} {c.spec_tok_s:>12.1f} {ratio} {c.tau:>5.2f} "
               f"{100 * c.acceptance:>6.0f}% {'yes' if c.identical else 'NO':>5}", file=sys.stderr, flush=True)
     settings = vars(args) | {"spec": spec.__dict__, "baseline": baseline_name, "server_reports": reports}
-    json_path, csv_path, summary = write_bench(results, settings, server.model_info(), Path(args.out))
+    doc = bench_document(results, settings, server.model_info())
+    summary = doc["summary"]
     if summary["median_speedup"] is not None:
         print(f"server vs baseline: median {summary['median_speedup']:.2f}x, geometric mean "
               f"{summary['geomean_speedup']:.2f}x, median tau {summary['median_tau']:.2f}; "
               f"outputs identical: {summary['all_identical']}", file=sys.stderr)
-    print(f"wrote {json_path} and {csv_path}", file=sys.stderr)
-    return 0
+    return save_bench(doc, Path(args.out))
