@@ -28,14 +28,25 @@ except ImportError:  # torch is only in the `convert` extra
 def pytest_addoption(parser):
     parser.addoption("--bundle", action="store_true",
                      help="also build the one-folder app with PyInstaller and run it (minutes; .ci/run does)")
+    parser.addoption("--slow", action="store_true",
+                     help="also run the `slow` tests: real small models, many-run sampling proofs, "
+                          "trained drafters, a whole Core ML conversion (tens of minutes; .ci/run does)")
+
+
+# Opt-in markers: what each needs on the command line, and the reason a quick run shows when skipping.
+OPT_IN = {
+    "bundle": ("--bundle", "builds the app with PyInstaller (minutes): run with --bundle, as .ci/run does"),
+    "slow": ("--slow", "slow (real models, many-run sampling proofs, training): run with --slow, as .ci/run does"),
+}
 
 
 def pytest_collection_modifyitems(config, items):
-    if config.getoption("--bundle"):
-        return
     import pytest
 
-    skip = pytest.mark.skip(reason="builds the app with PyInstaller (minutes): run with --bundle, as .ci/run does")
-    for item in items:
-        if "bundle" in item.keywords:
-            item.add_marker(skip)
+    for marker, (option, reason) in OPT_IN.items():
+        if config.getoption(option):
+            continue
+        skip = pytest.mark.skip(reason=reason)
+        for item in items:
+            if marker in item.keywords:
+                item.add_marker(skip)
