@@ -30,13 +30,13 @@ def pytest_addoption(parser):
                      help="also build the one-folder app with PyInstaller and run it (minutes; .ci/run does)")
     parser.addoption("--slow", action="store_true",
                      help="also run the `slow` tests: real small models, many-run sampling proofs, "
-                          "trained drafters, a whole Core ML conversion (tens of minutes; .ci/run does)")
+                          "trained drafters, a whole Core ML conversion (tens of minutes)")
 
 
 # Opt-in markers: what each needs on the command line, and the reason a quick run shows when skipping.
 OPT_IN = {
     "bundle": ("--bundle", "builds the app with PyInstaller (minutes): run with --bundle, as .ci/run does"),
-    "slow": ("--slow", "slow (real models, many-run sampling proofs, training): run with --slow, as .ci/run does"),
+    "slow": ("--slow", "slow (real models, many-run sampling proofs, training): run with --slow"),
 }
 
 
