@@ -38,13 +38,17 @@ def report_server(engine) -> None:
 
 
 def run_on_server(args: argparse.Namespace, request) -> int:
-    from app.cli import open_trace, run_and_report
+    from app.cli import exit_code, open_trace, run_and_report
 
     trace = open_trace(args)
     engine = connect(args.server, args.api_key, args.model)
-    code = run_and_report(engine, request, args, trace)
+    try:
+        session = run_and_report(engine, request, args, trace)
+    finally:
+        if trace is not None:
+            trace.close()
     report_server(engine)
-    return code
+    return exit_code(session)
 
 
 def bench_servers(args: argparse.Namespace) -> int:
