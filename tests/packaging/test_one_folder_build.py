@@ -78,7 +78,7 @@ def test_chat_window_screenshot_on_the_embedded_default(built, tmp_path):
     shot = tmp_path / "window.png"
     out = subprocess.run(
         [str(EXECUTABLE), "--screenshot", str(shot), "--chat", PROMPT, "--spec", "ngram", "--steps", "5",
-         "--max-tokens", "48"],
+         "--max-tokens", "48", "--window-size", "1480x920"],
         cwd=tmp_path, env=clean_env(tmp_path / "home"), capture_output=True, text=True, timeout=600)
     # exit 0 only when the run ended "finished" (app.gui.ScreenshotRun), with no window message
     assert out.returncode == 0, out.stderr[-3000:]
