@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
 from app.models import catalog, store
-from app.models.cli import _clock as clock
+from app.models.cli import clock
 from app.models.convert_job import ConversionCancelled, ConversionProgress, conversion_needed, convert
 from app.models.download import DownloadCancelled, DownloadProgress, download
 from engines import EngineError

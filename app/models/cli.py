@@ -89,7 +89,7 @@ def get(id_or_repo: str, revision: str | None) -> int:
     return 0
 
 
-def _clock(seconds: float | None) -> str:
+def clock(seconds: float | None) -> str:
     if seconds is None:
         return "--:--"
     m, s = divmod(int(seconds), 60)
@@ -103,7 +103,7 @@ def progress_text(p: DownloadProgress, width: int = 24) -> str:
     filled = int(round(width * fraction))
     return (f"[{'#' * filled}{'.' * (width - filled)}] {100 * fraction:3.0f}%  "
             f"{store.human_size(p.bytes_done)} / {store.human_size(p.bytes_total)}  "
-            f"{store.human_size(p.rate_bytes_s)}/s  ETA {_clock(p.eta_s)}  {p.file}")
+            f"{store.human_size(p.rate_bytes_s)}/s  ETA {clock(p.eta_s)}  {p.file}")
 
 
 class ProgressLine:
