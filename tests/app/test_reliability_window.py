@@ -173,17 +173,9 @@ def test_screenshot_run_with_an_unreachable_data_folder_says_so_and_exits(tmp_pa
 
 
 def test_a_drafter_fallback_is_in_the_status_bar(qtbot, make_window, monkeypatch):
-    from engines.mlx_chat.proposers import NGramProposer
+    from tests.faults import break_ngram_drafter_on_third_call
 
-    original, calls = NGramProposer.propose, []
-
-    def breaks_on_the_third_call(self, ctx, k):  # a real drafter failing mid-run
-        calls.append(k)
-        if len(calls) == 3:
-            raise ValueError("drafter broke")
-        return original(self, ctx, k)
-
-    monkeypatch.setattr(NGramProposer, "propose", breaks_on_the_third_call)
+    break_ngram_drafter_on_third_call(monkeypatch)
     window = make_window(chat_method="ngram", max_tokens=40)
     window.prompt.setPlainText("the cat is big and the dog is small . the cat is big and the dog is small .")
     with qtbot.waitSignal(window.run_ended, timeout=RUN_TIMEOUT_MS) as ended:

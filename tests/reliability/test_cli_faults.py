@@ -122,17 +122,9 @@ def test_prompt_past_the_context_is_one_line_before_prefill(short_context_llama,
 
 def test_drafter_fallback_is_in_the_stats_line(short_context_llama, monkeypatch, capsys):
     from app.cli import main
-    from engines.mlx_chat.proposers import NGramProposer
+    from tests.faults import break_ngram_drafter_on_third_call
 
-    original, calls = NGramProposer.propose, []
-
-    def breaks_on_the_third_call(self, ctx, k):  # a real drafter failing mid-run
-        calls.append(k)
-        if len(calls) == 3:
-            raise ValueError("drafter broke")
-        return original(self, ctx, k)
-
-    monkeypatch.setattr(NGramProposer, "propose", breaks_on_the_third_call)
+    break_ngram_drafter_on_third_call(monkeypatch)
     rc = main(["chat", "--model", str(short_context_llama), "--prompt", PROMPT + " " + PROMPT, "-m", "30",
                "--spec", "ngram", "--steps", "3"])
     err = capsys.readouterr().err
