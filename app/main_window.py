@@ -485,7 +485,7 @@ class MainWindow(QMainWindow):
         """The run the controls describe. Raises EngineError for what the user must fix first."""
         c = self.controls
         request = Request(kind=c.engine, max_tokens=c.max_tokens_spin.value(),
-                          spec=spec or c.spec_config(), sampling=c.sampling(), max_repeat=self.settings.max_repeat)
+                          spec=spec or c.spec_config(), sampling=c.sampling(), max_repeat=c.max_repeat)
         if c.engine == "ocr":
             image = image or self.document.region_image() or self.document.current_image()
             if image is None:
@@ -585,6 +585,8 @@ class MainWindow(QMainWindow):
             s = result.session.stats()
             self.status.setText(f"{page.label}: {s.tokens} tokens, {s.decode_tok_s:.1f} tok/s, "
                                 f"acceptance {100 * s.acceptance_rate:.0f}% ({result.session.finish})")
+            if result.session.finish == "repetition":  # the page's own warning, which the next page replaced
+                self._show_repetition(result.session, page.label)
 
     def _start(self, label: str, spec: SpecConfig | None = None, image: str | None = None) -> bool:
         try:
@@ -739,7 +741,7 @@ class MainWindow(QMainWindow):
         if self.telemetry is not None:
             self.telemetry.refresh(force=True)
         if session.finish == "repetition":
-            self._show_repetition(session)
+            self._show_repetition(session, self.reading.current[1].label if self.reading is not None else None)
         if self.compare is not None:
             self._continue_compare(session)
             self.run_ended.emit("finished")
@@ -766,11 +768,11 @@ class MainWindow(QMainWindow):
             if not self.transcript.message_text:
                 self.transcript.show_message(f"Read {summary}", "info")
 
-    def _show_repetition(self, session: Session) -> None:
+    def _show_repetition(self, session: Session, page_label: str | None = None) -> None:
         """A run stopped because it repeated itself: say so, and show what speculation saw."""
         note = next((r.note for r in reversed(session.rounds) if r.note and "repeats" in r.note),
                     "stopped: the output repeats itself")
-        where = f" on {self.reading.current[1].label}" if self.reading is not None else ""
+        where = f" on {page_label}" if page_label else ""
         jump = acceptance_jump(session.rounds)
         signal = ""
         if jump is not None:
@@ -778,7 +780,8 @@ class MainWindow(QMainWindow):
             signal = (f" Draft acceptance rose to {100 * recent:.0f}% over the last rounds "
                       f"(from {100 * before:.0f}%): the model was copying itself.")
         self.transcript.show_message(f"{note[0].upper()}{note[1:]}{where}.{signal} "
-                                     "(--max-repeat sets how many copies end a run; 0 turns it off.)", "warning")
+                                     "(\u201cStop loops at\u201d under Sampling, or --max-repeat, sets how many "
+                                     "copies end a run; Off lets it run to max tokens.)", "warning")
 
     def _on_cancelled(self, session: Session) -> None:
         self._end_run()

@@ -125,6 +125,11 @@ class ControlsPanel(QWidget):
 
         self.temperature_spin = QDoubleSpinBox(minimum=0.0, maximum=2.0, singleStep=0.1, decimals=2)
         self.max_tokens_spin = QSpinBox(minimum=1, maximum=32768, singleStep=64)
+        # One copy is not a loop, so the lowest value (1) is shown as "Off" and means 0, which is
+        # what the CLI's --max-repeat 0 means; 2.. are copies of a block.
+        self.max_repeat_spin = QSpinBox(minimum=1, maximum=64, specialValueText="Off", suffix=" copies")
+        self.max_repeat_spin.setToolTip("Stop a run once one block of tokens has repeated this many times "
+                                        "in a row (--max-repeat; Off runs to max tokens)")
 
         self.run_button = QPushButton("Read", objectName="primary",
                                       toolTip="Read the pages, or the region drawn on the page (Ctrl+R)")
@@ -187,6 +192,7 @@ class ControlsPanel(QWidget):
         form2 = QFormLayout()
         form2.addRow("Temperature", self.temperature_spin)
         form2.addRow("Max tokens", self.max_tokens_spin)
+        form2.addRow("Stop loops at", self.max_repeat_spin)
         col.addLayout(form2)
 
         col.addStretch(1)
@@ -375,6 +381,12 @@ class ControlsPanel(QWidget):
     def sampling(self) -> Sampling:
         return Sampling(temperature=float(self.temperature_spin.value()))
 
+    @property
+    def max_repeat(self) -> int:
+        """Copies of a block that end a run (Request.max_repeat); 0 = off."""
+        copies = self.max_repeat_spin.value()
+        return copies if copies >= 2 else 0
+
     def engine_options(self) -> dict:
         options = {"runtime": self.runtime_combo.currentData()} if self._engine == "ocr" else {}
         key = self._server_keys.get(self.model_path().partition("#")[0])
@@ -413,6 +425,7 @@ class ControlsPanel(QWidget):
             self.set_preset(s.preset)
         self.temperature_spin.setValue(float(s.temperature))
         self.max_tokens_spin.setValue(int(s.max_tokens))
+        self.max_repeat_spin.setValue(max(1, int(s.max_repeat)))  # 0 (off) shows as the minimum, "Off"
 
     def store_settings(self, s: AppSettings) -> None:
         s.engine = self._engine
@@ -428,6 +441,7 @@ class ControlsPanel(QWidget):
         s.preset = self.preset if self.preset in PRESETS else None
         s.temperature = float(self.temperature_spin.value())
         s.max_tokens = int(self.max_tokens_spin.value())
+        s.max_repeat = self.max_repeat
         path = self.model_path()
         if path:
             s.recent_models = [path] + [p for p in s.recent_models if p != path][:9]

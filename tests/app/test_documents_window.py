@@ -81,6 +81,11 @@ def test_a_pdf_and_an_image_are_read_page_by_page_with_a_summary(qtbot, ocr_wind
 
 def test_stop_keeps_the_pages_read_and_read_goes_on_from_the_next(qtbot, ocr_window, two_page_pdf):
     window = ocr_window
+    # pages long enough that Stop, asked for at page 2's first round, lands while it is being
+    # read (a 4-token page can be finished by the worker before the window has seen its first
+    # round); loops are let run so they do not end the page first
+    window.controls.max_tokens_spin.setValue(200)
+    window.controls.max_repeat_spin.setValue(window.controls.max_repeat_spin.minimum())
     window.open_documents([two_page_pdf])
 
     def stop_on_page_two(burst):
@@ -143,3 +148,55 @@ def test_tables_are_rendered_whichever_way_the_model_writes_them(qtbot):
     assert view.rendered_tables() == 2 and view.pages.currentIndex() == 1
     view.show_rendered(False)
     assert "| a | b |" in view.edit.toPlainText()  # the source view is the text as emitted
+
+
+@pytest.mark.parametrize("max_repeat", [4, 0])
+def test_a_page_that_loops_is_stopped_and_marked_unless_loops_are_let_run(qtbot, tiny_ocr, max_repeat):
+    """The tiny random GLM-OCR model falls into a one-token loop on the first page within ~30
+    tokens. With "Stop loops at" on (the default, 4 copies) that page stops with
+    finish="repetition", is marked in the page list, named in the message and in the summary;
+    with it Off the same page runs to max tokens, so the control is what decides."""
+    model, images = tiny_ocr
+    window = MainWindow(AppSettings(engine="ocr", ocr_model=str(model), ocr_method="mtp", steps=2, preset=None,
+                                    max_tokens=120, task="text", max_repeat=max_repeat), persist=False)
+    qtbot.addWidget(window)
+    window.show()
+    assert window.controls.max_repeat == max_repeat
+    assert window.controls.max_repeat_spin.text() == ("Off" if max_repeat == 0 else f"{max_repeat} copies")
+    window.open_documents(images)
+    started = []
+    window.run_started.connect(lambda run: started.append(run.request.max_repeat))
+    assert read(qtbot, window) == "finished"
+    assert started == [max_repeat, max_repeat]  # the control's value reaches every page's request
+    first = window.results[0].session
+    page_list = window.document.page_list
+    if max_repeat:
+        assert first.finish == "repetition" and len(first.tokens) < 120
+        assert page_list.states[0] == "repetition" and page_list.item(0).text().startswith("\u27f3")
+        assert "repeated itself" in page_list.item(0).toolTip()
+        # the summary names the page; choosing the page brings back its own warning
+        assert f"stopped repeating: {images[0].name}" in window.status.text()
+        window.document.show_page(0)
+        message = window.transcript.message_text
+        assert f"repeats a block of 1 token on {images[0].name}" in message and "Stop loops at" in message
+    else:
+        assert first.finish == "length" and len(first.tokens) == 120
+        assert page_list.states[0] == "length" and "repeat" not in window.status.text()
+    window.shutdown()
+
+
+def test_the_loop_control_is_remembered_and_off_means_zero(qtbot, tiny_ocr):
+    model, _images = tiny_ocr
+    window = MainWindow(AppSettings(engine="ocr", ocr_model=str(model), max_repeat=6), persist=False)
+    qtbot.addWidget(window)
+    spin = window.controls.max_repeat_spin
+    assert spin.value() == 6 and window.controls.max_repeat == 6
+    spin.setValue(spin.minimum())  # the lowest step is "Off": one copy is not a loop
+    assert spin.text() == "Off" and window.controls.max_repeat == 0
+    settings = AppSettings()
+    window.controls.store_settings(settings)
+    assert settings.max_repeat == 0
+    spin.setValue(3)
+    window.controls.store_settings(settings)
+    assert settings.max_repeat == 3
+    window.shutdown()
