@@ -189,7 +189,7 @@ class MainWindow(QMainWindow):
         self.top_split = QSplitter(Qt.Orientation.Horizontal)
         self.top_split.addWidget(self.document)
         self.top_split.addWidget(output)
-        self.top_split.setSizes([480, 620])
+        self.top_split.setSizes([510, 490])  # at 1280 px the document bar fits a file name, the text pane its tools
         self.main_split = QSplitter(Qt.Orientation.Vertical)
         self.main_split.addWidget(self.top_split)
         self.main_split.addWidget(self.telemetry_holder)

@@ -167,6 +167,36 @@ class PageView(QGraphicsView):
             self.fit()
 
 
+class ElidedLabel(QLabel):
+    """A one-line label that shows as much of its text as fits, eliding the middle (so a file
+    name keeps its start and its extension); the whole text is its tooltip. A plain QLabel
+    would be cut at the right edge by the pane's tool buttons at 1280 px."""
+
+    def __init__(self, text: str = "", **kwargs):
+        super().__init__(**kwargs)
+        self.full_text = ""
+        self.setMinimumWidth(40)
+        self.setText(text)
+
+    def setText(self, text: str) -> None:  # noqa: N802 (Qt's name)
+        self.full_text = text
+        self.setToolTip(text)
+        self._elide()
+
+    def sizeHint(self):  # noqa: N802 (Qt's name)
+        hint = super().sizeHint()
+        hint.setWidth(self.fontMetrics().horizontalAdvance(self.full_text) + 4)
+        return hint
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 (Qt's name)
+        super().resizeEvent(event)
+        self._elide()
+
+    def _elide(self) -> None:
+        shown = self.fontMetrics().elidedText(self.full_text, Qt.TextElideMode.ElideMiddle, self.width())
+        super().setText(shown)
+
+
 class PageList(QListWidget):
     """One row per page: its label and a mark for how its reading went."""
 
@@ -233,8 +263,7 @@ class DocumentView(QWidget):
         self.stack.addWidget(self.empty)
         self.stack.addWidget(self.split)
 
-        self.title = QLabel("Document", objectName="paneTitle")
-        self.title.setMinimumWidth(40)
+        self.title = ElidedLabel("Document", objectName="paneTitle")
         self.page_label = QLabel(objectName="muted")
         self.zoom_label = QLabel(objectName="muted")
         self.view.zoom_changed.connect(lambda z: self.zoom_label.setText(f"{z * 100:.0f}%"))

@@ -11,6 +11,7 @@ import importlib.util
 
 import pytest
 from PySide6.QtCore import QPoint
+from PySide6.QtWidgets import QToolButton
 
 from app.gui import add_gui_arguments, apply_arguments
 from app.settings import AppSettings
@@ -137,6 +138,35 @@ def test_whole_model_names_every_installed_model_and_1280x800(qtbot, tiny_chat):
     for widget in (window.telemetry.position_plot, window.transcript.copy_button, window.controls.run_button.parentWidget()):
         edge = widget.mapTo(window, QPoint(widget.width(), 0)).x()
         assert edge <= right, (widget, edge, right)
+
+
+@pytest.mark.parametrize("name", ["two-page.pdf", "a scanned letter from the insurance company, March 2026, pages 1-2.pdf"])
+def test_the_document_bar_fits_at_1280x800_and_long_names_elide(qtbot, tmp_path, name):
+    from app.main_window import MainWindow
+    from tests.engines.glm_ocr.checkpoints import test_images
+    from tests.pdfs import pdf_of_images
+
+    window = MainWindow(AppSettings(engine="ocr"), persist=False)
+    qtbot.addWidget(window)
+    window.resize(1280, 800)
+    window.show()
+    window.ensure_telemetry()
+    assert window.open_documents([pdf_of_images(tmp_path / name, test_images(2))]) == 2
+    document = window.document
+    qtbot.waitUntil(lambda: document.title.full_text == name)
+    title = document.title
+    shown = title.text()
+    assert title.fontMetrics().horizontalAdvance(shown) <= title.width()  # nothing cut at its edge
+    if len(name) < 20:
+        assert shown == name  # a usual name is shown whole at 1280 px
+    else:
+        assert "\u2026" in shown and shown[:4] == name[:4] and shown.endswith(".pdf")
+    assert title.toolTip() == name
+    pane_right = document.width()
+    for tool in document.findChildren(QToolButton):
+        if tool.isVisible():
+            assert tool.mapTo(document, QPoint(tool.width(), 0)).x() <= pane_right, tool.text()
+    window.shutdown()
 
 
 # --- item 9: the CLI's words and defaults -------------------------------------------------------
