@@ -20,7 +20,13 @@ from tests.engines.broken_verifiers import BROKEN, detectable
 from tests.stats import chi_square_pvalue
 
 WORDS = ["cat", "dog", "sun", "moon"]
-PROMPT = "cat dog sun moon cat dog sun moon moon sun dog cat"
+# Chosen so that the n-gram draft after each likely first token has a moderate probability
+# under the target (about 1/2): a wrong residual then moves p(x)(1 - p(x)) of mass, which the
+# test must see. Picked among 300 random prompts of 8-13 words by enumerating the law of the
+# first three tokens under the correct rule and under resample-from-p at 1 draft: this one gives
+# a chi-square noncentrality of 94 at N = 500 (power > 0.999 at p < 1e-3); the earlier prompt
+# "cat dog sun moon cat dog sun moon moon sun dog cat" gave 16 (power 0.14, it passed).
+PROMPT = "dog dog moon sun dog cat cat sun"
 SAMPLING = Sampling(temperature=1.0, top_k=3)
 N = 500
 
@@ -117,12 +123,8 @@ def test_multi_draft_rounds_keep_the_target_distribution(tiny, exact, method, st
     check_lossless(tiny, exact, method, steps)
 
 
-# resample_from_p with n-gram drafts at steps=1 scored p = 0.34 at N = 500 (the first round's
-# single draft is mostly where resampling from p changes little); steps 3 and 5 and the exact
-# enumeration (test_verification_law) catch it.
 BROKEN_RUNS = [(v, m, k) for v in BROKEN for m, k in MULTI
-               if (v == "skip_bonus" or detectable(v, k, point_mass=m == "ngram"))
-               and (v, m, k) != ("resample_from_p", "ngram", 1)]
+               if v == "skip_bonus" or detectable(v, k, point_mass=m == "ngram")]
 
 
 @pytest.mark.slow
