@@ -135,6 +135,22 @@ def test_its_prometheus_counters_parse_and_match_the_response(server, expected):
     assert diff.drafts > 0 and sum(diff.accepted_per_pos.values()) == diff.accepted_tokens
 
 
+def test_read_the_way_vllm_is_read_its_counters_give_the_responses_totals(server, remote, expected):
+    """The path vLLM and SGLang take (draft figures only from /metrics, before and after),
+    run against this real server, whose llamacpp:spec_decode_* counters carry vLLM's names."""
+    from engines.remote.engine import RemoteEngine
+
+    as_vllm = RemoteEngine(url=remote.url, model=remote.model, server="vllm")
+    rounds = list(as_vllm.generate(chat_request()))
+    assert "".join(r.text for r in rounds) == expected["choices"][0]["message"]["content"]
+    assert all(r.proposed == 0 for r in rounds)  # no per-round figures on this path
+    report = as_vllm.last_report
+    assert report.source == "metrics"
+    assert report.draft_n == expected["timings"]["draft_n"] > 0
+    assert report.draft_n_accepted == expected["timings"]["draft_n_accepted"]
+    assert sum(report.accepted_per_pos.values()) == report.draft_n_accepted
+
+
 def test_the_cli_shows_draft_n_and_draft_n_accepted(server, expected, capsys):
     from app.cli import main
 

@@ -257,6 +257,31 @@ def test_the_remote_engine_against_specscope_serve_matches_the_local_engine(serv
     assert remote.last_report.draft_n_accepted == local.stats().accepted
 
 
+@pytest.mark.parametrize("kind", ["vllm", "sglang", "openai-compatible"])
+def test_a_server_without_per_round_records_is_read_through_its_prometheus_counters(server, engine, kind):
+    """How the remote engine reads vLLM and SGLang: no draft figures in the stream, so the
+    response's totals are the difference of the server's /metrics counters before and after.
+    Run against the real `specscope serve` taken as that kind of server (its counters carry
+    vLLM's names), so the totals can be checked against the engine's own rounds; the rounds
+    themselves stay without draft figures, never invented."""
+    from engines.remote.engine import RemoteEngine
+
+    remote = RemoteEngine(url=server.url, model=MODEL, server=kind)
+    local = local_run(engine, max_tokens=20)  # the server's launch setting: ngram, 3 drafts
+    request = Request(kind="chat", prompt=PROMPT, max_tokens=20, spec=SpecConfig(method="ngram", steps=3))
+    rounds = list(remote.generate(request))
+    assert "".join(r.text for r in rounds) == local.text
+    assert all(r.proposed == 0 and r.tokens == [] for r in rounds)
+    assert "not reported" in rounds[0].note and rounds[-1].finish == "length"
+    report, stats = remote.last_report, local.stats()
+    assert (report.server, report.source) == (kind, "metrics")
+    assert (report.draft_n, report.draft_n_accepted) == (stats.proposed, stats.accepted) and stats.accepted > 0
+    assert report.num_drafts == sum(1 for r in local.rounds if r.proposed)
+    per_pos = {j: sum(1 for r in local.rounds if len(r.accept_flags) > j and r.accept_flags[j]) for j in range(3)}
+    assert {p: v for p, v in report.accepted_per_pos.items() if v} == {p: v for p, v in per_pos.items() if v}
+    assert report.predicted_n == 20 and report.prompt_n > 0  # from the stream's usage chunk
+
+
 def test_the_cli_refuses_a_public_host_without_a_key_in_one_line(capsys):
     from app.cli import main
 
