@@ -7,7 +7,10 @@ ngram-simple, one without), then runs on the copy-heavy prompt set:
 Each prints a table and writes JSON + CSV to --out. Not a test: figures go to docs/benchmarks.md.
 
 Usage: python bench/llama_server.py [--runs 3] [--max-tokens 128] [--threads 2] [--limit N]
-Needs scripts/build-llama-server to have run."""
+                                    [--size-n N --size-m M]
+--size-n / --size-m set llama.cpp's ngram-simple lookup and draft lengths (its defaults are 12 and
+48: a 12-token match is rare in a short answer); 3 and 5 come close to the local engine's n-gram
+lookup (1-4 tokens matched, 5 drafts). Needs scripts/build-llama-server to have run."""
 
 from __future__ import annotations
 
@@ -57,6 +60,8 @@ def main() -> int:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--limit", type=int, default=None)
+    p.add_argument("--size-n", type=int, default=None, help="--spec-ngram-simple-size-n (llama.cpp: 12)")
+    p.add_argument("--size-m", type=int, default=None, help="--spec-ngram-simple-size-m (llama.cpp: 48)")
     p.add_argument("--out", default="bench/results")
     args = p.parse_args()
     if not BINARY.is_file():
@@ -68,10 +73,15 @@ def main() -> int:
     common = ["--runs", str(args.runs), "--warmup", str(args.warmup), "-m", str(args.max_tokens), "--out", args.out]
     if args.limit:
         common += ["--limit", str(args.limit)]
-    ngram, ngram_url = start(model, args.threads, ["--spec-type", "ngram-simple"])
+    spec = ["--spec-type", "ngram-simple"]
+    if args.size_n:
+        spec += ["--spec-ngram-simple-size-n", str(args.size_n)]
+    if args.size_m:
+        spec += ["--spec-ngram-simple-size-m", str(args.size_m)]
+    ngram, ngram_url = start(model, args.threads, spec)
     plain, plain_url = start(model, args.threads, [])
     try:
-        print("== llama-server: ngram-simple vs plain ==", file=sys.stderr, flush=True)
+        print(f"== llama-server: {' '.join(spec)} vs plain ==", file=sys.stderr, flush=True)
         specscope(["bench", "chat", "--server", ngram_url, "--baseline-server", plain_url, *common])
         plain.terminate()  # the local engine gets the cores the plain server no longer polls
         print("== llama-server ngram-simple vs the local engine (n-gram, steps 5) ==", file=sys.stderr, flush=True)
