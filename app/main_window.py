@@ -24,7 +24,7 @@ from PySide6.QtCore import QByteArray, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (
     QApplication, QFileDialog, QHBoxLayout, QLabel, QMainWindow, QMessageBox, QPushButton,
-    QSplitter, QStackedWidget, QToolButton, QVBoxLayout, QWidget,
+    QSizePolicy, QSplitter, QStackedWidget, QToolButton, QVBoxLayout, QWidget,
 )
 
 from app import APP_NAME
@@ -404,6 +404,11 @@ class MainWindow(QMainWindow):
         self.document.setVisible(ocr)
         self.prompt_row.setVisible(not ocr)
         self.transcript_stack.setCurrentWidget(self.transcript)
+        for view in self.transcripts.values():
+            # a stack is as wide as its widest page: the hidden chat pane's title bar would hold
+            # the OCR layout's text pane at 529 px and squeeze the document's bar at 1280 px
+            policy = QSizePolicy.Policy.Preferred if view is self.transcript else QSizePolicy.Policy.Ignored
+            view.setSizePolicy(policy, policy)
         self.controls.run_button.setVisible(ocr)  # chat's primary action is Send, beside the prompt
         self.run_action.setText("Read" if ocr else "Send")
         self.clear_action.setEnabled(not ocr)
