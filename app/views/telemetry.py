@@ -161,6 +161,9 @@ def plot_title(title: str) -> str:
     return f"<span style='color:#1d1d1f;font-size:9.5pt;font-weight:600'>{title}</span>"
 
 
+LEGEND_TOP = 2  # px between a plot's top and its legend
+
+
 def make_plot(title: str, x_label: str, y_label: str) -> pg.PlotWidget:
     plot = pg.PlotWidget()
     plot.setTitle(plot_title(title))
@@ -180,10 +183,23 @@ def make_plot(title: str, x_label: str, y_label: str) -> pg.PlotWidget:
     item.setClipToView(True)
     item.setDownsampling(auto=True, mode="peak")
     item.hideButtons()
-    legend = plot.addLegend(offset=(-4, 2), labelTextSize="7.5pt", labelTextColor="#3a3a3c",
+    legend = plot.addLegend(offset=(-4, LEGEND_TOP), colCount=2, labelTextSize="7.5pt", labelTextColor="#3a3a3c",
                             brush=pg.mkBrush(255, 255, 255, 200), verSpacing=-6)
     legend.setZValue(20)
     return plot
+
+
+def legend_headroom(plot: pg.PlotWidget) -> float:
+    """How far above its highest value a plot's y range must reach so that its legend (at the
+    top right) covers no data: the highest line, or a bar at 100%, ends just below the legend.
+    From the legend's height and the view's, so it holds at any window size."""
+    view_h = plot.getViewBox().sceneBoundingRect().height()
+    legend = plot.getPlotItem().legend
+    if legend is None or view_h <= 0:
+        return 1.1
+    share = min(0.6, (legend.sceneBoundingRect().height() + LEGEND_TOP + 4) / view_h)
+    return 1.0 / (1.0 - share)
+
 
 
 class TelemetryView(QWidget):
@@ -231,7 +247,8 @@ class TelemetryView(QWidget):
         self.speed_curve = self.speed_plot.plot(pen=pg.mkPen(BLUE, width=2), connect="finite", name="tok/s")
         self.position_plot = make_plot("By draft position", "draft position", "accepted (%)")
         self.position_plot.getPlotItem().setDownsampling(False)
-        self.position_plot.setYRange(0, 100)
+        self.position_plot.setYRange(0, 100 * legend_headroom(self.position_plot), padding=0)
+        self.position_plot.getAxis("left").setTicks([[(v, str(v)) for v in range(0, 101, 20)]])
         self.position_plot.setXRange(0.4, 3.6)
         self.bars = pg.BarGraphItem(x=[], height=[], width=0.7, brush=pg.mkBrush(GREEN), pen=pg.mkPen(None),
                                     name="accepted")
@@ -304,6 +321,10 @@ class TelemetryView(QWidget):
         self.cards["speedup"].setText(text)
 
     # --- drawing --------------------------------------------------------------------------
+    def resizeEvent(self, event) -> None:  # noqa: N802 (Qt's name)
+        super().resizeEvent(event)
+        self.stale = {0, 1, 2}  # the legends' share of each plot's height has changed: redrawn in turn
+
     def refresh(self, force: bool = False) -> None:
         """force redraws everything now (exports, the end of a run); otherwise redraw the
         next plot in turn if anything changed since it was last drawn."""
@@ -338,8 +359,8 @@ class TelemetryView(QWidget):
             self.accepted_curve.setData(x if raw else [], s.column("accepted") if raw else [])
             self.proposed_mean.setData(x, s.rolling_mean("proposed", window))
             self.accepted_mean.setData(x, s.rolling_mean("accepted", window))
-            top = max(4.0, float(s.column("proposed").max()) + 1 if s.n else 4.0)
-            self.drafts_plot.setYRange(0, top, padding=0)
+            top = max(3.0, float(s.column("proposed").max()) if s.n else 3.0)
+            self.drafts_plot.setYRange(0, top * legend_headroom(self.drafts_plot), padding=0)
             last = float(x[-1]) if s.n else 0.0
             self.drafts_plot.setXRange(0, max(MIN_ROUNDS_SHOWN, last), padding=0.02)
         elif part == 1:
@@ -357,7 +378,7 @@ class TelemetryView(QWidget):
             if raw and self.speed_dots.yData is not None and len(self.speed_dots.yData):
                 rates.append(self.speed_dots.yData)
             top = max((float(np.max(r)) for r in rates), default=0.0)
-            self.speed_plot.setYRange(0, max(1.0, top * 1.1), padding=0)
+            self.speed_plot.setYRange(0, max(1.0, top) * legend_headroom(self.speed_plot), padding=0)
         else:
             rates = s.per_position() * 100
             positions = np.arange(1, len(rates) + 1)
@@ -365,6 +386,7 @@ class TelemetryView(QWidget):
             ticks = [(i, str(i)) for i in range(1, max(3, len(rates)) + 1)]
             self.position_plot.getAxis("bottom").setTicks([ticks])
             self.position_plot.setXRange(0.4, max(3, len(rates)) + 0.6, padding=0)
+            self.position_plot.setYRange(0, 100 * legend_headroom(self.position_plot), padding=0)
 
     @staticmethod
     def _set_finite(curve, x: np.ndarray, y: np.ndarray) -> None:

@@ -10,7 +10,8 @@ import argparse
 import importlib.util
 
 import pytest
-from PySide6.QtCore import QPoint
+import numpy as np
+from PySide6.QtCore import QPoint, QPointF
 from PySide6.QtWidgets import QToolButton
 
 from app.gui import add_gui_arguments, apply_arguments
@@ -40,6 +41,28 @@ def test_every_plot_has_a_legend_and_axes_with_units(qtbot, make_window, recorde
                                  ("position", telemetry.position_plot))}
     assert labels == {"drafts": ("round", "drafts (tokens)"), "speed": ("time since start (s)", "tokens / s"),
                       "position": ("draft position", "accepted (%)")}
+
+
+def test_no_legend_covers_the_highest_value_of_its_plot(qtbot, make_window, recorded_rounds):
+    """Seen in a screenshot: with every draft accepted, the bars at 100% and the 'asked' line
+    ran under the legends. Every plot keeps its top for the legend."""
+    from dataclasses import replace
+
+    window = make_window()
+    window.resize(1280, 800)
+    window.show()
+    qtbot.wait(50)  # laid out, as a window is before its first run's rounds arrive
+    telemetry = window.telemetry
+    for rnd in recorded_rounds[:40]:
+        telemetry.append(rnd if rnd.prefill else replace(rnd, proposed=3, accepted=3, accept_flags=[True] * 3))
+    telemetry.refresh(force=True)
+    tok_s = telemetry.speed_curve.yData
+    highest = {"drafts": 3.0, "speed": float(np.nanmax(tok_s)), "position": 100.0}
+    for name, plot in (("drafts", telemetry.drafts_plot), ("speed", telemetry.speed_plot),
+                       ("position", telemetry.position_plot)):
+        legend = plot.getPlotItem().legend
+        top_of_data = plot.getViewBox().mapViewToScene(QPointF(0, highest[name])).y()
+        assert legend.sceneBoundingRect().bottom() <= top_of_data, name
 
 
 def test_a_run_stopped_in_its_first_round_draws_sane_axes(qtbot, make_window, recorded_rounds):
