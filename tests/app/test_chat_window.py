@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+from dataclasses import replace
 
 import pytest
 from PySide6.QtGui import QImage
@@ -98,7 +99,11 @@ def test_chat_run_streams_rounds_in_order_and_equals_the_engine_output(qtbot, ma
     window.export("png", tmp_path / "s.png")
     doc = json.loads((tmp_path / "s.json").read_text())
     assert len(doc["rounds"]) == len(rounds) and doc["text"] == window.session.text
-    assert doc["settings"]["chat_method"] == "draft" and doc["settings"]["steps"] == 3
+    # the exported settings are those the run used: the request's method, and the depth the
+    # drafter really reached in some round
+    spec = doc["request"]["spec"]
+    assert doc["settings"]["chat_method"] == spec["method"] != "off"
+    assert doc["settings"]["steps"] == spec["steps"] == max(r.proposed for r in rounds)
     assert doc["machine"]["python"] and len(doc["model"]["hash"]) == 16
     assert doc["request"]["prompt"] == "the cat"
     rows = list(csv.DictReader((tmp_path / "s.csv").open()))
@@ -198,12 +203,18 @@ def test_ab_compare_runs_off_then_on_and_reports_identical_outputs(qtbot, make_w
     assert "identical" in window.transcript.message_text
     assert window.telemetry.cards["speedup"].text().endswith("\u00d7")
     assert rec.outcomes == ["finished", "finished"]
-    # a differing pair is reported as such, with where it differs
-    changed = compare_sessions(result.off, result.off)
-    assert changed.identical
+    # a differing pair is reported as such, with where it differs: one token changed in the
+    # middle of the speculative run, and the same run cut short
     from engines.speculative.session import Session
-    other = Session(result.on.request, result.on.model, rounds=result.on.rounds[:3])
-    assert compare_sessions(result.off, other).first_difference is not None
+    rounds = result.on.rounds
+    j = len(rounds) // 2
+    position = sum(len(r.tokens) for r in rounds[:j])
+    wrong = replace(rounds[j], tokens=[rounds[j].tokens[0] + 1, *rounds[j].tokens[1:]])
+    changed = compare_sessions(result.off, Session(result.on.request, result.on.model, rounds=[*rounds[:j], wrong, *rounds[j + 1:]]))
+    assert not changed.identical and changed.first_difference == position
+    assert f"differ from token {position}" in changed.summary()
+    cut = compare_sessions(result.off, Session(result.on.request, result.on.model, rounds=rounds[:3]))
+    assert not cut.identical and cut.first_difference == sum(len(r.tokens) for r in rounds[:3])
 
 
 def test_a_500_round_run_is_shown_while_the_event_loop_keeps_running(qtbot, make_window, capsys):
