@@ -9,9 +9,10 @@ The draw depends only on (seed, P, j), so chains started and dropped (depth-2 ov
 not change which drafts are wrong: overlap on and off see the same acceptance.
 
 T>0: `oracle(context) -> p` gives the target's exact next-token distribution after `context`;
-the drafter proposes q = (1 - error_rate) * p + error_rate * (a point on p's least likely
-allowed token): a full distribution, close to the target's but biased, so rejection sampling
-accepts often, not always, and resamples from the residual max(p - q, 0) when it rejects.
+the drafter proposes q = (1 - error_rate) * p + error_rate * (a point on the allowed token of
+probability nearest 1/2, `over_estimated`): a full distribution, close to the target's but
+biased, so rejection sampling accepts often, not always, and resamples from the residual
+max(p - q, 0) when it rejects.
 """
 
 from __future__ import annotations
@@ -101,14 +102,22 @@ class ReplayMTPProposer(MTPProposer):
             return DraftStep(mx.where(onehot, step.logits.max() + BOOST, step.logits), step.h_next)
         drafted = tuple(int(t.item()) for t in chain.tokens)  # T>0 (tests only): sync per step
         p = self.oracle(tuple(history(chain)) + drafted)
-        least = np.where(p > 0, p, np.inf).argmin()  # the least likely token the target allows
         q = (1 - self.error_rate) * p
-        q[least] += self.error_rate
+        q[over_estimated(p)] += self.error_rate
         # an h-dependent term keeps the real forward in the graph; it is exactly zero
         with np.errstate(divide="ignore"):
             logits = mx.array(np.maximum(self.temperature * np.log(q), -1e30), dtype=mx.float32)
         logits = logits + 0.0 * step.logits
         return DraftStep(logits, step.h_next)
+
+
+def over_estimated(p: np.ndarray) -> int:
+    """The token the T>0 drafter over-estimates: of those the target allows, the one whose
+    probability is nearest 1/2. Rejections then fall on a token of moderate probability, and
+    the residual max(p - q, 0) -- p without that token -- is far from p, so a verifier that
+    resamples from p instead is visibly wrong. (A point on p's least likely token, as this
+    drafter had first, moved only about p_min of mass and hid that mistake.)"""
+    return int(np.where(p > 0, np.abs(p - 0.5), np.inf).argmin())
 
 
 def history(chain: Chain) -> list[int]:
