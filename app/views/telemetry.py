@@ -323,7 +323,8 @@ class TelemetryView(QWidget):
     # --- drawing --------------------------------------------------------------------------
     def resizeEvent(self, event) -> None:  # noqa: N802 (Qt's name)
         super().resizeEvent(event)
-        self.stale = {0, 1, 2}  # the legends' share of each plot's height has changed: redrawn in turn
+        if self.series.n:  # the legends' share of each plot's height has changed: redrawn in turn
+            self.stale = {0, 1, 2}
 
     def refresh(self, force: bool = False) -> None:
         """force redraws everything now (exports, the end of a run); otherwise redraw the
