@@ -183,8 +183,8 @@ def make_plot(title: str, x_label: str, y_label: str) -> pg.PlotWidget:
     item.setClipToView(True)
     item.setDownsampling(auto=True, mode="peak")
     item.hideButtons()
-    legend = plot.addLegend(offset=(-4, LEGEND_TOP), colCount=2, labelTextSize="7.5pt", labelTextColor="#3a3a3c",
-                            brush=pg.mkBrush(255, 255, 255, 200), verSpacing=-6)
+    legend = plot.addLegend(offset=(-4, LEGEND_TOP), colCount=2, labelTextSize="7.5pt",
+                            labelTextColor="#3a3a3c", brush=pg.mkBrush(255, 255, 255, 200), verSpacing=-6)
     legend.setZValue(20)
     return plot
 
@@ -199,7 +199,6 @@ def legend_headroom(plot: pg.PlotWidget) -> float:
         return 1.1
     share = min(0.6, (legend.sceneBoundingRect().height() + LEGEND_TOP + 4) / view_h)
     return 1.0 / (1.0 - share)
-
 
 
 class TelemetryView(QWidget):
