@@ -246,7 +246,6 @@ class TelemetryView(QWidget):
         self.speed_curve = self.speed_plot.plot(pen=pg.mkPen(BLUE, width=2), connect="finite", name="tok/s")
         self.position_plot = make_plot("By draft position", "draft position", "accepted (%)")
         self.position_plot.getPlotItem().setDownsampling(False)
-        self.position_plot.setYRange(0, 100 * legend_headroom(self.position_plot), padding=0)
         self.position_plot.getAxis("left").setTicks([[(v, str(v)) for v in range(0, 101, 20)]])
         self.position_plot.setXRange(0.4, 3.6)
         self.bars = pg.BarGraphItem(x=[], height=[], width=0.7, brush=pg.mkBrush(GREEN), pen=pg.mkPen(None),
