@@ -39,17 +39,21 @@ def target_probs(logits: mx.array, sampling: Sampling) -> mx.array:
     return mx.softmax(filtered_logprobs(logits, sampling) / sampling.temperature, axis=-1)
 
 
-def sample(probs: mx.array) -> mx.array:
-    """One sample per row of `probs` (zeros are never drawn)."""
-    return mx.random.categorical(mx.log(probs), axis=-1)
+def sample(probs: mx.array, key: mx.array | None = None) -> mx.array:
+    """One sample per row of `probs` (zeros are never drawn). `key`: a sequence's own RNG
+    (the batch loop); None draws from MLX's global generator, as mlx-lm does."""
+    return mx.random.categorical(mx.log(probs), axis=-1, key=key)
 
 
-def pick(logits: mx.array, sampling: Sampling) -> mx.array:
+def pick(logits: mx.array, sampling: Sampling, key: mx.array | None = None) -> mx.array:
     """The next token(s) for plain decoding, as mlx-lm's sampler picks them: argmax at T=0,
-    else its categorical_sampling of the filtered log-probabilities."""
+    else its categorical_sampling of the filtered log-probabilities (with `key`, the same
+    expression on that key: mlx-lm's own function has no key argument)."""
     if sampling.greedy:
         return mx.argmax(logits, axis=-1)
-    return categorical_sampling(filtered_logprobs(logits, sampling), sampling.temperature)
+    if key is None:
+        return categorical_sampling(filtered_logprobs(logits, sampling), sampling.temperature)
+    return mx.random.categorical(filtered_logprobs(logits, sampling) * (1.0 / sampling.temperature), key=key)
 
 
 @dataclass
@@ -102,14 +106,17 @@ def verify_law(p: mx.array, q: mx.array | None, drafts: mx.array) -> VerifyLaw:
     return VerifyLaw(p_draft, q_draft, residual_probs(p[:k], q, drafts), p[k])
 
 
-def rejection_verify(p: mx.array, q: mx.array | None, drafts: mx.array) -> SampledVerdict:
-    """One speculative round's random draws, lazily (see verify_law for p and q)."""
+def rejection_verify(p: mx.array, q: mx.array | None, drafts: mx.array,
+                     key: mx.array | None = None) -> SampledVerdict:
+    """One speculative round's random draws, lazily (see verify_law for p and q). `key`: the
+    sequence's own RNG (three independent streams are split from it), else MLX's global one."""
     law = verify_law(p, q, drafts)
-    u = mx.random.uniform(shape=(drafts.shape[0],))
+    keys = mx.random.split(key, 3) if key is not None else (None, None, None)
+    u = mx.random.uniform(shape=(drafts.shape[0],), key=keys[0])
     return SampledVerdict(
         accept=lossless_accept(law.p_draft, law.q_draft, u),
-        residual=sample(law.residual),
-        bonus=sample(law.bonus),
+        residual=sample(law.residual, keys[1]),
+        bonus=sample(law.bonus, keys[2]),
     )
 
 

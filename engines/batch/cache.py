@@ -1,0 +1,270 @@
+"""The batch's KV cache: every row rolls back on its own, and nothing moves to do it.
+
+Layout. Each attention layer keeps one buffer [B, H, S, D]: a row per sequence, a slot per
+column. A `SlotTable` (one per kind of layer: full attention, or one sliding window) holds,
+for every row and slot, the position in that row's sequence of the token stored there, or -1
+for a slot the row must never read. The attention mask is computed from those positions
+alone -- key visible iff it is live, not after the query, and (windowed layers) less than a
+window behind it -- so a slot dies by writing -1 into the table:
+
+- rows that join with shorter prompts are left-padded with dead slots;
+- in a verify forward every row writes the same number of slots (1 + the longest draft);
+  a row that drafted less, and a row whose drafts were rejected, marks its tail dead
+  (`settle`). That is the per-sequence rollback: exact, O(B) host work, no copy;
+- RoPE reads each row's own next position (`offset`, an array [B], as mlx-lm's
+  BatchKVCache gives it), so positions stay those of plain decoding of the accepted tokens.
+
+Dead slots cost attention work until `compact` gathers each row's live slots to the right of
+a narrower buffer (and drops what a sliding window can no longer see). It runs only when the
+dead share is large, so its copy is amortised over many steps.
+
+Why not mlx-lm's BatchKVCache as it is: its mask is made from one write cursor and left
+padding, so it cannot hide a rejected tail in the middle of a row (the mlx-lm server plan's
+"conflict 2"); `trim(n)` cuts every row alike. The alternative the plan names -- trim every row
+to the shortest accepted prefix and re-forward the rest -- costs a second forward on most
+steps; docs/benchmarks.md has both measured (bench/batch_rollback.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
+
+from engines import EngineError
+
+DEAD = -1
+STEP = 256  # buffer growth, in slots (as mlx-lm's caches grow)
+
+
+class UnbatchableModel(EngineError):
+    """This model's caches (recurrent, quantized, attention sinks...) cannot be batched here."""
+
+
+class SlotTable:
+    """Token positions per (row, slot) for the layers that share one attention pattern."""
+
+    def __init__(self, rows: int, window: int | None = None):
+        self.window = window  # None = full attention
+        self.pos = np.full((rows, 0), DEAD, dtype=np.int64)
+        self.next_pos = np.zeros(rows, dtype=np.int64)  # per row: the next token's position
+        self.width = 0  # slots written by the forward in flight (0 between forwards)
+        self.layers: list[SlotKVCache] = []
+
+    @property
+    def rows(self) -> int:
+        return self.pos.shape[0]
+
+    @property
+    def size(self) -> int:
+        return self.pos.shape[1]
+
+    # -- one forward ------------------------------------------------------------------------
+    def begin(self, width: int) -> None:
+        """A forward of `width` tokens per row is about to run."""
+        self.width = width
+
+    def new_positions(self) -> np.ndarray:
+        return self.next_pos[:, None] + np.arange(self.width)[None]
+
+    def mask(self, n: int, window: int | None) -> mx.array:
+        """[B, 1, n, size + n] bool: which keys each query of the forward may read."""
+        assert n == self.width, "a forward's width must be announced with begin()"
+        window = window or self.window
+        q = self.new_positions()  # [B, n]
+        k = np.concatenate([self.pos, q], axis=1)  # [B, S + n]
+        ok = (k[:, None, :] >= 0) & (k[:, None, :] <= q[:, :, None])
+        if window:
+            ok &= k[:, None, :] > q[:, :, None] - window
+        return mx.array(ok[:, None])
+
+    def settle(self, kept: list[int]) -> None:
+        """After the forward: row b keeps the first kept[b] of the slots it wrote (its pending
+        token and accepted drafts); the rest -- rejected drafts, padding -- die."""
+        new = self.new_positions()
+        keep = np.arange(self.width)[None] < np.asarray(kept)[:, None]
+        self.pos = np.concatenate([self.pos, np.where(keep, new, DEAD)], axis=1)
+        self.next_pos = self.next_pos + np.asarray(kept)
+        self.width = 0
+
+    # -- rows and slots ----------------------------------------------------------------------
+    def keep_mask(self) -> np.ndarray:
+        """Slots some future query may still read."""
+        live = self.pos >= 0
+        if self.window:
+            live &= self.pos > (self.next_pos[:, None] - self.window)
+        return live
+
+    def reclaimable(self) -> int:
+        """Columns a compaction would free: the width beyond the row with most live slots."""
+        return self.size - int(self.keep_mask().sum(axis=1).max(initial=0))
+
+    def compact(self) -> None:
+        """Gather every row's live slots, in order, to the right of a buffer just wide enough
+        for the longest row (left padding dead). One gather per layer."""
+        keep = self.keep_mask()
+        width = int(keep.sum(axis=1).max()) if self.rows else 0
+        index = np.zeros((self.rows, width), dtype=np.int64)
+        pos = np.full((self.rows, width), DEAD, dtype=np.int64)
+        for b in range(self.rows):
+            slots = np.flatnonzero(keep[b])
+            index[b, width - len(slots):] = slots
+            pos[b, width - len(slots):] = self.pos[b, slots]
+        gather = mx.array(index)
+        for layer in self.layers:
+            layer.gather(gather)
+        self.pos = pos
+
+    def select(self, rows: list[int]) -> None:
+        """Keep only these rows (sequences that left are dropped), then drop all-dead columns."""
+        self.pos, self.next_pos = self.pos[rows], self.next_pos[rows]
+        for layer in self.layers:
+            layer.select(mx.array(rows))
+        if self.rows:
+            self.compact()
+
+    def append_rows(self, other: "SlotTable") -> None:
+        """Join `other`'s rows (a sequence prefilled on its own) below ours."""
+        width = max(self.size, other.size)
+        for layer, theirs in zip(self.layers, other.layers):
+            layer.append_rows(theirs, width - self.size, width - other.size)
+        pad = lambda p, n: np.concatenate([np.full((p.shape[0], n), DEAD, dtype=np.int64), p], axis=1)
+        self.pos = np.concatenate([pad(self.pos, width - self.size), pad(other.pos, width - other.size)])
+        self.next_pos = np.concatenate([self.next_pos, other.next_pos])
+
+
+class SlotKVCache:
+    """One attention layer's keys and values, laid out by its SlotTable. mlx-lm's attention
+    calls update_and_fetch / make_mask and reads offset, as with its own caches."""
+
+    def __init__(self, table: SlotTable):
+        self.table = table
+        table.layers.append(self)
+        self.keys: mx.array | None = None
+        self.values: mx.array | None = None
+
+    @property
+    def offset(self) -> mx.array:
+        return mx.array(self.table.next_pos)  # [B]: each row's own RoPE position
+
+    def make_mask(self, N: int, return_array: bool = False, window_size: int | None = None, **_):
+        return self.table.mask(N, window_size)
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array):
+        start, n = self.table.size, keys.shape[2]
+        if self.keys is None or start + n > self.keys.shape[2]:
+            self._grow(keys, values, start + n)
+        self.keys[..., start:start + n, :] = keys
+        self.values[..., start:start + n, :] = values
+        return self.keys[..., :start + n, :], self.values[..., :start + n, :]
+
+    def _grow(self, keys: mx.array, values: mx.array, needed: int) -> None:
+        capacity = (needed + STEP - 1) // STEP * STEP
+        B, H, _, Dk = keys.shape
+        new_k = mx.zeros((B, H, capacity, Dk), keys.dtype)
+        new_v = mx.zeros((B, H, capacity, values.shape[3]), values.dtype)
+        if self.keys is not None:
+            old = self.table.size
+            new_k[..., :old, :] = self.keys[..., :old, :]
+            new_v[..., :old, :] = self.values[..., :old, :]
+        self.keys, self.values = new_k, new_v
+
+    def gather(self, index: mx.array) -> None:
+        """index [B, W]: slot j of row b becomes slot index[b, j]."""
+        if self.keys is None:
+            return
+        idx = index[:, None, :, None]
+        self.keys = mx.take_along_axis(self.keys[..., :self.table.size, :], idx, axis=2)
+        self.values = mx.take_along_axis(self.values[..., :self.table.size, :], idx, axis=2)
+
+    def select(self, rows: mx.array) -> None:
+        if self.keys is not None:
+            self.keys, self.values = self.keys[rows], self.values[rows]
+
+    def append_rows(self, other: "SlotKVCache", pad_ours: int, pad_theirs: int) -> None:
+        def used(c: SlotKVCache, pad: int):
+            k, v = c.keys[..., :c.table.size, :], c.values[..., :c.table.size, :]
+            if pad:
+                widths = [(0, 0), (0, 0), (pad, 0), (0, 0)]
+                k, v = mx.pad(k, widths), mx.pad(v, widths)
+            return k, v
+
+        if other.keys is None:
+            raise ValueError("a sequence joins the batch only after its prompt is read")
+        if self.keys is None:  # the batch was empty
+            self.keys, self.values = used(other, pad_theirs)
+            return
+        k1, v1 = used(self, pad_ours)
+        k2, v2 = used(other, pad_theirs)
+        self.keys, self.values = mx.concatenate([k1, k2]), mx.concatenate([v1, v2])
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.keys is None else self.keys.nbytes + self.values.nbytes
+
+
+class BatchCache:
+    """The model's cache list for a batch: one SlotKVCache per layer, grouped by SlotTable."""
+
+    def __init__(self, model: Any, rows: int):
+        self.tables: list[SlotTable] = []
+        self.layers: list[SlotKVCache] = []
+        by_window: dict[int | None, SlotTable] = {}
+        for c in make_prompt_cache(model):
+            window = _window_of(c)
+            if window not in by_window:
+                by_window[window] = SlotTable(rows, window)
+                self.tables.append(by_window[window])
+            self.layers.append(SlotKVCache(by_window[window]))
+
+    @property
+    def rows(self) -> int:
+        return self.tables[0].rows
+
+    def begin(self, width: int) -> None:
+        for t in self.tables:
+            t.begin(width)
+
+    def settle(self, kept: list[int]) -> None:
+        for t in self.tables:
+            t.settle(kept)
+
+    def compact_if_sparse(self, share: float = 0.25, min_slots: int = 64) -> None:
+        """Compact a table once a quarter of its width (and at least 64 columns) is dead in
+        every row: each step's attention then stops paying for slots no query reads."""
+        for t in self.tables:
+            free = t.reclaimable()
+            if free >= min_slots and free >= share * t.size:
+                t.compact()
+
+    def select(self, rows: list[int]) -> None:
+        for t in self.tables:
+            t.select(rows)
+
+    def append_rows(self, other: "BatchCache") -> None:
+        for mine, theirs in zip(self.tables, other.tables):
+            mine.append_rows(theirs)
+
+    def arrays(self) -> list[mx.array]:
+        return [a for c in self.layers if c.keys is not None for a in (c.keys, c.values)]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(c.nbytes for c in self.layers)
+
+
+def _window_of(c: Any) -> int | None:
+    if type(c) is KVCache:
+        return None
+    if type(c) is RotatingKVCache and not c.keep:
+        return c.max_size
+    raise UnbatchableModel(f"this model's {type(c).__name__} cache cannot be batched "
+                           "(batching supports attention layers with a KV or sliding-window cache)")
+
+
+def check_batchable(model: Any) -> None:
+    """Raises UnbatchableModel, naming the cache, for a model the batch cannot hold."""
+    for c in make_prompt_cache(model):
+        _window_of(c)

@@ -1,0 +1,353 @@
+"""Many sequences, one target forward per step: continuous batching with per-sequence
+speculation (THE batch loop is `BatchEngine.step`).
+
+One step:
+
+    admit     sequences waiting for a slot start reading their prompt; one prefill chunk of
+              one joining sequence runs per step (so a long prompt never stalls the running
+              streams); a sequence whose prompt is read reports its first token and joins.
+    draft     every running sequence asks its own schedule for k (0..7) and its own proposer
+              for k drafts (n-gram index, draft model) -- rows may differ in k.
+    verify    one target forward over [pending token, drafts, padding] of every row; each
+              row's verdict from its own slice: greedy at T=0, rejection sampling at T>0 on
+              the sequence's own RNG key, so what a request receives never depends on who
+              shares its batch.
+    rollback  each row keeps its pending token and accepted drafts; its rejected drafts and
+              padding die in the cache's slot table (engines/batch/cache.py), nothing moves.
+    report    each row's Round, built by the same code as a lone run's (ChatEngine's clip and
+              round helpers: EOS, max_tokens, repetition stop, stop strings held back); rows
+              that finished, were cancelled or whose client left, leave; their slots free.
+
+A lone request is a batch of one (`generate`). What a batch cannot do yet is said, not hidden:
+the Gemma 4 assistant (MTP) reads the target's hidden state and single-stream KV, so an MTP
+request in a batch decodes plainly and its first Round says why.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import mlx.core as mx
+
+from engines import EngineError, OnPrefill, PrefillProgress, Request, ShouldStop
+from engines.batch.cache import BatchCache, check_batchable
+from engines.mlx_chat import sampling as mxs
+from engines.mlx_chat.context import check_fits
+from engines.mlx_chat.engine import ChatEngine, Run, Step
+from engines.mlx_chat.prefill import PREFILL_CHUNK
+from engines.mlx_chat.proposers import EMPTY, Draft, ProposerContext
+from engines.speculative.rounds import Round
+from engines.speculative.schedule import DraftSchedule
+from engines.speculative.stops import TextStream
+from engines.speculative.repetition import detector_for
+from engines.speculative.verify import Verdict, verify_greedy, verify_sampled
+from engines.validation import validate
+
+NOT_BATCHED = {"mtp": "the Gemma 4 assistant (MTP) is not batched yet: this request decodes plainly in the batch"}
+
+
+@dataclass
+class Sequence:
+    """One request in the batch: its run state (as a lone run keeps it), its own RNG, and,
+    until it joins, the cache its prompt is read into."""
+
+    id: int
+    run: Run
+    should_stop: ShouldStop
+    key: mx.array | None  # T>0: this sequence's RNG; split once per step
+    on_prefill: OnPrefill | None = None
+    read: int = 0  # prompt tokens read so far (all but the last go through prefill chunks)
+    own_cache: BatchCache | None = None  # its one-row cache while it reads its prompt
+    prefill_started: float = 0.0
+    finished: bool = False
+
+    @property
+    def prompt(self) -> list[int]:
+        return self.run.ctx.tokens
+
+    def next_key(self) -> mx.array | None:
+        if self.key is None:
+            return None
+        self.key, sub = mx.random.split(self.key)
+        return sub
+
+
+@dataclass
+class RowStep:
+    """One row's part of a step: its drafts and the lazy results of its slice of the forward."""
+
+    seq: Sequence
+    step: Step
+    argmax: mx.array | None = None  # [k+1] at T=0
+    sampled: mxs.SampledVerdict | None = None  # T>0 with drafts
+    token: mx.array | None = None  # T>0 plain: [1]
+
+
+@dataclass
+class BatchEngine:
+    """Continuous batching over a loaded ChatEngine's target (its model, tokenizer, drafters)."""
+
+    chat: ChatEngine
+    max_batch: int = 8
+    prefill_chunk: int = PREFILL_CHUNK
+    running: list[Sequence] = field(default_factory=list)  # in cache row order
+    joining: deque = field(default_factory=deque)  # reading their prompts, in arrival order
+    cache: BatchCache | None = None
+    _ids: itertools.count = field(default_factory=itertools.count)
+
+    def __post_init__(self):
+        check_batchable(self.chat.model)  # UnbatchableModel names the cache it cannot hold
+
+    @property
+    def model(self):
+        return self.chat.model
+
+    @property
+    def model_path(self) -> str:
+        return self.chat.model_path
+
+    def decode(self, token_ids: list[int]) -> str:
+        return self.chat.decode(token_ids)
+
+    def model_info(self) -> dict:
+        return {**self.chat.model_info(), "max_batch": self.max_batch}
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.running or self.joining)
+
+    @property
+    def size(self) -> int:
+        return len(self.running)
+
+    # -- entering -----------------------------------------------------------------------------
+    def submit(self, request: Request, should_stop: ShouldStop | None = None,
+               on_prefill: OnPrefill | None = None) -> Sequence:
+        """Check the request (an invalid one never enters the batch: EngineError) and queue
+        it to read its prompt as soon as a row is free."""
+        validate(request, self.chat.context_length)
+        prompt = self.chat._prompt_ids(request)
+        if not prompt:
+            raise EngineError("empty prompt")
+        check_fits(len(prompt), request.max_tokens, self.chat.context_length)
+        proposer, note = self._proposer(request)
+        spec = request.spec
+        schedule = DraftSchedule(0)
+        if proposer is not None:
+            schedule = DraftSchedule(spec.steps, spec.adaptive, spec.min_steps, spec.max_steps, spec.skip_streak)
+        run = Run(
+            request=request,
+            ctx=ProposerContext(prompt, request.sampling, self.model, []),
+            proposer=proposer,
+            schedule=schedule,
+            detokenizer=self.chat.tokenizer.detokenizer,
+            text=TextStream(request.stop),
+            eos=set(self.chat.tokenizer.eos_token_ids),
+            remaining=request.max_tokens,
+            started=time.perf_counter(),
+            note=note,
+            repetition=detector_for(request.max_repeat),
+        )
+        seed = request.sampling.seed if request.sampling.seed is not None else random.getrandbits(63)
+        key = None if request.sampling.greedy else mx.random.key(seed)
+        seq = Sequence(next(self._ids), run, should_stop or (lambda: False), key, on_prefill)
+        self.joining.append(seq)
+        return seq
+
+    def _proposer(self, request: Request):
+        if not request.spec.enabled:
+            return None, None
+        if request.spec.method in NOT_BATCHED:
+            return None, NOT_BATCHED[request.spec.method]
+        try:
+            return self.chat._make_proposer(request), None
+        except EngineError as e:
+            return None, f"speculation unavailable: {e}"
+
+    # -- THE step ----------------------------------------------------------------------------
+    def step(self) -> list[tuple[Sequence, Round]]:
+        """One prefill chunk (if a sequence is joining) and one target forward over every
+        running sequence. Returns each sequence's Round of this step."""
+        out = self._admit()
+        cancelled = [(s, self._cancelled_round(s)) for s in self.running if s.should_stop()]
+        self._leave([s for s, _ in cancelled])  # a cancel or a gone client: out before the forward
+        out += cancelled
+        rows = list(self.running)
+        if rows:
+            t0 = time.perf_counter()
+            plans = [self._draft(s) for s in rows]
+            self._verify_forward(plans)
+            verdicts = [self._settle(p) for p in plans]
+            forward_s = time.perf_counter() - t0
+            kept = []
+            for plan, verdict in zip(plans, verdicts):
+                kept.append(1 + verdict.accepted)
+                out.append((plan.seq, self._report(plan, verdict, forward_s)))
+            self.cache.settle(kept)
+        self._leave([s for s, r in out if r.finish])
+        return out
+
+    # -- the step's helpers, in the order they run --------------------------------------------
+    def _admit(self) -> list[tuple[Sequence, Round]]:
+        """Read one chunk of the first joining sequence's prompt, if a row is free for it."""
+        gone = [s for s in self.joining if s.should_stop()]  # clients that left while waiting
+        out = [(s, self._cancelled_round(s)) for s in gone]
+        for s in gone:
+            self.joining.remove(s)
+            s.finished = True
+        if not self.joining or len(self.running) >= self.max_batch:
+            return out
+        seq = self.joining[0]
+        if seq.own_cache is None:
+            seq.own_cache, seq.prefill_started = BatchCache(self.model, 1), time.perf_counter()
+        body = seq.prompt[:-1]  # as a lone run reads it: chunks, then the last token alone
+        if seq.read < len(body):
+            chunk = body[seq.read:seq.read + self.prefill_chunk]
+            self._forward(seq.own_cache, [chunk])
+            mx.eval(seq.own_cache.arrays())
+            seq.own_cache.settle([len(chunk)])
+            seq.read += len(chunk)
+            if seq.on_prefill is not None:
+                seq.on_prefill(PrefillProgress(seq.read, len(body), time.perf_counter() - seq.prefill_started))
+            return out
+        self.joining.popleft()
+        out.append((seq, self._first_token(seq)))
+        return out
+
+    def _first_token(self, seq: Sequence) -> Round:
+        """The prompt's last token through the target: the first token; then the sequence
+        joins the batch (its cache rows appended below the running ones)."""
+        run = seq.run
+        logits = self._forward(seq.own_cache, [seq.prompt[-1:]])[0]
+        step = Step(0, EMPTY, 0.0, token=mxs.pick(logits[-1:], run.ctx.sampling, seq.next_key()))
+        seq.own_cache.settle([1])
+        verdict = self.chat._settle(run, step)
+        tokens, finish = self.chat._clip(run, verdict)
+        run.ctx.tokens = run.ctx.tokens + tokens
+        run.remaining -= len(tokens)
+        if run.proposer is not None:
+            try:
+                run.proposer.start(run.ctx)
+            except Exception as e:  # graceful degradation, for this sequence only
+                self.chat._stop_speculating(run, e)
+        step.verify_s = step.wall_s = time.perf_counter() - seq.prefill_started
+        if finish is None and seq.should_stop():
+            finish = "cancelled"
+        rnd = self.chat._round(run, step, verdict, tokens, finish, prefill=True)
+        if not rnd.finish:
+            if self.cache is None:
+                self.cache = seq.own_cache
+            else:
+                self.cache.append_rows(seq.own_cache)
+            self.running.append(seq)
+        seq.own_cache = None
+        return rnd
+
+    def _draft(self, seq: Sequence) -> RowStep:
+        """This row's k and drafts (its own proposer; a failing drafter stops speculation for
+        this sequence only)."""
+        run = seq.run
+        steps = run.schedule.next_steps(run.remaining)
+        t0 = time.perf_counter()
+        draft = self._propose(run, steps) if steps else EMPTY
+        if draft.size:
+            mx.eval(draft.tokens)
+        return RowStep(seq, Step(steps, draft, time.perf_counter() - t0))
+
+    def _propose(self, run: Run, steps: int) -> Draft:
+        try:
+            return run.proposer.propose(run.ctx, steps)
+        except Exception as e:
+            self.chat._stop_speculating(run, e)
+            return EMPTY
+
+    def _verify_forward(self, plans: list[RowStep]) -> None:
+        """One target forward over every row's [pending token, drafts], right-padded to the
+        longest row; each row's verify results from its own slice, lazily, then evaluated."""
+        rows = [[s.seq.run.ctx.tokens[-1], *s.step.draft.tokens.tolist()] for s in plans]
+        logits = self._forward(self.cache, rows)
+        outputs = []
+        for b, plan in enumerate(plans):
+            k, sampling = plan.step.k, plan.seq.run.ctx.sampling
+            row = logits[b, : k + 1]
+            if sampling.greedy:
+                plan.argmax = mx.argmax(row, axis=-1)
+                outputs.append(plan.argmax)
+            elif k:
+                p = mxs.target_probs(row, sampling)
+                plan.sampled = mxs.rejection_verify(p, plan.step.draft.q, plan.step.draft.tokens, plan.seq.next_key())
+                outputs += [plan.sampled.accept, plan.sampled.residual, plan.sampled.bonus]
+            else:
+                plan.token = mxs.pick(row, sampling, plan.seq.next_key())
+                outputs.append(plan.token)
+        mx.eval(outputs)
+
+    def _forward(self, cache: BatchCache, rows: list[list[int]]) -> mx.array:
+        """The target over ragged rows (right-padded with each row's last input; the padding's
+        slots die at settle): logits [B, width, V]."""
+        width = max(len(r) for r in rows)
+        padded = [r + [r[-1]] * (width - len(r)) for r in rows]
+        cache.begin(width)
+        return self.model(mx.array(padded, dtype=mx.uint32), cache=cache.layers)
+
+    def _settle(self, plan: RowStep) -> Verdict:
+        drafts = plan.step.draft.tokens.tolist() if plan.step.k else []
+        if plan.sampled is not None:
+            s = plan.sampled
+            return verify_sampled(drafts, s.accept.tolist(), s.residual.tolist(), s.bonus.item())
+        return verify_greedy(drafts, (plan.argmax if plan.argmax is not None else plan.token).tolist())
+
+    def _report(self, plan: RowStep, verdict: Verdict, forward_s: float) -> Round:
+        """The row's Round, by the lone run's own helpers (clip, commit, detokenize, stops)."""
+        seq, run, step = plan.seq, plan.seq.run, plan.step
+        now = time.perf_counter()
+        step.verify_s = forward_s
+        step.wall_s, run.last_settled = now - (run.last_settled or run.started), now
+        tokens, finish = self.chat._clip(run, verdict)
+        run.ctx.tokens = run.ctx.tokens + tokens
+        run.remaining -= len(tokens)
+        run.schedule.record(step.k, verdict.accepted)
+        if run.proposer is not None and run.schedule.enabled and not finish:
+            try:
+                run.proposer.commit(run.ctx)
+            except Exception as e:
+                self.chat._stop_speculating(run, e)
+        if finish is None and seq.should_stop():
+            finish = "cancelled"
+        return self.chat._round(run, step, verdict, tokens, finish)
+
+    def _cancelled_round(self, seq: Sequence) -> Round:
+        step = Step(0, EMPTY, 0.0)
+        return self.chat._round(seq.run, step, Verdict(0, []), [], "cancelled")
+
+    def _leave(self, done: list[Sequence]) -> None:
+        """Finished, cancelled and disconnected sequences leave; their rows are freed now."""
+        for seq in done:
+            seq.finished = True
+        keep = [b for b, s in enumerate(self.running) if not s.finished]
+        if len(keep) == len(self.running):
+            if self.cache is not None:
+                self.cache.compact_if_sparse()
+            return
+        self.running = [self.running[b] for b in keep]
+        if self.running:
+            self.cache.select(keep)
+        else:
+            self.cache = None
+
+    # -- a batch of one -------------------------------------------------------------------------
+    def generate(self, request: Request, should_stop: ShouldStop | None = None, *,
+                 on_prefill: OnPrefill | None = None) -> Iterator[Round]:
+        """A lone request through the batch loop (the Engine protocol)."""
+        seq = self.submit(request, should_stop, on_prefill)
+        while not seq.finished and self.busy:
+            for s, rnd in self.step():
+                if s is seq:
+                    yield rnd
+                    if rnd.finish:
+                        seq.finished = True
