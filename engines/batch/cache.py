@@ -51,6 +51,7 @@ class SlotTable:
         self.pos = np.full((rows, 0), DEAD, dtype=np.int64)
         self.next_pos = np.zeros(rows, dtype=np.int64)  # per row: the next token's position
         self.width = 0  # slots written by the forward in flight (0 between forwards)
+        self.compactions = 0
         self.layers: list[SlotKVCache] = []
 
     @property
@@ -116,6 +117,7 @@ class SlotTable:
         for layer in self.layers:
             layer.gather(gather)
         self.pos = pos
+        self.compactions += 1
 
     def select(self, rows: list[int]) -> None:
         """Keep only these rows (sequences that left are dropped), then drop all-dead columns."""

@@ -34,7 +34,7 @@ from typing import Iterator
 
 import mlx.core as mx
 
-from engines import EngineError, OnPrefill, PrefillProgress, Request, ShouldStop
+from engines import EngineError, OnPrefill, PrefillProgress, Request, Sampling, ShouldStop
 from engines.batch.cache import BatchCache, check_batchable
 from engines.mlx_chat import sampling as mxs
 from engines.mlx_chat.context import check_fits
@@ -81,8 +81,9 @@ class Sequence:
 class RowStep:
     """One row's part of a step: its drafts and the lazy results of its slice of the forward."""
 
-    seq: Sequence
+    seq: Sequence | None
     step: Step
+    sampling: Sampling
     argmax: mx.array | None = None  # [k+1] at T=0
     sampled: mxs.SampledVerdict | None = None  # T>0 with drafts
     token: mx.array | None = None  # T>0 plain: [1]
@@ -98,6 +99,7 @@ class BatchEngine:
     running: list[Sequence] = field(default_factory=list)  # in cache row order
     joining: deque = field(default_factory=deque)  # reading their prompts, in arrival order
     cache: BatchCache | None = None
+    compact_min_slots: int = 64  # compact a table once this many columns are dead in every row
     _ids: itertools.count = field(default_factory=itertools.count)
 
     def __post_init__(self):
@@ -257,7 +259,7 @@ class BatchEngine:
         draft = self._propose(run, steps) if steps else EMPTY
         if draft.size:
             mx.eval(draft.tokens)
-        return RowStep(seq, Step(steps, draft, time.perf_counter() - t0))
+        return RowStep(seq, Step(steps, draft, time.perf_counter() - t0), run.ctx.sampling)
 
     def _propose(self, run: Run, steps: int) -> Draft:
         try:
@@ -268,24 +270,9 @@ class BatchEngine:
 
     def _verify_forward(self, plans: list[RowStep]) -> None:
         """One target forward over every row's [pending token, drafts], right-padded to the
-        longest row; each row's verify results from its own slice, lazily, then evaluated."""
-        rows = [[s.seq.run.ctx.tokens[-1], *s.step.draft.tokens.tolist()] for s in plans]
-        logits = self._forward(self.cache, rows)
-        outputs = []
-        for b, plan in enumerate(plans):
-            k, sampling = plan.step.k, plan.seq.run.ctx.sampling
-            row = logits[b, : k + 1]
-            if sampling.greedy:
-                plan.argmax = mx.argmax(row, axis=-1)
-                outputs.append(plan.argmax)
-            elif k:
-                p = mxs.target_probs(row, sampling)
-                plan.sampled = mxs.rejection_verify(p, plan.step.draft.q, plan.step.draft.tokens, plan.seq.next_key())
-                outputs += [plan.sampled.accept, plan.sampled.residual, plan.sampled.bonus]
-            else:
-                plan.token = mxs.pick(row, sampling, plan.seq.next_key())
-                outputs.append(plan.token)
-        mx.eval(outputs)
+        longest row; each row's verify results from its own slice, evaluated together."""
+        logits = self._forward(self.cache, [[s.seq.run.ctx.tokens[-1], *s.step.draft.tokens.tolist()] for s in plans])
+        mx.eval(verify_rows(logits, plans, [p.seq.next_key() for p in plans]))
 
     def _forward(self, cache: BatchCache, rows: list[list[int]]) -> mx.array:
         """The target over ragged rows (right-padded with each row's last input; the padding's
@@ -296,11 +283,7 @@ class BatchEngine:
         return self.model(mx.array(padded, dtype=mx.uint32), cache=cache.layers)
 
     def _settle(self, plan: RowStep) -> Verdict:
-        drafts = plan.step.draft.tokens.tolist() if plan.step.k else []
-        if plan.sampled is not None:
-            s = plan.sampled
-            return verify_sampled(drafts, s.accept.tolist(), s.residual.tolist(), s.bonus.item())
-        return verify_greedy(drafts, (plan.argmax if plan.argmax is not None else plan.token).tolist())
+        return settle_row(plan)
 
     def _report(self, plan: RowStep, verdict: Verdict, forward_s: float) -> Round:
         """The row's Round, by the lone run's own helpers (clip, commit, detokenize, stops)."""
@@ -332,7 +315,7 @@ class BatchEngine:
         keep = [b for b, s in enumerate(self.running) if not s.finished]
         if len(keep) == len(self.running):
             if self.cache is not None:
-                self.cache.compact_if_sparse()
+                self.cache.compact_if_sparse(min_slots=self.compact_min_slots)
             return
         self.running = [self.running[b] for b in keep]
         if self.running:
@@ -351,3 +334,34 @@ class BatchEngine:
                     yield rnd
                     if rnd.finish:
                         seq.finished = True
+
+
+# -- per-row verification (pure: the batch T>0 tests drive these directly) ---------------------
+def verify_rows(logits: mx.array, plans: list[RowStep], keys: list[mx.array | None]) -> list[mx.array]:
+    """Each row's verify results from its own slice logits[b, :k_b + 1], lazily: the argmax at
+    T=0; at T>0 rejection sampling (or a plain sample) on that row's own key, so no row's
+    draws depend on another's. Returns the arrays to evaluate."""
+    outputs = []
+    for b, (plan, key) in enumerate(zip(plans, keys)):
+        k, sampling = plan.step.k, plan.sampling
+        row = logits[b, : k + 1]
+        if sampling.greedy:
+            plan.argmax = mx.argmax(row, axis=-1)
+            outputs.append(plan.argmax)
+        elif k:
+            p = mxs.target_probs(row, sampling)
+            plan.sampled = mxs.rejection_verify(p, plan.step.draft.q, plan.step.draft.tokens, key)
+            outputs += [plan.sampled.accept, plan.sampled.residual, plan.sampled.bonus]
+        else:
+            plan.token = mxs.pick(row, sampling, key)
+            outputs.append(plan.token)
+    return outputs
+
+
+def settle_row(plan: RowStep) -> Verdict:
+    """The row's accepted drafts plus one target token, from its evaluated results."""
+    drafts = plan.step.draft.tokens.tolist() if plan.step.k else []
+    if plan.sampled is not None:
+        s = plan.sampled
+        return verify_sampled(drafts, s.accept.tolist(), s.residual.tolist(), s.bonus.item())
+    return verify_greedy(drafts, (plan.argmax if plan.argmax is not None else plan.token).tolist())

@@ -1,0 +1,6 @@
+"""The batch tests reuse the chat engine's tiny checkpoints (a llama; a Gemma 3 with an 8-token
+sliding window; perturbed copies of each as draft models), built once per session."""
+
+from tests.engines.mlx_chat.conftest import (  # noqa: F401  (pytest fixtures)
+    ckpt_dir, engines, gemma3_dir, gemma3_draft_dir, llama_dir, llama_draft_dir,
+)

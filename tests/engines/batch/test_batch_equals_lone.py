@@ -1,0 +1,140 @@
+"""Batch independence at T=0: what a request receives from the batch loop equals what it
+receives alone (ChatEngine's single-stream loop), token for token and with the same finish --
+for every method and draft length, with rows of different k, requests joining and leaving
+mid-batch, a queue behind a full batch, a cancel, a stop string, max_tokens and the repetition
+stop; on the llama and on the Gemma 3 whose sliding window (8) every run outgrows, also with
+the cache compacted on nearly every step (rollback right after a compaction). A broken
+rollback (each row's verdict applied to its neighbour) is caught."""
+
+from __future__ import annotations
+
+import pytest
+
+from engines import Request, SpecConfig
+from engines.batch.cache import BatchCache
+from engines.batch.engine import BatchEngine
+
+COPY = "the cat is big and the dog is small . the cat is big and the dog is small ."
+FRESH = "a red bird and an old fish see the river"
+
+
+def requests(draft_dir: str) -> list[Request]:
+    """Different prompts, lengths, methods and k; one stop string, one short max_tokens, one
+    prompt the tiny llama loops on (repetition stop)."""
+    return [
+        Request(prompt=COPY, max_tokens=48, spec=SpecConfig("ngram", 5)),
+        Request(prompt=FRESH, max_tokens=30),
+        Request(prompt=COPY + " the sun", max_tokens=40, spec=SpecConfig("draft", 3, draft_model=draft_dir)),
+        Request(prompt="big red", max_tokens=5, spec=SpecConfig("ngram", 2)),
+        Request(prompt=FRESH + " " + COPY, max_tokens=48, spec=SpecConfig("draft", 7, adaptive=True, draft_model=draft_dir)),
+        Request(prompt=COPY, max_tokens=48, spec=SpecConfig("ngram", 1)),  # its stop: with_stop_string
+        Request(prompt="hello world", max_tokens=300, spec=SpecConfig("ngram", 7), max_repeat=4),
+        Request(prompt="the old moon", max_tokens=36, spec=SpecConfig("draft", 1, draft_model=draft_dir)),
+    ]
+
+
+def with_stop_string(engine, reqs: list[Request], i: int = 5) -> None:
+    """Give request i a stop string its output reaches: two words from the middle of its text."""
+    words = lone(engine, reqs[i])[2].split()
+    reqs[i].stop = [" " + " ".join(words[len(words) // 2: len(words) // 2 + 2])]
+
+
+def lone(engine, request):
+    rounds = list(engine.generate(request))
+    return [t for r in rounds for t in r.tokens], rounds[-1].finish, "".join(r.text for r in rounds)
+
+
+def run_batch(batch: BatchEngine, reqs: list[Request], join_late: int = 3, cancel: int | None = None,
+              cancel_after: int = 4):
+    """Submit all but the last `join_late` requests now, the rest a few steps later; request
+    `cancel` (an index) asks to stop after `cancel_after` of its rounds."""
+    seen: dict[int, list] = {}
+    stop_flags = {i: False for i in range(len(reqs))}
+    seqs = {}
+
+    def submit(i):
+        seqs[batch.submit(reqs[i], should_stop=lambda i=i: stop_flags[i]).id] = i
+
+    for i in range(len(reqs) - join_late):
+        submit(i)
+    steps = 0
+    sizes = []
+    while batch.busy or len(seqs) < len(reqs):
+        if steps == 6:
+            for i in range(len(reqs) - join_late, len(reqs)):
+                submit(i)
+        for seq, rnd in batch.step():
+            i = seqs[seq.id]
+            seen.setdefault(i, []).append(rnd)
+            if i == cancel and len(seen[i]) >= cancel_after:
+                stop_flags[i] = True
+        sizes.append(batch.size)
+        steps += 1
+    return seen, sizes
+
+
+@pytest.mark.parametrize("model", ["llama", "gemma3"])
+def test_every_request_gets_exactly_its_lone_tokens(engines, model, llama_draft_dir, gemma3_draft_dir):
+    engine = engines[model]
+    reqs = requests(llama_draft_dir if model == "llama" else gemma3_draft_dir)
+    with_stop_string(engine, reqs)
+    alone = [lone(engine, r) for r in reqs]
+    batch = BatchEngine(engine, max_batch=4)
+    got, sizes = run_batch(batch, reqs, cancel=2)
+    assert max(sizes) == 4 and 1 <= min(s for s in sizes if s) < 4  # a full batch, joins and leaves
+    proposed = accepted = 0
+    for i, r in enumerate(reqs):
+        tokens = [t for rnd in got[i] for t in rnd.tokens]
+        text = "".join(rnd.text for rnd in got[i])
+        if i == 2:  # cancelled: a prefix of its lone run, said so
+            assert got[i][-1].finish == "cancelled" and tokens == alone[i][0][: len(tokens)]
+            assert len(tokens) < len(alone[i][0])
+            continue
+        assert (tokens, got[i][-1].finish, text) == alone[i], i
+        assert [rnd.index for rnd in got[i]] == list(range(len(got[i])))
+        proposed += sum(rnd.proposed for rnd in got[i])
+        accepted += sum(rnd.accepted for rnd in got[i])
+    finishes = {alone[i][1] for i in range(len(reqs))}
+    assert {"length", "stop"} <= finishes  # max_tokens and the stop string were reached
+    if model == "llama":
+        assert "repetition" in finishes  # the looping prompt was stopped by the detector
+    assert 0 < accepted < proposed  # drafts both accepted and rejected: rollbacks happened
+
+
+def test_rollback_right_after_compactions_in_a_batch(engines, gemma3_draft_dir):
+    """Compacting on nearly every step (4 dead columns suffice) drops what the sliding window
+    no longer sees and the rejected slots; the rows then roll back past it, and still equal
+    their lone runs."""
+    engine = engines["gemma3"]
+    reqs = requests(gemma3_draft_dir)[:5]
+    alone = [lone(engine, r) for r in reqs]
+    batch = BatchEngine(engine, max_batch=5, compact_min_slots=4)
+    compactions = []
+    real = BatchCache.compact_if_sparse
+
+    def counting(cache, **kw):
+        before = sum(t.compactions for t in cache.tables)
+        real(cache, **kw)
+        compactions.append(sum(t.compactions for t in cache.tables) - before)
+
+    BatchCache.compact_if_sparse = counting
+    try:
+        got, _ = run_batch(batch, reqs, join_late=0)
+    finally:
+        BatchCache.compact_if_sparse = real
+    assert sum(compactions) > 20
+    for i in range(len(reqs)):
+        assert [t for rnd in got[i] for t in rnd.tokens] == alone[i][0], i
+    rejected = sum(rnd.proposed - rnd.accepted for i in range(len(reqs)) for rnd in got[i])
+    assert rejected > 20
+
+
+def test_a_rollback_applied_to_the_neighbouring_row_is_caught(engines, llama_draft_dir, monkeypatch):
+    """Must fail: each row keeps what its neighbour accepted."""
+    engine = engines["llama"]
+    reqs = requests(llama_draft_dir)[:5]
+    alone = [lone(engine, r)[0] for r in reqs]
+    real = BatchCache.settle
+    monkeypatch.setattr(BatchCache, "settle", lambda cache, kept: real(cache, kept[1:] + kept[:1]))
+    got, _ = run_batch(BatchEngine(engine, max_batch=5), reqs, join_late=0)
+    assert any([t for rnd in got[i] for t in rnd.tokens] != alone[i] for i in range(len(reqs)))
