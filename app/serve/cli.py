@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from app.serve.protocol import ServedModel
-from app.serve.server import ServeConfig, Served, build_app, serve_forever
+from app.serve.server import DEFAULT_MAX_BATCH, ServeConfig, Served, build_app, serve_forever
 
 
 def serve_parser(parser_class) -> argparse.ArgumentParser:
@@ -25,7 +25,9 @@ def serve_parser(parser_class) -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
     p.add_argument("--insecure", action="store_true", help="allow a non-loopback --host without --api-key")
-    p.add_argument("--queue-size", type=int, default=4, help="requests that may wait behind the running one")
+    p.add_argument("--queue-size", type=int, default=4, help="requests that may wait for a row of the batch (or behind the running one)")
+    p.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH,
+                   help=f"chat requests decoded together, one target forward per step (default {DEFAULT_MAX_BATCH}; 1 = one at a time)")
     add_spec_arguments(p, ["off", "ngram", "draft", "mtp"], "ngram")
     return p
 
@@ -36,7 +38,7 @@ def cmd_serve(argv: list[str]) -> int:
 
     args = serve_parser(Parser).parse_args(argv)
     config = ServeConfig(host=args.host, port=args.port, api_key=args.api_key, insecure=args.insecure,
-                         queue_size=args.queue_size)
+                         queue_size=args.queue_size, max_batch=args.max_batch)
     config.check()
     if not 0 < args.port < 65536:
         raise UsageError("--port must be in 1..65535")

@@ -6,9 +6,11 @@ client's disconnect while it streams (ASGI spec < 2.4, which uvicorn speaks) and
 response, which is what lets a gone client stop its generation within one round. aiohttp would
 do as well; Starlette needs no framework of its own around four routes.
 
-One engine thread: requests run one at a time in arrival order (a single-worker executor);
-at most `queue_size` may wait behind the running one, the next gets 503 with Retry-After.
-The engine's generator runs on that thread and hands each Round to the event loop, which
+Chat requests are batched (app/serve/batching.py, `--max-batch N`): up to N sequences share one
+target forward per step, each with its own speculation, and `queue_size` more may wait for a
+row. OCR, `--max-batch 1` and a model the batch cannot hold run one at a time in arrival order
+on one engine thread (EngineQueue), with `queue_size` waiting behind the running one. Either
+way the next request gets 503 with Retry-After, and each Round goes to the event loop, which
 streams it (SSE) or collects it (non-streaming)."""
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -36,6 +39,7 @@ from engines.speculative.rounds import Round
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 RETRY_AFTER_S = 2
+DEFAULT_MAX_BATCH = 4
 
 
 @dataclass
@@ -44,7 +48,8 @@ class ServeConfig:
     port: int = 8000
     api_key: str | None = None  # clients send it as "Authorization: Bearer KEY"
     insecure: bool = False  # allow a non-loopback host without a key
-    queue_size: int = 4  # requests that may wait behind the running one
+    queue_size: int = 4  # requests that may wait for the engine (or for a row of the batch)
+    max_batch: int = DEFAULT_MAX_BATCH  # chat sequences per target forward; 1 = one at a time
 
     def check(self) -> None:
         if self.host not in LOOPBACK and not self.api_key and not self.insecure:
@@ -52,6 +57,8 @@ class ServeConfig:
                               "give --api-key KEY, or --insecure to serve without one")
         if self.queue_size < 0:
             raise EngineError("--queue-size must be >= 0")
+        if not 1 <= self.max_batch <= 64:
+            raise EngineError("--max-batch must be in 1..64")
 
 
 @dataclass
@@ -118,6 +125,25 @@ class EngineQueue:
             yield item
 
 
+def batch_queue(served: Served, config: ServeConfig, metrics: ServeMetrics):
+    """A BatchQueue for a chat model the batch can hold (a ChatEngine), else None (one at a
+    time; a model whose caches cannot be batched says why on stderr once)."""
+    from engines.mlx_chat.engine import ChatEngine
+
+    if config.max_batch < 2 or served.model.kind != "chat" or not isinstance(served.engine, ChatEngine):
+        return None
+    from app.serve.batching import BatchQueue
+    from engines.batch.cache import UnbatchableModel
+    from engines.batch.engine import BatchEngine
+
+    try:
+        engine = BatchEngine(served.engine, max_batch=config.max_batch)
+    except UnbatchableModel as e:
+        print(f"specscope serve: {served.model.id} runs one request at a time: {e}", file=sys.stderr, flush=True)
+        return None
+    return BatchQueue(engine, config.queue_size, metrics, check_prompt)
+
+
 def check_prompt(served: Served, parsed: ParsedRequest) -> int | None:
     """Counts the prompt's tokens (llama.cpp's prompt_n) and refuses one that cannot fit, with
     the engine's own check (engines.mlx_chat.context)."""
@@ -139,7 +165,8 @@ def context_of(served: Served) -> int | None:
 def build_app(config: ServeConfig, served: list[Served]) -> Starlette:
     config.check()
     metrics = ServeMetrics()
-    queue = EngineQueue(config.queue_size, metrics)
+    one_at_a_time = EngineQueue(config.queue_size, metrics)
+    queues = {s.model.id: batch_queue(s, config, metrics) or one_at_a_time for s in served}
     by_id = {s.model.id: s for s in served}
     models = {s.model.id: s.model for s in served}
 
@@ -169,6 +196,11 @@ def build_app(config: ServeConfig, served: list[Served]) -> Starlette:
             return unauthorized()
         return Response(metrics.text(), media_type=CONTENT_TYPE_LATEST)
 
+    async def spec_decode_metrics(http: HttpRequest) -> Response:
+        if not authorized(http):
+            return unauthorized()
+        return JSONResponse(metrics.spec.as_dict() | {"max_batch": config.max_batch})
+
     async def chat_completions(http: HttpRequest) -> Response:
         if not authorized(http):
             return unauthorized()
@@ -179,6 +211,7 @@ def build_app(config: ServeConfig, served: list[Served]) -> Starlette:
         parsed = None
         try:
             parsed = parse_chat_request(body, models, lambda model_id: context_of(by_id[model_id]))
+            queue = queues[parsed.model]
             queue.admit()
         except ApiError as e:
             _remove(parsed)
@@ -221,6 +254,7 @@ def build_app(config: ServeConfig, served: list[Served]) -> Starlette:
         Route("/health", health),
         Route("/v1/models", list_models),
         Route("/metrics", prometheus),
+        Route("/v1/spec_decode/metrics", spec_decode_metrics),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
     ])
 

@@ -36,10 +36,13 @@ def engine(tmp_path_factory):
     return ChatEngine.load(str(make_tiny_llama(tmp_path_factory.mktemp("serve") / "llama")))
 
 
-@pytest.fixture(scope="module")
-def server(engine):
+@pytest.fixture(scope="module", params=[1, 4], ids=["one-at-a-time", "batch-4"])
+def server(engine, request):
+    """Every test runs against both front doors: one request at a time (--max-batch 1) and
+    the batch (--max-batch 4); the answers must not tell them apart."""
     served = [Served(ServedModel(MODEL, "chat", SpecConfig(method="ngram", steps=3)), engine)]
-    running = start_in_thread(build_app(ServeConfig(queue_size=1), served))
+    running = start_in_thread(build_app(ServeConfig(queue_size=1, max_batch=request.param), served))
+    running.extra["max_batch"] = request.param
     yield running
     running.stop()
 
@@ -158,6 +161,8 @@ def test_disconnect_cancels_the_generation(client, server):
 
 
 def test_concurrent_clients_are_queued_one_at_a_time_and_a_full_queue_answers_503(client, server, engine):
+    if server.extra["max_batch"] != 1:
+        pytest.skip("one at a time is --max-batch 1; the batch's queue: tests/serve/test_batch_serve.py")
     _wait_for(server, lambda t: gauge(t, "requests_processing") == 0)
     first = _stream_long(client)
     next(iter(first))  # running now

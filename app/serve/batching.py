@@ -1,0 +1,138 @@
+"""The batch scheduler's front door: many chat requests share one target forward per step.
+
+Requests are admitted on the event loop (at most `max_batch` running plus `queue_size`
+waiting; the next gets 503 with Retry-After), handed to ONE scheduler thread through an inbox,
+and that thread steps the BatchEngine (engines/batch): each step reads one chunk of a joining
+prompt and runs one forward over every running sequence. Each sequence's Rounds go back to its
+own request's coroutine, which streams or collects them exactly as with one request at a time
+(server.py's EngineQueue, which still serves OCR and `--max-batch 1`).
+
+A client that disconnects sets its `stop` event; the engine reads it at the start of the next
+step, so its row is freed within one step."""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import AsyncIterator, Callable
+
+from app.serve.metrics import ServeMetrics
+from app.serve.protocol import ApiError, ParsedRequest
+from engines.batch.engine import BatchEngine
+from engines.speculative.rounds import Round
+
+RETRY_AFTER_S = 2
+DONE = object()
+
+
+@dataclass
+class Admission:
+    """A request on its way into the batch: what to run, and where its Rounds go."""
+
+    served: object  # server.Served
+    parsed: ParsedRequest
+    stop: threading.Event
+    prompt_n: list
+    push: Callable[[object], None]  # thread-safe: hands a Round, an error or DONE to the request
+
+
+class BatchQueue:
+    def __init__(self, engine: BatchEngine, queue_size: int, metrics: ServeMetrics,
+                 check_prompt: Callable[[object, ParsedRequest], int | None]):
+        self.engine = engine
+        self.capacity = engine.max_batch + queue_size
+        self.metrics = metrics
+        self.check_prompt = check_prompt
+        self.admitted = 0
+        self.lock = threading.Lock()
+        self.inbox: queue.Queue = queue.Queue()
+        self.sinks: dict[int, Admission] = {}  # sequence id -> its request
+        self.thread = threading.Thread(target=self._loop, name="specscope-batch", daemon=True)
+        self.thread.start()
+
+    # -- the event loop's side --------------------------------------------------------------------
+    def admit(self) -> None:
+        with self.lock:
+            if self.admitted >= self.capacity:
+                raise ApiError(503, "the server is busy (its batch and queue are full); retry later", "server_busy",
+                               kind="server_error", headers={"Retry-After": str(RETRY_AFTER_S)})
+            self.admitted += 1
+
+    async def rounds(self, served, parsed: ParsedRequest, stop: threading.Event,
+                     prompt_n: list) -> AsyncIterator[Round]:
+        """This request's Rounds, produced by the scheduler thread, delivered on the event loop."""
+        loop = asyncio.get_running_loop()
+        items: asyncio.Queue = asyncio.Queue()
+        self.inbox.put(Admission(served, parsed, stop, prompt_n,
+                                 lambda item: loop.call_soon_threadsafe(items.put_nowait, item)))
+        while (item := await items.get()) is not DONE:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    # -- the scheduler thread ---------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            self._take_inbox(block=not self.engine.busy)
+            if not self.engine.busy:
+                continue
+            t0 = time.perf_counter()
+            try:
+                out = self.engine.step()
+            except Exception as e:  # a fault in the step: every request in it hears it
+                self._fail_all(e)
+                continue
+            self.metrics.observe_step(self.engine.size, time.perf_counter() - t0)
+            for seq, rnd in out:
+                admission = self.sinks[seq.id]
+                self.metrics.count_round(rnd)
+                admission.push(rnd)
+                if rnd.finish:
+                    self._finish(seq.id)
+            self._gauges()
+
+    def _take_inbox(self, block: bool) -> None:
+        """Submit what arrived: an invalid request never enters the batch (its error goes
+        back to it alone)."""
+        while True:
+            try:
+                a = self.inbox.get(block=block, timeout=None)
+            except queue.Empty:
+                return
+            block = False
+            try:
+                a.prompt_n.append(self.check_prompt(a.served, a.parsed))
+                seq = self.engine.submit(a.parsed.request, should_stop=a.stop.is_set)
+            except Exception as e:
+                a.push(e)
+                a.push(DONE)
+                self._leave()
+                continue
+            self.sinks[seq.id] = a
+            self._gauges()
+
+    def _finish(self, seq_id: int) -> None:
+        self.sinks.pop(seq_id).push(DONE)
+        self._leave()
+
+    def _fail_all(self, error: Exception) -> None:
+        for seq_id, a in list(self.sinks.items()):
+            a.push(error)
+            self._finish(seq_id)
+        self.engine.running.clear()
+        self.engine.joining.clear()
+        self.engine.cache = None
+
+    def _leave(self) -> None:
+        with self.lock:
+            self.admitted -= 1
+
+    def _gauges(self) -> None:
+        running = self.engine.size
+        self.metrics.requests_running.set(running)
+        self.metrics.requests_waiting.set(len(self.engine.joining))
+        self.metrics.requests_processing.set(running)
+        self.metrics.requests_deferred.set(len(self.engine.joining))

@@ -1,0 +1,109 @@
+"""`specscope serve --max-batch 4`: concurrent clients share one target forward per step, and
+each still receives exactly what it receives alone, over real HTTP with the openai client.
+The full batch plus the queue answers 503; a gone client's row is freed; /metrics shows the
+batch (num_requests_running, batch size per step, step latency) and /v1/spec_decode/metrics
+the speculation totals, which add up to the responses' own timings."""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.request
+
+import pytest
+
+pytest.importorskip("mlx.core")
+openai = pytest.importorskip("openai")
+
+from app.serve.protocol import ServedModel  # noqa: E402
+from app.serve.server import ServeConfig, Served, build_app, start_in_thread  # noqa: E402
+from engines import SpecConfig  # noqa: E402
+from tests.serve.test_serve import MODEL, LONG, counter, engine, gauge, scrape, _wait_for  # noqa: E402,F401 (engine: a fixture)
+
+PROMPTS = ["the cat and the dog see the cat and the dog see the cat", "a red bird and an old fish",
+           "the big house on the old road and the big house", "see the moon"]
+SPECS = [SpecConfig("ngram", 3), SpecConfig("off", 0), SpecConfig("ngram", 7), SpecConfig("ngram", 1)]
+
+
+@pytest.fixture(scope="module")
+def batch_server(engine):
+    served = [Served(ServedModel(MODEL, "chat", SpecConfig(method="ngram", steps=3)), engine)]
+    running = start_in_thread(build_app(ServeConfig(queue_size=1, max_batch=4), served))
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def client(batch_server):
+    return openai.OpenAI(base_url=f"{batch_server.url}/v1", api_key="unused", max_retries=0)
+
+
+def body(prompt: str, spec: SpecConfig, max_tokens: int = 40) -> dict:
+    return dict(model=MODEL, messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens,
+                extra_body={"speculative": {"method": spec.method, "steps": spec.steps}})
+
+
+def test_concurrent_requests_each_get_their_lone_answer(client, batch_server, engine):
+    from engines import Request
+    from engines.runs import run_session
+
+    before = scrape(batch_server)
+    answers: dict[int, object] = {}
+
+    def one(i):
+        answers[i] = client.chat.completions.create(**body(PROMPTS[i], SPECS[i]))
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    for i in range(4):
+        alone = run_session(engine, Request(kind="chat", prompt=PROMPTS[i], max_tokens=40, spec=SPECS[i]))
+        assert answers[i].choices[0].message.content == alone.text, i
+        timings = answers[i].model_extra["timings"]
+        assert timings["predicted_n"] == len(alone.tokens)
+        assert timings["draft_n"] == sum(r.proposed for r in alone.rounds[1:])
+        assert timings["draft_n_accepted"] == sum(r.accepted for r in alone.rounds[1:])
+    after = scrape(batch_server)
+    steps = counter(after, "batch_size_count") - counter(before, "batch_size_count")
+    single = counter(after, 'batch_size_bucket{le="1.0"}') - counter(before, 'batch_size_bucket{le="1.0"}')
+    assert steps > 0 and single < steps  # some steps carried more than one sequence
+
+
+def test_a_full_batch_and_queue_answer_503_and_a_gone_client_frees_its_row(client, batch_server):
+    _wait_for(batch_server, lambda t: gauge(t, "num_requests_running") == 0)
+    streams = [client.chat.completions.create(stream=True, **body(PROMPTS[i], SPECS[i], LONG)) for i in range(4)]
+    for s in streams:
+        next(iter(s))
+    _wait_for(batch_server, lambda t: gauge(t, "num_requests_running") == 4)
+    waiting = threading.Thread(target=lambda: list(client.chat.completions.create(stream=True, **body(PROMPTS[0], SPECS[0], 8))))
+    waiting.start()
+    _wait_for(batch_server, lambda t: gauge(t, "num_requests_waiting") == 1)
+    with pytest.raises(openai.APIStatusError) as refused:
+        client.chat.completions.create(**body(PROMPTS[1], SPECS[1]))
+    assert refused.value.status_code == 503 and refused.value.body["code"] == "server_busy"
+    assert refused.value.response.headers["retry-after"].isdigit()
+    streams[0].close()  # a client goes away: its row goes to the waiting request
+    waiting.join(timeout=60)
+    assert not waiting.is_alive()
+    for s in streams[1:]:
+        s.close()
+    _wait_for(batch_server, lambda t: gauge(t, "num_requests_running") == 0 and gauge(t, "num_requests_waiting") == 0)
+
+
+def test_spec_decode_metrics_add_up_to_the_responses(client, batch_server):
+    def spec_metrics():
+        with urllib.request.urlopen(f"{batch_server.url}/v1/spec_decode/metrics") as r:
+            return json.loads(r.read())
+
+    _wait_for(batch_server, lambda t: gauge(t, "num_requests_running") == 0)
+    before = spec_metrics()
+    resp = client.chat.completions.create(**body(PROMPTS[0], SPECS[0]))
+    after = spec_metrics()
+    timings = resp.model_extra["timings"]
+    assert after["total_proposed"] - before["total_proposed"] == timings["draft_n"]
+    assert after["total_accepted"] - before["total_accepted"] == timings["draft_n_accepted"]
+    assert after["max_batch"] == 4 and 0 <= after["acceptance_rate_ema"] <= 1
+    assert set(after) >= {"acceptance_rate_overall", "avg_tokens_per_step", "total_steps", "total_fallback_steps",
+                          "total_bonus_tokens", "current_k"}
