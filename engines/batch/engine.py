@@ -36,13 +36,14 @@ import mlx.core as mx
 
 from engines import EngineError, OnPrefill, PrefillProgress, Request, Sampling, ShouldStop
 from engines.batch.cache import BatchCache, check_batchable
+from engines.batch.controller import DraftBudget, row_acceptance
 from engines.mlx_chat import sampling as mxs
 from engines.mlx_chat.context import check_fits
 from engines.mlx_chat.engine import ChatEngine, Run, Step
 from engines.mlx_chat.prefill import PREFILL_CHUNK
 from engines.mlx_chat.proposers import EMPTY, Draft, ProposerContext
 from engines.speculative.rounds import Round
-from engines.speculative.schedule import DraftSchedule
+from engines.speculative.schedule import MAX_STEPS, DraftSchedule
 from engines.speculative.stops import TextStream
 from engines.speculative.repetition import detector_for
 from engines.speculative.verify import Verdict, verify_greedy, verify_sampled
@@ -65,6 +66,9 @@ class Sequence:
     own_cache: BatchCache | None = None  # its one-row cache while it reads its prompt
     prefill_started: float = 0.0
     finished: bool = False
+    accepted: int = 0  # drafts accepted so far, and rounds that ended in a rejection: the
+    rejections: int = 0  # controller's estimate of this row's per-position acceptance
+    capped_at: int | None = None  # the controller's cap last said to this sequence
 
     @property
     def prompt(self) -> list[int]:
@@ -100,6 +104,7 @@ class BatchEngine:
     joining: deque = field(default_factory=deque)  # reading their prompts, in arrival order
     cache: BatchCache | None = None
     compact_min_slots: int = 64  # compact a table once this many columns are dead in every row
+    budget: DraftBudget | None = field(default_factory=DraftBudget.new)  # None: rows draft what they ask
     _ids: itertools.count = field(default_factory=itertools.count)
 
     def __post_init__(self):
@@ -182,7 +187,8 @@ class BatchEngine:
         rows = list(self.running)
         if rows:
             t0 = time.perf_counter()
-            plans = [self._draft(s) for s in rows]
+            cap = self._cap(rows)
+            plans = [self._draft(s, cap) for s in rows]
             self._verify_forward(plans)
             verdicts = [self._settle(p) for p in plans]
             forward_s = time.perf_counter() - t0
@@ -250,11 +256,23 @@ class BatchEngine:
         seq.own_cache = None
         return rnd
 
-    def _draft(self, seq: Sequence) -> RowStep:
-        """This row's k and drafts (its own proposer; a failing drafter stops speculation for
-        this sequence only)."""
+    def _cap(self, rows: list[Sequence]) -> int:
+        """The batch-aware controller's cap on drafts per row for this step."""
+        if self.budget is None:
+            return MAX_STEPS
+        drafting = lambda s: s.run.proposer is not None and s.run.schedule.enabled  # noqa: E731
+        return self.budget.choose([row_acceptance(s.accepted, s.rejections) if drafting(s) else None for s in rows])
+
+    def _draft(self, seq: Sequence, cap: int = MAX_STEPS) -> RowStep:
+        """This row's k (its schedule's, within the controller's cap) and drafts (its own
+        proposer; a failing drafter stops speculation for this sequence only)."""
         run = seq.run
-        steps = run.schedule.next_steps(run.remaining)
+        asked = run.schedule.next_steps(run.remaining)
+        steps = min(asked, cap)
+        if steps < asked and cap != seq.capped_at:  # said once per change of the cap
+            run.note = (f"batch of {self.size}: drafts capped at {cap} per round "
+                        "(this machine's measured step costs)")
+            seq.capped_at = cap
         t0 = time.perf_counter()
         draft = self._propose(run, steps) if steps else EMPTY
         if draft.size:
@@ -271,8 +289,12 @@ class BatchEngine:
     def _verify_forward(self, plans: list[RowStep]) -> None:
         """One target forward over every row's [pending token, drafts], right-padded to the
         longest row; each row's verify results from its own slice, evaluated together."""
-        logits = self._forward(self.cache, [[s.seq.run.ctx.tokens[-1], *s.step.draft.tokens.tolist()] for s in plans])
+        rows = [[s.seq.run.ctx.tokens[-1], *s.step.draft.tokens.tolist()] for s in plans]
+        t0 = time.perf_counter()
+        logits = self._forward(self.cache, rows)
         mx.eval(verify_rows(logits, plans, [p.seq.next_key() for p in plans]))
+        if self.budget is not None:
+            self.budget.observe(len(rows), max(len(r) for r in rows), time.perf_counter() - t0)
 
     def _forward(self, cache: BatchCache, rows: list[list[int]]) -> mx.array:
         """The target over ragged rows (right-padded with each row's last input; the padding's
@@ -295,6 +317,8 @@ class BatchEngine:
         run.ctx.tokens = run.ctx.tokens + tokens
         run.remaining -= len(tokens)
         run.schedule.record(step.k, verdict.accepted)
+        seq.accepted += verdict.accepted
+        seq.rejections += 1 if verdict.accepted < step.k else 0
         if run.proposer is not None and run.schedule.enabled and not finish:
             try:
                 run.proposer.commit(run.ctx)

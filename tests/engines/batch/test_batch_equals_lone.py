@@ -79,7 +79,7 @@ def test_every_request_gets_exactly_its_lone_tokens(engines, model, llama_draft_
     reqs = requests(llama_draft_dir if model == "llama" else gemma3_draft_dir)
     with_stop_string(engine, reqs)
     alone = [lone(engine, r) for r in reqs]
-    batch = BatchEngine(engine, max_batch=4)
+    batch = BatchEngine(engine, max_batch=4, budget=None)  # every row drafts its own k (ragged rows)
     got, sizes = run_batch(batch, reqs, cancel=2)
     assert max(sizes) == 4 and 1 <= min(s for s in sizes if s) < 4  # a full batch, joins and leaves
     proposed = accepted = 0
@@ -108,7 +108,7 @@ def test_rollback_right_after_compactions_in_a_batch(engines, gemma3_draft_dir):
     engine = engines["gemma3"]
     reqs = requests(gemma3_draft_dir)[:5]
     alone = [lone(engine, r) for r in reqs]
-    batch = BatchEngine(engine, max_batch=5, compact_min_slots=4)
+    batch = BatchEngine(engine, max_batch=5, compact_min_slots=4, budget=None)
     compactions = []
     real = BatchCache.compact_if_sparse
 
@@ -136,5 +136,19 @@ def test_a_rollback_applied_to_the_neighbouring_row_is_caught(engines, llama_dra
     alone = [lone(engine, r)[0] for r in reqs]
     real = BatchCache.settle
     monkeypatch.setattr(BatchCache, "settle", lambda cache, kept: real(cache, kept[1:] + kept[:1]))
-    got, _ = run_batch(BatchEngine(engine, max_batch=5), reqs, join_late=0)
+    got, _ = run_batch(BatchEngine(engine, max_batch=5, budget=None), reqs, join_late=0)
     assert any([t for rnd in got[i] for t in rnd.tokens] != alone[i] for i in range(len(reqs)))
+
+
+@pytest.mark.parametrize("model", ["llama", "gemma3"])
+def test_the_batch_controller_changes_drafts_not_tokens(engines, model, llama_draft_dir, gemma3_draft_dir):
+    """With the batch-aware controller on (serve's default), rows draft what this machine's
+    measured step costs say pays; the tokens are still each request's lone tokens."""
+    engine = engines[model]
+    reqs = requests(llama_draft_dir if model == "llama" else gemma3_draft_dir)[:6]
+    alone = [lone(engine, r)[0] for r in reqs]
+    batch = BatchEngine(engine, max_batch=6)
+    got, _ = run_batch(batch, reqs, join_late=2)
+    for i in range(len(reqs)):
+        assert [t for rnd in got[i] for t in rnd.tokens] == alone[i], i
+    assert batch.budget.costs.ready  # it measured forwards of more than one size

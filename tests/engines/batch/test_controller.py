@@ -1,0 +1,62 @@
+"""The batch-aware draft controller (engines/batch/controller.py) on synthetic machines whose
+step cost and acceptance are known: its pick equals the brute-force best k, its cost fit
+recovers the machine, and it caps drafting as the batch grows or acceptance falls."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from engines.batch.controller import DraftBudget, StepCosts, expected_tokens, row_acceptance
+from engines.speculative.schedule import MAX_STEPS
+
+
+def budget_for(c0: float, c1: float) -> DraftBudget:
+    b = DraftBudget.new()
+    for batch, width in itertools.product((1, 2, 4, 8), (1, 3, 6, 8)):
+        b.observe(batch, width, c0 + c1 * batch * width)
+    return b
+
+
+def test_the_cost_fit_recovers_the_machine():
+    c0, c1 = budget_for(0.05, 0.004).costs.fit()
+    assert c0 == pytest.approx(0.05, rel=1e-6) and c1 == pytest.approx(0.004, rel=1e-6)
+
+
+@pytest.mark.parametrize("c0,c1", [(0.05, 0.0), (0.05, 0.002), (0.05, 0.02), (0.01, 0.05)])
+@pytest.mark.parametrize("rows", [[0.9], [0.6, 0.3], [0.2, 0.2, 0.2, 0.2], [0.8, None, 0.5, None, 0.1, 0.7, 0.9, 0.4]])
+def test_the_pick_is_the_best_k(c0, c1, rows):
+    b = budget_for(c0, c1)
+    batch = len(rows)
+
+    def rate(k):
+        tokens = sum(expected_tokens(k, a) if a is not None else 1.0 for a in rows)
+        return tokens / (c0 + c1 * batch * (1 + k))
+
+    best = max(rate(k) for k in range(MAX_STEPS + 1))
+    assert rate(b.choose(rows)) == pytest.approx(best, rel=1e-9)
+
+
+def test_free_verification_drafts_fully_and_dear_verification_stops_drafting():
+    assert budget_for(0.05, 0.0).choose([0.3, 0.3]) == MAX_STEPS
+    assert budget_for(0.001, 0.05).choose([0.2] * 8) == 0
+
+
+def test_a_bigger_batch_drafts_less():
+    b = budget_for(0.02, 0.003)
+    caps = [b.choose([0.6] * n) for n in (1, 2, 4, 8, 16)]
+    assert caps == sorted(caps, reverse=True) and caps[0] > caps[-1]
+
+
+def test_no_cap_before_two_forward_sizes_were_measured():
+    b = DraftBudget.new()
+    b.observe(4, 2, 0.1)
+    b.observe(4, 2, 0.2)
+    assert not b.costs.ready and b.choose([0.1, 0.1]) == MAX_STEPS
+
+
+def test_row_acceptance_is_the_per_position_rate():
+    # a row that accepted 3 of 4 positions in one round, then rejected its first draft twice
+    assert row_acceptance(accepted=3, rejections=3) == pytest.approx(4 / 8)
+    assert row_acceptance(0, 0) == 0.5
