@@ -50,6 +50,7 @@ class ServeConfig:
     insecure: bool = False  # allow a non-loopback host without a key
     queue_size: int = 4  # requests that may wait for the engine (or for a row of the batch)
     max_batch: int = DEFAULT_MAX_BATCH  # chat sequences per target forward; 1 = one at a time
+    memory_bytes: int | None = None  # the machine's memory for the batch's check (None: measured)
 
     def check(self) -> None:
         if self.host not in LOOPBACK and not self.api_key and not self.insecure:
@@ -132,8 +133,10 @@ def batch_queue(served: Served, config: ServeConfig, metrics: ServeMetrics):
 
     if config.max_batch < 2 or served.model.kind != "chat" or not isinstance(served.engine, ChatEngine):
         return None
+    from mlx.utils import tree_flatten
+
     from app.serve.batching import BatchQueue
-    from engines.batch.cache import UnbatchableModel
+    from engines.batch.cache import UnbatchableModel, check_memory, physical_memory
     from engines.batch.engine import BatchEngine
 
     try:
@@ -141,6 +144,9 @@ def batch_queue(served: Served, config: ServeConfig, metrics: ServeMetrics):
     except UnbatchableModel as e:
         print(f"specscope serve: {served.model.id} runs one request at a time: {e}", file=sys.stderr, flush=True)
         return None
+    weights = sum(v.nbytes for _, v in tree_flatten(served.engine.model.parameters()))
+    check_memory(served.engine.model, config.max_batch, served.engine.context_length or 4096, weights,
+                 config.memory_bytes or physical_memory())
     return BatchQueue(engine, config.queue_size, metrics, check_prompt)
 
 

@@ -12,8 +12,10 @@ with E[tokens | k, a] = 1 + a + ... + a^k (a = the row's acceptance so far, each
 position accepted with probability a given the previous ones -- the MtPC paper's throughput
 model, tokens per round over round latency) and cost(B, w) = c0 + c1 * B * w fitted online to
 the measured step times (least squares with forgetting, so it follows the machine). Until two
-different forward sizes have been seen it does not cap (it has nothing to go on). Speculation
-stays lossless whatever the cap: it only changes how many drafts are offered.
+different forward sizes have been seen it does not cap (it has nothing to go on), and a
+sequence alone in the batch drafts what its own settings ask (the controller answers for
+what the batch costs, not for the user's choice of k). Speculation stays lossless whatever the
+cap: it only changes how many drafts are offered.
 """
 
 from __future__ import annotations
@@ -80,7 +82,7 @@ class DraftBudget:
         """The cap for the next step. `acceptances`: each running row's acceptance so far, or
         None for a row that does not draft (it still pays for the padded width)."""
         drafting = [a for a in acceptances if a is not None]
-        if not drafting or not self.costs.ready:
+        if not drafting or len(acceptances) < 2 or not self.costs.ready:
             self.cap = MAX_STEPS
             return self.cap
         batch = len(acceptances)

@@ -25,7 +25,7 @@ def test_the_cost_fit_recovers_the_machine():
 
 
 @pytest.mark.parametrize("c0,c1", [(0.05, 0.0), (0.05, 0.002), (0.05, 0.02), (0.01, 0.05)])
-@pytest.mark.parametrize("rows", [[0.9], [0.6, 0.3], [0.2, 0.2, 0.2, 0.2], [0.8, None, 0.5, None, 0.1, 0.7, 0.9, 0.4]])
+@pytest.mark.parametrize("rows", [[0.9, 0.9], [0.6, 0.3], [0.2, 0.2, 0.2, 0.2], [0.8, None, 0.5, None, 0.1, 0.7, 0.9, 0.4]])
 def test_the_pick_is_the_best_k(c0, c1, rows):
     b = budget_for(c0, c1)
     batch = len(rows)
@@ -45,7 +45,7 @@ def test_free_verification_drafts_fully_and_dear_verification_stops_drafting():
 
 def test_a_bigger_batch_drafts_less():
     b = budget_for(0.02, 0.003)
-    caps = [b.choose([0.6] * n) for n in (1, 2, 4, 8, 16)]
+    caps = [b.choose([0.6] * n) for n in (2, 4, 8, 16)]
     assert caps == sorted(caps, reverse=True) and caps[0] > caps[-1]
 
 
@@ -60,3 +60,7 @@ def test_row_acceptance_is_the_per_position_rate():
     # a row that accepted 3 of 4 positions in one round, then rejected its first draft twice
     assert row_acceptance(accepted=3, rejections=3) == pytest.approx(4 / 8)
     assert row_acceptance(0, 0) == 0.5
+
+
+def test_a_sequence_alone_drafts_what_it_asks():
+    assert budget_for(0.001, 0.05).choose([0.2]) == MAX_STEPS

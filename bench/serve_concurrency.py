@@ -1,0 +1,141 @@
+"""Many requests at once: `specscope serve` (one at a time, and batched, speculation off / n-gram)
+beside mlx_lm.server (batched plain decoding) on the same SmolLM2 weights, through the same
+client (engines/concurrent_runs.py over engines.remote), one server at a time, in one run.
+
+Workload (issue "Many requests at once"): the copy-heavy prompt set cycled to 8 requests,
+128 tokens, T=0, c clients at a time (closed loop). Every server runs with the same
+environment: OpenBLAS preloaded (what `specscope` does for itself, app/launch.py), so MLX's CPU
+matmuls go to the same BLAS. mlx_lm.server reads the HF-layout copy that
+bench/smollm2_hf_layout.py writes from the GGUF -- the very float32 weights our loader runs.
+
+    python bench/serve_concurrency.py [--levels 1,2,4,8] [--servers NAME,...] [--out bench/results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from engines import Request, SpecConfig  # noqa: E402
+from engines.concurrent_runs import run_clients, summarize  # noqa: E402
+
+VENV = Path(sys.executable).parent
+HF_COPY = Path("/tmp/specscope-bench/smollm2-hf")
+
+
+def servers(port: int) -> dict[str, tuple[list[str], SpecConfig]]:
+    serve = [str(VENV / "specscope"), "serve", "--port", str(port), "--queue-size", "16"]
+    return {
+        "specscope-ngram-b1": (serve + ["--spec", "ngram", "--steps", "5", "--max-batch", "1"], SpecConfig("ngram", 5)),
+        "specscope-ngram-b8": (serve + ["--spec", "ngram", "--steps", "5", "--max-batch", "8"], SpecConfig("ngram", 5)),
+        "specscope-off-b8": (serve + ["--spec", "off", "--max-batch", "8"], SpecConfig("off", 0)),
+        "mlx_lm.server": ([str(VENV / "python"), "-m", "mlx_lm.server", "--model", str(HF_COPY), "--port", str(port),
+                           "--max-tokens", "128"], SpecConfig("off", 0)),
+    }
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_up(url: str, proc: subprocess.Popen, seconds: float = 300) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited with {proc.returncode}")
+        try:
+            urllib.request.urlopen(f"{url}/v1/models", timeout=2).read()
+            return
+        except OSError:
+            time.sleep(0.5)
+    raise RuntimeError("the server did not come up")
+
+
+def blas_env() -> dict:
+    from app.launch import system_openblas
+
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    blas = system_openblas()
+    if blas:
+        env["LD_PRELOAD"] = blas
+    return env
+
+
+def workload(n: int, max_tokens: int, spec: SpecConfig) -> list[tuple[str, Request]]:
+    import resources
+
+    prompts = json.loads(resources.path("prompts", "copy_heavy.json").read_text())["prompts"]
+    return [(prompts[i % len(prompts)]["name"], Request(prompt=prompts[i % len(prompts)]["prompt"], max_tokens=max_tokens,
+                                                         spec=spec)) for i in range(n)]
+
+
+def measure(name: str, cmd: list[str], spec: SpecConfig, port: int, levels: list[int], n: int,
+            max_tokens: int) -> list[dict]:
+    from engines.remote.engine import RemoteEngine
+
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen(cmd, env=blas_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_up(url, proc)
+        make = lambda: RemoteEngine.load(url)  # noqa: E731
+        requests = workload(n, max_tokens, spec)
+        run_clients(make, requests[:2], 2)  # warm-up (and every kernel shape of a 2-batch)
+        rows = []
+        for c in levels:
+            records, wall = run_clients(make, requests, c)
+            s = summarize(records, wall)
+            rows.append({"server": name, "concurrency": c, **s, "texts": [r.text for r in records]})
+            print(f"{name:<32} c={c}: {s['aggregate_tok_s']:6.1f} tok/s aggregate, per request "
+                  f"{s['per_request_decode_tok_s_median'] or 0:5.1f}, TTFT p50 {s['ttft_p50_s']:.2f} s, "
+                  f"latency p50 {s['latency_p50_s']:.2f} / p95 {s['latency_p95_s']:.2f} s, "
+                  f"acceptance {s['acceptance'] if s['acceptance'] is not None else '-'}", file=sys.stderr, flush=True)
+        return rows
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--levels", default="1,2,4,8")
+    ap.add_argument("--servers", default=None, help="comma-separated: specscope-ngram-b1, specscope-ngram-b8, specscope-off-b8, mlx_lm.server (default: all)")
+    ap.add_argument("--requests", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    args = ap.parse_args()
+    if not (HF_COPY / "config.json").exists():
+        from bench.smollm2_hf_layout import main as export
+
+        export(HF_COPY)
+    levels = [int(x) for x in args.levels.split(",")]
+    port = free_port()
+    table = servers(port)
+    chosen = args.servers.split(",") if args.servers else list(table)
+    rows = []
+    for name in chosen:
+        cmd, spec = table[name]
+        rows += measure(name, cmd, spec, port, levels, args.requests, args.max_tokens)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"serve-concurrency-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.write_text(json.dumps({"load": os.getloadavg(), "rows": rows}, indent=1))
+    print(f"wrote {path}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
