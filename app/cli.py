@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from app.cli_io import EXIT_INTERRUPTED, Interrupt, PrefillMeter, PromptError, read_prompt, stdout_failed
-from engines import EngineError, Request, Sampling, SpecConfig
+from engines.types import EngineError, Request, Sampling, SpecConfig
 from engines.speculative.schedule import DEFAULT_STEPS, MAX_STEPS, PRESETS
 from engines.speculative.trace import TraceError, TraceWriter
 from app.connect import add_server_arguments, run_on_server
@@ -203,7 +203,7 @@ def write_stdout(text: str) -> None:
 
 
 def load_chat_engine(model: str | None, draft_model: str | None):
-    from engines import load_engine
+    from engines.factory import load_engine
 
     if model is None:
         from engines.mlx_chat.models import default_chat_model
@@ -281,7 +281,7 @@ def cmd_ocr(argv: list[str]) -> int:
     resolve_models(args, requests[0].spec, "ocr")
     trace = open_trace(args)
     from app.models.store import leases
-    from engines import load_engine
+    from engines.factory import load_engine
 
     try:
         with leases(args.model):
@@ -383,7 +383,7 @@ def load_prompts(path: str | None) -> list[tuple[str, str]]:
 
 
 def cmd_bench(argv: list[str]) -> int:
-    from engines import load_engine
+    from engines.factory import load_engine
     from engines.runs import bench_case, bench_document, check_writable
 
     args = bench_parser().parse_args(argv)

@@ -58,7 +58,7 @@ def bench_servers(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from app.cli import UsageError, checked, load_chat_engine, load_prompts, sampling, save_bench, spec_config
-    from engines import Request
+    from engines.types import Request
     from engines.runs import bench_document, bench_pair
 
     if args.runs < 1 or args.warmup < 0:

@@ -46,7 +46,7 @@ from app.views.server_dialog import ServerDialog
 from app.views.sessions_dialog import SessionsDialog
 from app.views.transcript import TranscriptView
 from app.worker import EngineCache, EngineLoader, EnginePreload, RunSpec, RunWorker, start_worker
-from engines import EngineError, Request, SpecConfig
+from engines.types import EngineError, Request, SpecConfig
 from engines.speculative.rounds import fallback_note
 from engines.speculative.repetition import acceptance_jump
 from engines.speculative.session import Session

@@ -17,7 +17,7 @@ from app.models import catalog, store
 from app.models.cli import clock
 from app.models.convert_job import ConversionCancelled, ConversionProgress, conversion_needed, convert
 from app.models.download import DownloadCancelled, DownloadProgress, download
-from engines import EngineError
+from engines.types import EngineError
 
 
 @dataclass(frozen=True)

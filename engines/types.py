@@ -1,7 +1,8 @@
-"""Engines: everything that turns a Request into Rounds. No Qt here (tests enforce it).
+"""The engines' shared types: Request (with its SpecConfig and Sampling), the Engine protocol,
+EngineError, PrefillProgress, and Round (defined in engines.speculative.rounds, re-exported here).
 
-The flow of one run: a `Request` goes to `load_engine(...)`'s engine, whose
-`generate(request)` yields one `Round` per target forward (see engines.speculative.rounds).
+Imports no engine, so every engine, the CLI, the GUI and the server import it without pulling
+in MLX or torch; the factory that picks an engine is engines.factory.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterator, Literal, Protocol
 
 from engines.speculative.repetition import DEFAULT_MAX_REPEAT
-from engines.speculative.rounds import Round
+from engines.speculative.rounds import Round  # re-exported: the one thing generate() yields
 
 SpecMethod = Literal["off", "ngram", "draft", "mtp"]
 
@@ -116,19 +117,5 @@ class Engine(Protocol):
     def model_info(self) -> dict: ...
 
 
-def load_engine(kind: str, model_path: str, **options) -> Engine:
-    """Import lazily: the GUI starts without MLX or torch loaded. A server URL
-    ("http://host:port#model-id") is driven as a remote engine (engines.remote)."""
-    if model_path.startswith(("http://", "https://")):
-        from engines.remote.engine import RemoteEngine
-
-        return RemoteEngine.load(model_path, **options)
-    if kind == "chat":
-        from engines.mlx_chat.engine import ChatEngine
-
-        return ChatEngine.load(model_path, **options)
-    if kind == "ocr":
-        from engines.glm_ocr.engine import OcrEngine
-
-        return OcrEngine.load(model_path, **options)
-    raise EngineError(f"unknown engine kind: {kind!r} (expected 'chat' or 'ocr')")
+__all__ = ["Engine", "EngineError", "OnPrefill", "PrefillProgress", "Request", "Round", "Sampling", "ShouldStop",
+           "SpecConfig", "SpecMethod"]

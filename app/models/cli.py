@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from engines import EngineError
+from engines.types import EngineError
 
 from app.models import catalog, store
 from app.models.download import DownloadProgress

@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
-from engines import EngineError
+from engines.types import EngineError
 
 from app.models import store
 from app.models.catalog import DENY_PATTERNS, CatalogEntry, add_user_entry, entry_for_repo, find, is_repo_id, role_of_dir

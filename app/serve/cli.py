@@ -32,7 +32,7 @@ def serve_parser(parser_class) -> argparse.ArgumentParser:
 
 def cmd_serve(argv: list[str]) -> int:
     from app.cli import Parser, UsageError, load_chat_engine, pick_drafter, resolve_models, spec_config
-    from engines import load_engine
+    from engines.factory import load_engine
 
     args = serve_parser(Parser).parse_args(argv)
     config = ServeConfig(host=args.host, port=args.port, api_key=args.api_key, insecure=args.insecure,

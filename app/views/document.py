@@ -33,7 +33,7 @@ def upright_pixmap(path: str) -> QPixmap:
     """The page as the model sees it: the OCR engine's own loader (EXIF orientation applied by
     ImageOps.exif_transpose, transparency on white), where Qt alone would show a phone photo
     sideways. A file that loader refuses is shown as Qt reads it; the run says what is wrong."""
-    from engines import EngineError
+    from engines.types import EngineError
     from engines.glm_ocr.image import load_image
 
     try:

@@ -20,7 +20,7 @@ from app.model_jobs import JobProgress, ModelJobs
 from app.models import catalog, store
 from app.models.convert_job import conversion_needed
 from app.worker import DEFAULT_OCR_MODEL
-from engines import EngineError
+from engines.types import EngineError
 
 COLUMNS = ("Model", "Role", "State", "On disk", "Where", "Pairs with")
 PROGRESS_STEPS = 1000  # QProgressBar takes ints: the fraction in thousandths

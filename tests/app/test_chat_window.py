@@ -12,7 +12,8 @@ import pytest
 from PySide6.QtGui import QImage
 
 from app.compare import compare_sessions
-from engines import Request, Sampling, SpecConfig, load_engine
+from engines.factory import load_engine
+from engines.types import Request, Sampling, SpecConfig
 from engines.speculative.rounds import session_stats
 from tests.app.conftest import Heartbeat, Recorder
 

@@ -12,7 +12,8 @@ from pathlib import Path
 from app.main_window import MainWindow
 from app.sessions import list_sessions, load_session, sessions_dir
 from app.settings import AppSettings
-from engines import Request, SpecConfig, load_engine
+from engines.factory import load_engine
+from engines.types import Request, SpecConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 

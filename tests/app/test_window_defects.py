@@ -220,7 +220,7 @@ def test_gui_flags_and_defaults_are_the_clis(qtbot, make_window):
 # --- item 10: the chat model loads in the background --------------------------------------------
 def test_the_chat_model_is_loaded_while_the_window_opens(qtbot, tiny_chat):
     from app.main_window import MainWindow
-    from engines import load_engine
+    from engines.factory import load_engine
     from tests.app.conftest import chat_settings
 
     loads = []

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from engines import EngineError
+from engines.types import EngineError
 
 
 def test_a_bad_image_is_said_before_the_model_loads(tmp_path):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from engines import Request, SpecConfig
+from engines.types import Request, SpecConfig
 
 BINARY = Path(os.environ.get("SPECSCOPE_LLAMA_SERVER",
                              Path.home() / ".cache/specscope/llama.cpp-b11434/bin/llama-server"))

@@ -19,7 +19,7 @@ openai = pytest.importorskip("openai")
 
 from app.serve.protocol import ServedModel  # noqa: E402
 from app.serve.server import ServeConfig, Served, build_app, start_in_thread  # noqa: E402
-from engines import Request, SpecConfig  # noqa: E402
+from engines.types import Request, SpecConfig  # noqa: E402
 from engines.remote.counters import parse_spec_counters  # noqa: E402
 from engines.runs import run_session  # noqa: E402
 from tests.engines.mlx_chat.checkpoints import make_tiny_llama  # noqa: E402
@@ -232,7 +232,7 @@ def test_an_api_key_is_required_when_set(engine):
 
 
 def test_a_public_host_needs_a_key_or_insecure():
-    from engines import EngineError
+    from engines.types import EngineError
 
     with pytest.raises(EngineError, match="--api-key"):
         ServeConfig(host="0.0.0.0").check()
