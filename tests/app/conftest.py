@@ -54,7 +54,7 @@ def chat_settings(tiny_chat, **overrides):
 
 @pytest.fixture
 def make_window(qtbot, tiny_chat):
-    from app.main_window import MainWindow
+    from app.gui.main_window import MainWindow
 
     windows = []
 

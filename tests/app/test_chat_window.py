@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 from PySide6.QtGui import QImage
 
-from app.compare import compare_sessions
+from app.records.compare import compare_sessions
 from engines.factory import load_engine
 from engines.types import Request, Sampling, SpecConfig
 from engines.speculative.rounds import session_stats

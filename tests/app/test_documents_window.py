@@ -13,9 +13,9 @@ from PySide6.QtCore import QRect
 from PySide6.QtGui import QImage
 from PySide6.QtWidgets import QApplication
 
-from app.main_window import MainWindow
+from app.gui.main_window import MainWindow
 from app.settings import AppSettings
-from app.views.transcript import TranscriptView
+from app.gui.views.transcript import TranscriptView
 from tests.pdfs import pdf_of_images
 
 MAX_TOKENS = 4  # a tiny random model on a 2-core machine shared by many: keep every page short

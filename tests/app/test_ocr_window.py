@@ -16,7 +16,7 @@ from PySide6.QtCore import QMimeData, QPointF, Qt, QUrl
 from PySide6.QtGui import QDragEnterEvent, QDropEvent
 from PySide6.QtWidgets import QApplication
 
-from app.main_window import MainWindow
+from app.gui.main_window import MainWindow
 from app.settings import AppSettings
 from tests.app.conftest import Recorder
 

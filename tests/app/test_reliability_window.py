@@ -101,10 +101,10 @@ def test_autosave_on_a_full_disk_stops_the_autosave_not_the_run(qtbot, make_wind
 
 CRASHING_WRITER = """
 import os, signal, sys
-from app.sessions import Autosave, new_autosave_path
+from app.records.sessions import Autosave, new_autosave_path
 from engines.speculative.rounds import Round
 from engines.speculative.session import Session
-from app.bursts import Burst
+from app.records.bursts import Burst
 
 session = Session(request={"kind": "chat", "prompt": "the cat"}, model={"name": "tiny"})
 autosave = Autosave(new_autosave_path("chat"), session, {})

@@ -8,7 +8,7 @@ from PySide6.QtWidgets import QDialog
 
 from app.serve.protocol import ServedModel
 from app.serve.server import ServeConfig, Served, build_app, start_in_thread
-from app.views.server_dialog import ServerDialog
+from app.gui.views.server_dialog import ServerDialog
 from engines.types import Request, SpecConfig
 from tests.app.conftest import Recorder
 from tests.app.test_chat_window import RUN_TIMEOUT_MS, run_and_wait

@@ -9,8 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from app.main_window import MainWindow
-from app.sessions import list_sessions, load_session, sessions_dir
+from app.gui.main_window import MainWindow
+from app.records.sessions import list_sessions, load_session, sessions_dir
 from app.settings import AppSettings
 from engines.factory import load_engine
 from engines.types import Request, SpecConfig

@@ -14,7 +14,7 @@ import numpy as np
 from PySide6.QtCore import QPoint, QPointF
 from PySide6.QtWidgets import QToolButton
 
-from app.gui import add_gui_arguments, apply_arguments
+from app.gui.startup import add_gui_arguments, apply_arguments
 from app.settings import AppSettings
 from engines.speculative.schedule import DEFAULT_STEPS
 from tests.app.conftest import replayed
@@ -127,7 +127,7 @@ def test_one_primary_action_per_mode_clear_and_help(qtbot, make_window):
     menus = {a.text(): [x.text() for x in a.menu().actions()] for a in window.menuBar().actions()}
     assert menus["&Help"] == ["About Specscope", "README"]
     assert "Clear Conversation" in menus["&Edit"] and "Copy as Markdown" in menus["&Edit"]
-    from app.views.about import about_text, readme_url
+    from app.gui.views.about import about_text, readme_url
 
     text = about_text(window.session.model if window.session else {"name": "tiny", "hash": "abc"})
     assert "MLX " in text and "Core ML tools " in text and "Model: tiny" in text
@@ -137,7 +137,7 @@ def test_one_primary_action_per_mode_clear_and_help(qtbot, make_window):
 
 # --- item 8: names, models, window size --------------------------------------------------------
 def test_whole_model_names_every_installed_model_and_1280x800(qtbot, tiny_chat):
-    from app.main_window import MainWindow
+    from app.gui.main_window import MainWindow
     from tests.app.conftest import chat_settings
 
     window = MainWindow(chat_settings(tiny_chat, chat_model=""), persist=False)
@@ -165,7 +165,7 @@ def test_whole_model_names_every_installed_model_and_1280x800(qtbot, tiny_chat):
 
 @pytest.mark.parametrize("name", ["two-page.pdf", "a scanned letter from the insurance company, March 2026, pages 1-2.pdf"])
 def test_the_document_bar_fits_at_1280x800_and_long_names_elide(qtbot, tmp_path, name):
-    from app.main_window import MainWindow
+    from app.gui.main_window import MainWindow
     from tests.engines.glm_ocr.checkpoints import test_images
     from tests.pdfs import pdf_of_images
 
@@ -219,7 +219,7 @@ def test_gui_flags_and_defaults_are_the_clis(qtbot, make_window):
 
 # --- item 10: the chat model loads in the background --------------------------------------------
 def test_the_chat_model_is_loaded_while_the_window_opens(qtbot, tiny_chat):
-    from app.main_window import MainWindow
+    from app.gui.main_window import MainWindow
     from engines.factory import load_engine
     from tests.app.conftest import chat_settings
 

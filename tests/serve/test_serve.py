@@ -283,7 +283,7 @@ def test_a_server_without_per_round_records_is_read_through_its_prometheus_count
 
 
 def test_the_cli_refuses_a_public_host_without_a_key_in_one_line(capsys):
-    from app.cli import main
+    from app.cli.main import main
 
     assert main(["serve", "--host", "0.0.0.0"]) == 2
     err = capsys.readouterr().err
@@ -291,7 +291,7 @@ def test_the_cli_refuses_a_public_host_without_a_key_in_one_line(capsys):
 
 
 def test_cli_chat_on_the_server_prints_the_local_text_and_the_servers_figures(server, engine, capsys):
-    from app.cli import main
+    from app.cli.main import main
 
     local = local_run(engine)
     assert main(["chat", "--server", server.url, "--prompt", PROMPT, "-m", "24", "--steps", "3"]) == 0
@@ -301,7 +301,7 @@ def test_cli_chat_on_the_server_prints_the_local_text_and_the_servers_figures(se
 
 
 def test_cli_bad_server_url_is_one_line(capsys):
-    from app.cli import main
+    from app.cli.main import main
 
     assert main(["chat", "--server", "http://127.0.0.1:9", "--prompt", "hi"]) == 2
     err = capsys.readouterr().err
@@ -309,7 +309,7 @@ def test_cli_bad_server_url_is_one_line(capsys):
 
 
 def test_bench_chat_on_the_server_beside_the_local_engine_and_beside_a_baseline_server(server, engine, tmp_path, capsys):
-    from app.cli import main
+    from app.cli.main import main
 
     prompts = tmp_path / "prompts.txt"
     prompts.write_text(PROMPT + "\n")

@@ -1,6 +1,6 @@
 """The main window: composes the panes, wires the worker's signals to them, and keeps the
 conversation, the pages read and the session of the current run. No inference code here: a
-run is a RunSpec handed to a RunWorker on its own QThread (app.worker).
+run is a RunSpec handed to a RunWorker on its own QThread (app.gui.worker).
 
 Layout: controls sidebar | document pane (page list, page) | output pane, with the telemetry
 pane underneath. The telemetry pane (pyqtgraph) is built right after the window is first shown,
@@ -28,24 +28,24 @@ from PySide6.QtWidgets import (
 )
 
 from app import APP_NAME
-from app.bursts import Burst
-from app.compare import CompareResult, compare_sessions
-from app.documents import Page, PageResult, export_text, summarize
-from app.sessions import (
+from app.records.bursts import Burst
+from app.records.compare import CompareResult, compare_sessions
+from app.records.documents import Page, PageResult, export_text, summarize
+from app.records.sessions import (
     SavedSession, autosave_problem, crashed_sessions, export_csv, export_json, export_png, export_text_file,
     load_session, mark_interrupted, new_autosave_path, sessions_dir,
 )
 from app.settings import AppSettings, data_dir, save_settings
-from app.model_jobs import ModelJobs
-from app.views.controls import ControlsPanel
-from app.views.document import DocumentView
-from app.views.models_dialog import ModelOffer, ModelsDialog, missing_model
-from app.views.notice import Notice
-from app.views.prompt import PromptEdit
-from app.views.server_dialog import ServerDialog
-from app.views.sessions_dialog import SessionsDialog
-from app.views.transcript import TranscriptView
-from app.worker import EngineCache, EngineLoader, EnginePreload, RunSpec, RunWorker, start_worker
+from app.gui.model_jobs import ModelJobs
+from app.gui.views.controls import ControlsPanel
+from app.gui.views.document import DocumentView
+from app.gui.views.models_dialog import ModelOffer, ModelsDialog, missing_model
+from app.gui.views.notice import Notice
+from app.gui.views.prompt import PromptEdit
+from app.gui.views.server_dialog import ServerDialog
+from app.gui.views.sessions_dialog import SessionsDialog
+from app.gui.views.transcript import TranscriptView
+from app.gui.worker import EngineCache, EngineLoader, EnginePreload, RunSpec, RunWorker, start_worker
 from engines.types import EngineError, Request, SpecConfig
 from engines.speculative.rounds import fallback_note
 from engines.speculative.repetition import acceptance_jump
@@ -316,12 +316,12 @@ class MainWindow(QMainWindow):
         action(help_menu, "README", lambda: self._open_readme())
 
     def show_about(self) -> None:
-        from app.views.about import show_about
+        from app.gui.views.about import show_about
 
         show_about(self, self.session.model if self.session else None)
 
     def _open_readme(self) -> None:
-        from app.views.about import open_readme
+        from app.gui.views.about import open_readme
 
         open_readme(self)
 
@@ -380,7 +380,7 @@ class MainWindow(QMainWindow):
     def ensure_telemetry(self):
         """Imports pyqtgraph and builds the plots (after the first paint, to start fast)."""
         if self.telemetry is None:
-            from app.views.telemetry import TelemetryView
+            from app.gui.views.telemetry import TelemetryView
 
             self.telemetry = TelemetryView()
             self.telemetry.round_selected.connect(lambda index: self.transcript.select_round(index))
@@ -446,7 +446,7 @@ class MainWindow(QMainWindow):
         try:
             offer = missing_model(c.engine, c.model_path(), c.method, c.draft_edit.text().strip())
         except EngineError as e:  # an unreadable model list: say so, and offer the dialog
-            from app.views.models_dialog import Offer
+            from app.gui.views.models_dialog import Offer
 
             offer = Offer(str(e), "Open Models\u2026", None)
         self.model_offer.show_offer(offer)
@@ -632,7 +632,7 @@ class MainWindow(QMainWindow):
     def _pick_paired_drafter(self, request: Request) -> None:
         """MTP without a drafter chosen: the chat target's paired assistant, as the CLI does."""
         if request.kind == "chat" and request.spec.method == "mtp" and not request.spec.draft_model:
-            from app.models.cli import paired_drafter
+            from app.models.lookup import paired_drafter
 
             model = self.controls.model_path()
             try:
@@ -864,7 +864,7 @@ class MainWindow(QMainWindow):
         self.compare_finished.emit(result)
 
     def _series_of(self, session: Session):
-        from app.views.telemetry import RoundSeries
+        from app.gui.views.telemetry import RoundSeries
 
         series = RoundSeries()
         for rnd in session.rounds:

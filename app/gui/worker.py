@@ -18,8 +18,8 @@ from typing import Callable
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
-from app.bursts import burst_of
-from app.sessions import Autosave
+from app.records.bursts import burst_of
+from app.records.sessions import Autosave
 from engines.types import Engine, EngineError, Request
 from engines.speculative.session import Session, model_hash
 from engines.speculative.trace import TraceError

@@ -16,7 +16,7 @@ from PySide6.QtWidgets import (
     QToolButton, QToolTip, QVBoxLayout, QWidget,
 )
 
-from app.bursts import Burst
+from app.records.bursts import Burst
 
 DRAFT_FG, DRAFT_BG = QColor("#0b6b3a"), QColor("#d9f2e3")
 SELECTED_BG = QColor("#ffd666")
