@@ -144,7 +144,7 @@ def chat_run(args) -> Result:
 
     window.round_shown.connect(on_round)
     window.run_ended.connect(outcomes.append)
-    window.prompt.setPlainText(PROMPT)
+    window.chat.prompt.setPlainText(PROMPT)
     if not window.run():
         raise RuntimeError(f"the run did not start: {window.transcript.message_text}")
     wait_until(lambda: bool(outcomes), args.timeout)

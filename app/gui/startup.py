@@ -239,7 +239,7 @@ def run_gui(args: argparse.Namespace) -> int:
         window.open_documents(_arg(args, "files"))
     file_events.files_opened.connect(window.open_documents)
     if _arg(args, "chat"):
-        window.prompt.setPlainText(_arg(args, "chat"))
+        window.chat.prompt.setPlainText(_arg(args, "chat"))
     if _arg(args, "window_size"):
         w, _, h = _arg(args, "window_size").partition("x")
         if not (w.isdigit() and h.isdigit()):

@@ -72,7 +72,7 @@ def test_killed_mid_run_the_finished_rounds_are_recoverable(qtbot, tiny_chat, sp
 
 def test_autosave_of_a_finished_run_in_the_window(qtbot, make_window):
     window = make_window(max_tokens=20)
-    window.prompt.setPlainText("the dog")
+    window.chat.prompt.setPlainText("the dog")
     with qtbot.waitSignal(window.run_ended, timeout=60_000):
         window.run()
     [path] = list(sessions_dir().glob("*.ndjson"))
