@@ -23,8 +23,8 @@ from pathlib import Path
 from PySide6.QtCore import QByteArray, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (
-    QApplication, QFileDialog, QLabel, QMainWindow, QMessageBox, QSizePolicy, QSplitter, QStackedWidget,
-    QVBoxLayout, QWidget,
+    QApplication, QFileDialog, QFrame, QLabel, QMainWindow, QMessageBox, QScrollArea, QSizePolicy, QSplitter,
+    QStackedWidget, QVBoxLayout, QWidget,
 )
 
 from app import APP_NAME
@@ -40,6 +40,7 @@ from app.gui.model_jobs import ModelJobs
 from app.gui.views.chat_pane import ChatPane
 from app.gui.views.controls import ControlsPanel
 from app.gui.views.document import DocumentView
+from app.gui.views.elided_label import ElidedLabel
 from app.gui.views.models_dialog import ModelOffer, ModelsDialog, missing_model
 from app.gui.views.notice import Notice
 from app.gui.views.ocr_pane import OcrPane
@@ -58,6 +59,10 @@ GIL_SWITCH_INTERVAL_S = 0.0005
 SHOW_INTERVAL_MS = 15  # how often buffered rounds are drawn
 SHOW_BUDGET_S = 0.012  # and for how long at most, so the event loop always gets its turn
 DEFAULT_SIZE = (1480, 920)  # shrunk to the screen, so it also fits 1280x800
+# The speculation strip's height in its tallest arrangement (cards in 2 rows above the plots),
+# reserved before pyqtgraph is imported so that the window's minimum does not change when the
+# plots arrive (tests/app/test_layout.py checks it against TelemetryView.minimumSizeHint).
+TELEMETRY_MIN_HEIGHT = 230
 A_B_ON = "A/B \u00b7 speculation on"
 
 
@@ -114,6 +119,12 @@ class MainWindow(QMainWindow):
         self.setWindowTitle(APP_NAME)
         self.setAcceptDrops(True)
         self.controls = ControlsPanel()
+        # The sidebar scrolls when the window is lower than its controls, so that the window's
+        # minimum height is the panes', not the sidebar's.
+        self.sidebar = QScrollArea(widgetResizable=True, frameShape=QFrame.Shape.NoFrame, objectName="sidebar")
+        self.sidebar.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.sidebar.setWidget(self.controls)
+        self.sidebar.setMinimumWidth(self.controls.minimumWidth() + self.sidebar.verticalScrollBar().sizeHint().width())
         self.document = DocumentView(paste_dir=data_dir() / "pasted")
         self.document.load_failed.connect(lambda message: self.ocr.transcript.show_message(message, "error"))
         self.document.page_changed.connect(self._show_page_result)
@@ -128,7 +139,7 @@ class MainWindow(QMainWindow):
             pane.transcript.round_selected.connect(self._select_in_telemetry)
         self.telemetry_holder = QWidget(objectName="telemetryHolder")
         QVBoxLayout(self.telemetry_holder).setContentsMargins(0, 0, 0, 0)
-        self.telemetry_holder.setMinimumHeight(250)
+        self.telemetry_holder.setMinimumHeight(TELEMETRY_MIN_HEIGHT)
 
         output = QWidget(objectName="outputPane")
         output_col = QVBoxLayout(output)
@@ -152,18 +163,18 @@ class MainWindow(QMainWindow):
         self.main_split.addWidget(self.telemetry_holder)
         self.main_split.setSizes([600, 290])
         self.side_split = QSplitter(Qt.Orientation.Horizontal)
-        self.side_split.addWidget(self.controls)
+        self.side_split.addWidget(self.sidebar)
         self.side_split.addWidget(self.main_split)
         self.side_split.setStretchFactor(1, 1)
         for split in (self.top_split, self.main_split, self.side_split):
             split.setChildrenCollapsible(False)
             split.setHandleWidth(1)
         self.setCentralWidget(self.side_split)
-        self.status = QLabel("Ready")
+        self.status = ElidedLabel("Ready")
         self.statusBar().addWidget(self.status, 1)
         self.autosave_label = QLabel(objectName="muted")  # says when runs are not being saved
         self.statusBar().addPermanentWidget(self.autosave_label)
-        self.model_label = QLabel(objectName="muted")
+        self.model_label = ElidedLabel(objectName="muted")
         self.statusBar().addPermanentWidget(self.model_label)
 
         self.controls.run_requested.connect(self.run)
@@ -183,10 +194,31 @@ class MainWindow(QMainWindow):
         self._restore_geometry()
         if not self.settings.window_geometry:
             self.resize(*self.default_size())
-        # An explicit minimum: without one the layout would raise the window's minimum when the
-        # plots arrive after the first paint, and offscreen Qt warns "This plugin does not
-        # support propagateSizeHints()" on every such change.
-        self.setMinimumSize(960, 640)
+        # The document beside its text, or above it (reflow_panes): as narrow as the narrower of
+        # the two arrangements, as low as the lower; chat shows its pane alone.
+        document = self.document.minimumSizeHint()
+        self.top_split.setMinimumSize(
+            max(document.width(), *(pane.minimumSizeHint().width() for pane in self.panes.values())),
+            max(self.chat.minimumSizeHint().height(),
+                document.height() + self.top_split.handleWidth() + self.ocr.minimumSizeHint().height()))
+        # An explicit minimum, what the content needs in its narrowest arrangement: without one
+        # the layout would raise the window's minimum when the plots arrive after the first paint,
+        # and offscreen Qt warns "This plugin does not support propagateSizeHints()" on every such
+        # change.
+        self.setMinimumSize(self.minimumSizeHint())
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 (Qt's name)
+        super().resizeEvent(event)
+        self.reflow_panes()
+
+    def reflow_panes(self) -> None:
+        """OCR: the document beside its text when both fit side by side, else above it."""
+        need = (self.document.minimumSizeHint().width() + self.pane_stack.minimumSizeHint().width()
+                + self.top_split.handleWidth())
+        beside = not self.document.isVisible() or self.main_split.width() >= need
+        orientation = Qt.Orientation.Horizontal if beside else Qt.Orientation.Vertical
+        if self.top_split.orientation() != orientation:
+            self.top_split.setOrientation(orientation)
 
     def default_size(self) -> tuple[int, int]:
         screen = self.screen().availableGeometry() if self.screen() else None
@@ -364,6 +396,7 @@ class MainWindow(QMainWindow):
         ocr = engine == "ocr"
         self.document.setVisible(ocr)
         self.pane_stack.setCurrentWidget(self.pane)
+        self.reflow_panes()
         for pane in self.panes.values():
             # a stack is as wide as its widest page: the hidden chat pane's title bar would hold
             # the OCR layout's text pane at 529 px and squeeze the document's bar at 1280 px
