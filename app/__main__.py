@@ -1,5 +1,5 @@
 """`specscope`: the window by default; `specscope chat | ocr | bench | convert | models` on the
-command line (see app/cli.py; app/launch.py sets up the process first)."""
+command line (see app/cli/; app/launch.py sets up the process first)."""
 
 import sys
 

@@ -1,4 +1,4 @@
-"""The `specscope` console entry point: the process environment, then app.cli.main.
+"""The `specscope` console entry point: the process environment, then app.cli.main.main.
 
 Linux: before a window opens on X11, the system libraries Qt's xcb platform plugin links are
 checked with the dynamic loader, so a missing one is one line naming its package, not Qt's
@@ -95,7 +95,7 @@ def missing_packages(libraries: dict[str, str]) -> list[str]:
 def opens_xcb_window(argv: list[str], env: dict[str, str]) -> bool:
     """Whether this command line opens a window on X11: Linux, no subcommand, and Qt's platform
     xcb (asked for, or Qt's default when no Wayland display is there)."""
-    from app.cli import COMMANDS
+    from app.cli.main import COMMANDS
 
     if sys.platform != "linux" or (argv and (argv[0] in COMMANDS or argv[0] in ("-h", "--help", "help", "--version"))):
         return False
@@ -131,6 +131,6 @@ def entry() -> int:
         status = check_xcb_libraries()
         if status:
             return status
-    from app.cli import main
+    from app.cli.main import main
 
     return main(argv)

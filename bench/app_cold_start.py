@@ -4,7 +4,7 @@ re-exec included) and from the built one-folder app (dist/Specscope/specscope, m
 scripts/package) side by side. Baseline in the same run: a bare PySide6 process painting an
 empty QWidget, so the ratios say what Specscope adds on top of Qt itself.
 
-The app reports its first paint itself (SPECSCOPE_FIRST_PAINT_EXIT=1, app/gui.py FirstPaint), so
+The app reports its first paint itself (SPECSCOPE_FIRST_PAINT_EXIT=1, app/gui/startup.py FirstPaint), so
 the venv and the bundle are timed the same way. Runs alternate (bare, venv, bundle) so a change
 of machine load touches all three alike.
 

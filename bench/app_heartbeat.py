@@ -125,7 +125,7 @@ def settle(ms: int = 200) -> None:
 def chat_run(args) -> Result:
     """As tests/app/test_chat_window.py does, on the embedded model: window shown, plots built,
     one run of `args.rounds` rounds; the heartbeat starts when the first round is shown."""
-    from app.main_window import MainWindow
+    from app.gui.main_window import MainWindow
     from app.settings import AppSettings
 
     settings = AppSettings(engine="chat", chat_model=args.model or "", steps=0, preset=None,
@@ -144,7 +144,7 @@ def chat_run(args) -> Result:
 
     window.round_shown.connect(on_round)
     window.run_ended.connect(outcomes.append)
-    window.prompt.setPlainText(PROMPT)
+    window.chat.prompt.setPlainText(PROMPT)
     if not window.run():
         raise RuntimeError(f"the run did not start: {window.transcript.message_text}")
     wait_until(lambda: bool(outcomes), args.timeout)
@@ -188,7 +188,7 @@ def replay_run(args, rounds: list) -> Result:
     the heartbeat starts when the first batch is in."""
     from PySide6.QtCore import QTimer
 
-    from app.views.telemetry import TelemetryView
+    from app.gui.views.telemetry import TelemetryView
 
     view = TelemetryView()
     view.resize(1300, 300)
@@ -258,7 +258,7 @@ def main() -> int:
         os.environ["SPECSCOPE_HOME"] = home  # settings and autosaves never touch the user's
         from PySide6.QtWidgets import QApplication
 
-        from app.gui import apply_style
+        from app.gui.startup import apply_style
 
         app = QApplication.instance() or QApplication(sys.argv[:1])
         apply_style(app)  # the stylesheet and font the window has when launched as `specscope`

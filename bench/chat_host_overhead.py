@@ -29,7 +29,7 @@ def main() -> None:
     from mlx_lm.models.cache import make_prompt_cache
 
     import resources
-    from engines import Request, SpecConfig
+    from engines.types import Request, SpecConfig
     from engines.mlx_chat.engine import ChatEngine
     from engines.mlx_chat.models import default_chat_model
 

@@ -31,7 +31,7 @@ def main():
     args = ap.parse_args()
     from mlx_lm.generate import stream_generate
 
-    from engines import Request
+    from engines.types import Request
     from engines.mlx_chat.engine import ChatEngine
 
     engine = ChatEngine.load(args.model or default_model())

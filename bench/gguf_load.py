@@ -70,7 +70,7 @@ def measure(path: str, max_tokens: int) -> dict:
 
 def default_models() -> list[str]:
     sys.path.insert(0, str(ROOT))
-    from engines import EngineError
+    from engines.types import EngineError
     from engines.mlx_chat.models import default_chat_model, gemma3_270m
 
     paths = []

@@ -66,7 +66,7 @@ def main() -> int:
     args = p.parse_args()
     if not BINARY.is_file():
         raise SystemExit(f"{BINARY} is missing: run scripts/build-llama-server")
-    from app.cli import main as specscope
+    from app.cli.main import main as specscope
     from engines.mlx_chat.models import default_chat_model
 
     model = default_chat_model()

@@ -62,7 +62,7 @@ preload_openblas()  # the process environment `specscope` runs in (MLX's CPU BLA
 
 import mlx.core as mx  # noqa: E402
 
-from engines import Request, Sampling, SpecConfig  # noqa: E402
+from engines.types import Request, Sampling, SpecConfig  # noqa: E402
 from engines.mlx_chat.cache import make_rollback_cache, rollback  # noqa: E402
 from engines.mlx_chat.engine import ChatEngine  # noqa: E402
 from engines.mlx_chat.gemma4_assistant import assistant_info  # noqa: E402

@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from engines import Request, SpecConfig  # noqa: E402
+from engines.types import Request, SpecConfig  # noqa: E402
 from engines.glm_ocr.engine import MtpDrafter, OcrEngine  # noqa: E402
 from engines.glm_ocr.positions import text_rope  # noqa: E402
 from engines.speculative.rounds import session_stats  # noqa: E402

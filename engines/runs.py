@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from engines import Engine, OnPrefill, Request, ShouldStop
+from engines.types import Engine, OnPrefill, Request, ShouldStop
 from engines.files import atomic_write_text
 from engines.speculative.rounds import Round
 from engines.speculative.session import Session, machine_info

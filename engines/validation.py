@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from engines import EngineError, Request
+from engines.types import EngineError, Request
 from engines.speculative.schedule import MAX_STEPS
 
 SEED_LIMIT = 2**64  # mx.random.seed takes an unsigned 64-bit int; numpy's default_rng any >= 0

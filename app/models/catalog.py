@@ -15,7 +15,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
-from engines import EngineError
+from app.models.paths import models_dir, write_json_atomic
+from engines.types import EngineError
 
 Role = Literal["ocr", "chat", "drafter"]
 Source = Literal["hub", "pypi", "local"]
@@ -97,8 +98,6 @@ def builtin_catalog_path() -> Path:
 
 
 def user_catalog_path() -> Path:
-    from app.models.store import models_dir
-
     return models_dir() / "user_models.json"
 
 
@@ -145,8 +144,6 @@ def is_repo_id(text: str) -> bool:
 
 
 def _save_user_entries(entries: list[CatalogEntry]) -> None:
-    from app.models.store import write_json_atomic
-
     write_json_atomic(user_catalog_path(), {"models": [
         {k: v for k, v in e.to_dict().items() if k != "user_added"} for e in entries
     ]})

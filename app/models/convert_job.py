@@ -24,7 +24,7 @@ from pathlib import Path
 
 from app.models import store
 from app.models.catalog import CatalogEntry, find
-from engines import EngineError
+from engines.types import EngineError
 
 
 class ConversionCancelled(EngineError):

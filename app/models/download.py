@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
-from engines import EngineError
+from engines.types import EngineError
 
 from app.models import store
 from app.models.catalog import DENY_PATTERNS, CatalogEntry, add_user_entry, entry_for_repo, find, is_repo_id, role_of_dir
@@ -363,3 +363,13 @@ def _download_locked(entry: CatalogEntry, revision: str | None, on_progress: Pro
     if entry.user_added and find(entry.id) is None:  # any repo id: remember it, for what it is
         add_user_entry(replace(entry, role=role_of_dir(snapshot)))
     return snapshot
+
+
+def clock(seconds: float | None) -> str:
+    """An ETA as mm:ss (h:mm:ss past an hour); "--:--" when unknown. The CLI's progress line
+    and the GUI's Models dialog both show it."""
+    if seconds is None:
+        return "--:--"
+    m, s = divmod(int(seconds), 60)
+    h, m = divmod(m, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m:02d}:{s:02d}"

@@ -31,16 +31,14 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from engines import EngineError
+from engines.types import EngineError
 
+from app.models.paths import MODELS_DIR_ENV, models_dir, write_json_atomic  # noqa: F401 (store.* callers)
 from app.models.catalog import CatalogEntry, Role, entry_for_path, find, is_repo_id, load_catalog, pair_of
-
-MODELS_DIR_ENV = "SPECSCOPE_MODELS_DIR"
 
 # PyPI-shipped models: pip name -> (module, how to find the model file in it).
 PYPI_MODELS = {
@@ -65,18 +63,7 @@ class ModelStatus:
                 "revision": self.revision}
 
 
-# -- places ----------------------------------------------------------------------------------
-
-def models_dir() -> Path:
-    override = os.environ.get(MODELS_DIR_ENV)
-    if override:
-        return Path(override).expanduser()
-    import platformdirs
-
-    from app import APP_NAME
-
-    return Path(platformdirs.user_data_dir(APP_NAME, appauthor=False)) / "models"
-
+# -- places (models_dir itself: app.models.paths) ---------------------------------------------
 
 def hub_dir() -> Path:
     return models_dir() / "hub"
@@ -101,20 +88,6 @@ def lock_path(repo_id: str) -> Path:
 
 def coreml_dir(entry: CatalogEntry) -> Path:
     return models_dir() / "coreml" / safe_name(entry.id)
-
-
-def write_json_atomic(path: Path, data: dict) -> None:
-    """Write to a temp file in the same folder, then rename: a reader never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=1)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 # -- install records -------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import time
 import uuid
 from dataclasses import dataclass, field, replace
 
-from engines import Request, Sampling, SpecConfig
+from engines.types import Request, Sampling, SpecConfig
 from engines.speculative.rounds import Round
 from engines.speculative.schedule import PRESETS
 from engines.validation import InvalidParameter, validate

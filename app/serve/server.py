@@ -33,7 +33,7 @@ from starlette.routing import Route
 from app.serve.metrics import CONTENT_TYPE_LATEST, ServeMetrics
 from app.serve.protocol import (ApiError, ParsedRequest, ServedModel, chunk, completion, completion_id, finish_reason,
                                 parse_chat_request, round_record, timings, usage)
-from engines import Engine, EngineError
+from engines.types import Engine, EngineError
 from engines.mlx_chat.context import check_fits
 from engines.speculative.rounds import Round
 

@@ -31,7 +31,7 @@ def tiny_ocr_document(work: Path) -> tuple[Path, Path]:
     sys.path.insert(0, str(ROOT))
     from PIL import Image
 
-    from app.documents import pages_of
+    from app.records.documents import pages_of
     from tests.engines.glm_ocr.checkpoints import make_tiny_glm_ocr, test_images, train_mtp_on_target
     from tests.pdfs import pdf_of_images
 

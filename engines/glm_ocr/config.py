@@ -9,7 +9,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engines import EngineError
+from engines.types import EngineError
 
 
 @dataclass

@@ -42,7 +42,7 @@ from typing import Callable
 
 import numpy as np
 
-from engines import EngineError
+from engines.types import EngineError
 
 try:  # conversion needs the `convert` extra; this module still imports without it
     import torch

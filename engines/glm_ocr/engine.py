@@ -22,7 +22,7 @@ from typing import Iterator, Protocol
 
 import numpy as np
 
-from engines import EngineError, Request, Sampling, ShouldStop
+from engines.types import EngineError, Request, Sampling, ShouldStop
 from engines.glm_ocr.config import GlmOcrConfig
 from engines.glm_ocr.positions import prompt_positions, text_positions, text_rope
 from engines.glm_ocr.prompts import GlmTokenizer, TextStream, prompt_ids

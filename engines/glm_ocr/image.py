@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from engines import EngineError
+from engines.types import EngineError
 
 # The largest image we decode at all. A decompression bomb declares a huge size in a tiny
 # file; we refuse it from the header, before any pixel is decoded. 80 MP (a 600 dpi A3

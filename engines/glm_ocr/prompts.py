@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engines import EngineError
+from engines.types import EngineError
 
 # The task prompts GLM-OCR was trained with.
 TASK_PROMPTS = {

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engines import EngineError
+from engines.types import EngineError
 from engines.glm_ocr.config import GlmOcrConfig
 
 MANIFEST_FORMAT = "specscope-glm-ocr-coreml"  # equals convert.MANIFEST_FORMAT

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from engines import EngineError
+from engines.types import EngineError
 from engines.glm_ocr.runtime import pad_rows
 from engines.glm_ocr.weights import GlmOcrModules, load_modules
 

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from engines import EngineError
+from engines.types import EngineError
 from engines.glm_ocr.config import GlmOcrConfig
 from engines.glm_ocr.modules import LMHead, MtpLayer, TextDecoder, VisionEncoder
 

@@ -32,7 +32,7 @@ from mlx_lm.models.cache import (
     make_prompt_cache,
 )
 
-from engines import EngineError
+from engines.types import EngineError
 
 DEFAULT_SLACK = 16  # >= the longest rollback: MAX_STEPS drafts + the pending token(s)
 

@@ -5,7 +5,7 @@ then produce garbage, so the length is checked on the token ids, before prefill.
 
 from __future__ import annotations
 
-from engines import EngineError
+from engines.types import EngineError
 
 
 def context_length(model) -> int | None:

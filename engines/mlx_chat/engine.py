@@ -30,7 +30,7 @@ from typing import Any, Iterator
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
-from engines import EngineError, OnPrefill, Request, ShouldStop
+from engines.types import EngineError, OnPrefill, Request, ShouldStop
 from engines.mlx_chat import sampling as mxs
 from engines.mlx_chat.cache import make_rollback_cache, rollback
 from engines.mlx_chat.loading import LoadedModel, TokenizerMismatch, check_same_tokenizer, load_model

@@ -33,7 +33,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from engines import EngineError
+from engines.types import EngineError
 
 
 

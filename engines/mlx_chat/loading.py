@@ -18,7 +18,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for a model hub
 import mlx.core as mx
 import mlx.nn as nn
 
-from engines import EngineError
+from engines.types import EngineError
 
 
 @dataclass

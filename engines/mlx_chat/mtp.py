@@ -18,7 +18,7 @@ import mlx.core as mx
 from mlx_lm.models import gemma4_text
 from mlx_lm.models.cache import KVCache
 
-from engines import EngineError
+from engines.types import EngineError
 from engines.mlx_chat.cache import WindowKVCache
 from engines.mlx_chat.gemma4_assistant import Model as Assistant
 from engines.mlx_chat.proposers import Draft, LazyVerdict

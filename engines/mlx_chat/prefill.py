@@ -8,7 +8,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from engines import OnPrefill, PrefillProgress, ShouldStop
+from engines.types import OnPrefill, PrefillProgress, ShouldStop
 from engines.mlx_chat.cache import cache_arrays
 
 # Prompt tokens per prefill forward. Cancel and progress happen between chunks, so a chunk must

@@ -38,7 +38,7 @@ from typing import Any, Protocol
 
 import mlx.core as mx
 
-from engines import Sampling
+from engines.types import Sampling
 from engines.mlx_chat.cache import make_rollback_cache, rollback
 from engines.mlx_chat.sampling import target_probs
 from engines.speculative.ngram import NGramProposer as NGramIndex

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, categorical_sampling
 
-from engines import Sampling
+from engines.types import Sampling
 
 
 def filtered_logprobs(logits: mx.array, sampling: Sampling) -> mx.array:

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from engines import EngineError, Request, ShouldStop
+from engines.types import EngineError, Request, ShouldStop
 from engines.remote.counters import SpecCounters, parse_spec_counters
 from engines.speculative.rounds import Round
 

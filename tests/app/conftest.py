@@ -54,7 +54,7 @@ def chat_settings(tiny_chat, **overrides):
 
 @pytest.fixture
 def make_window(qtbot, tiny_chat):
-    from app.main_window import MainWindow
+    from app.gui.main_window import MainWindow
 
     windows = []
 
@@ -141,7 +141,8 @@ class Heartbeat:
 def recorded_rounds(tiny_chat):
     """Rounds of a real run (the tiny target, its perturbed copy drafting 3 per round), for
     tests that replay many rounds into the views faster than any engine would produce them."""
-    from engines import Request, SpecConfig, load_engine
+    from engines.factory import load_engine
+    from engines.types import Request, SpecConfig
 
     target, draft = tiny_chat
     engine = load_engine("chat", str(target), draft_model=str(draft))

@@ -11,8 +11,9 @@ from dataclasses import replace
 import pytest
 from PySide6.QtGui import QImage
 
-from app.compare import compare_sessions
-from engines import Request, Sampling, SpecConfig, load_engine
+from app.records.compare import compare_sessions
+from engines.factory import load_engine
+from engines.types import Request, Sampling, SpecConfig
 from engines.speculative.rounds import session_stats
 from tests.app.conftest import Heartbeat, Recorder
 
@@ -40,7 +41,7 @@ def engine_output(tiny_chat, prompt, max_tokens, steps=3, system="be brief"):
 def test_chat_run_streams_rounds_in_order_and_equals_the_engine_output(qtbot, make_window, tiny_chat, tmp_path):
     window = make_window(max_tokens=64)
     rec = Recorder(window)
-    window.prompt.setPlainText("the cat")
+    window.chat.prompt.setPlainText("the cat")
     run_and_wait(qtbot, window)
 
     assert rec.outcomes == ["finished"]
@@ -119,14 +120,14 @@ def test_chat_keeps_a_conversation_with_history_and_system_prompt(qtbot, make_wi
     seen = []
     window.run_started.connect(lambda spec: seen.append(spec.request))
     for prompt in ("the dog", "and the cat"):
-        window.prompt.setPlainText(prompt)
+        window.chat.prompt.setPlainText(prompt)
         run_and_wait(qtbot, window)
     first, second = seen
     assert first.system == second.system == "answer in one word"
     assert first.history == []
     assert [t["role"] for t in second.history] == ["user", "assistant"]
     assert second.history[0]["content"] == "the dog"
-    assert second.history[1]["content"] and window.history[-2]["content"] == "and the cat"
+    assert second.history[1]["content"] and window.chat.history[-2]["content"] == "and the cat"
     text = window.transcript.edit.toPlainText()
     assert text.index("the dog") < text.index("and the cat")
 
@@ -134,7 +135,7 @@ def test_chat_keeps_a_conversation_with_history_and_system_prompt(qtbot, make_wi
 def test_stop_cancels_within_one_round_and_the_window_stays_usable(qtbot, make_window):
     window = make_window(max_tokens=4000, steps=0)
     rec = Recorder(window)
-    window.prompt.setPlainText("the cat")
+    window.chat.prompt.setPlainText("the cat")
     stop_at = []
 
     def stop_after_five(_burst):
@@ -152,10 +153,10 @@ def test_stop_cancels_within_one_round_and_the_window_stays_usable(qtbot, make_w
     assert rec.rounds[-1].finish == "cancelled"
     assert window.controls.run_button.isEnabled() and not window.running
     # the partial reply joins the conversation; the next run works
-    assert window.history[-1]["role"] == "assistant"
+    assert window.chat.history[-1]["role"] == "assistant"
     window.controls.steps_slider.setValue(2)
     window.controls.max_tokens_spin.setValue(8)
-    window.prompt.setPlainText("again")
+    window.chat.prompt.setPlainText("again")
     run_and_wait(qtbot, window)
     assert rec.outcomes == ["cancelled", "finished"]
 
@@ -165,7 +166,7 @@ def test_an_engine_error_shows_a_message_and_the_app_stays_usable(qtbot, make_wi
     not_a_model.mkdir()
     window = make_window(chat_model=str(not_a_model), max_tokens=8)
     rec = Recorder(window)
-    window.prompt.setPlainText("the cat")
+    window.chat.prompt.setPlainText("the cat")
     with qtbot.waitSignal(window.run_ended, timeout=RUN_TIMEOUT_MS) as ended:
         assert window.run()
     assert ended.args == ["errored"]
@@ -173,14 +174,14 @@ def test_an_engine_error_shows_a_message_and_the_app_stays_usable(qtbot, make_wi
     assert window.controls.run_button.isEnabled() and not window.running
     # fix the model and run again in the same window
     window.controls.set_model_path(str(tiny_chat[0]))
-    window.prompt.setPlainText("the cat")
+    window.chat.prompt.setPlainText("the cat")
     run_and_wait(qtbot, window)
     assert rec.outcomes == ["errored", "finished"]
     assert len(window.session.rounds) == len(rec.rounds)
 
     # a problem the user must fix first (nothing to send) is a message, not a run
-    window.prompt.clear()
-    window.pending_prompt = ""
+    window.chat.prompt.clear()
+    window.chat.pending_prompt = ""
     assert not window.run()
     assert "message" in window.transcript.message_text
 
@@ -188,7 +189,7 @@ def test_an_engine_error_shows_a_message_and_the_app_stays_usable(qtbot, make_wi
 def test_ab_compare_runs_off_then_on_and_reports_identical_outputs(qtbot, make_window):
     window = make_window(max_tokens=40)
     rec = Recorder(window)
-    window.prompt.setPlainText("the bird")
+    window.chat.prompt.setPlainText("the bird")
     specs = []
     window.run_started.connect(specs.append)
     with qtbot.waitSignal(window.compare_finished, timeout=RUN_TIMEOUT_MS) as done:
@@ -226,7 +227,7 @@ def test_a_500_round_run_is_shown_while_the_event_loop_keeps_running(qtbot, make
     beat = Heartbeat()
     # measure from the first round to the end of the run: model loading happens before that
     window.round_shown.connect(lambda _b: beat.start() if len(rec.bursts) == 1 else None)
-    window.prompt.setPlainText("the cat")
+    window.chat.prompt.setPlainText("the cat")
     with qtbot.waitSignal(window.run_ended, timeout=RUN_TIMEOUT_MS):
         window.run()
     beat.stop()

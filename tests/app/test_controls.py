@@ -5,9 +5,9 @@ from __future__ import annotations
 from PySide6.QtGui import QColor, QImage
 from PySide6.QtWidgets import QApplication
 
-from app.main_window import MainWindow
+from app.gui.main_window import MainWindow
 from app.settings import AppSettings, load_settings, settings_path
-from app.views.controls import ControlsPanel
+from app.gui.views.controls import ControlsPanel
 from engines.speculative.schedule import MAX_STEPS, PRESETS
 
 

@@ -13,9 +13,9 @@ from PySide6.QtCore import QRect
 from PySide6.QtGui import QImage
 from PySide6.QtWidgets import QApplication
 
-from app.main_window import MainWindow
+from app.gui.main_window import MainWindow
 from app.settings import AppSettings
-from app.views.transcript import TranscriptView
+from app.gui.views.transcript import TranscriptView
 from tests.pdfs import pdf_of_images
 
 MAX_TOKENS = 4  # a tiny random model on a 2-core machine shared by many: keep every page short
@@ -61,7 +61,7 @@ def test_a_pdf_and_an_image_are_read_page_by_page_with_a_summary(qtbot, ocr_wind
     assert all(label in text for label in labels)  # each page under its name
 
     # per-page figures: choosing a page shows its own rounds in the plots
-    first = window.results[0].session
+    first = window.ocr.results[0].session
     window.document.show_page(0)
     assert window.telemetry.series.n == len(first.rounds)
     assert "two-page.pdf \u00b7 p. 1" in window.status.text()
@@ -89,20 +89,20 @@ def test_stop_keeps_the_pages_read_and_read_goes_on_from_the_next(qtbot, ocr_win
     window.open_documents([two_page_pdf])
 
     def stop_on_page_two(burst):
-        if window.reading is not None and window.reading.current[0] == 1:
+        if window.ocr.reading is not None and window.ocr.reading.current[0] == 1:
             window.stop()
 
     window.round_shown.connect(stop_on_page_two)
     assert read(qtbot, window) == "cancelled"
     window.round_shown.disconnect(stop_on_page_two)
-    assert [r.page.number for r in window.results] == [1]  # page 1 is kept
+    assert [r.page.number for r in window.ocr.results] == [1]  # page 1 is kept
     assert window.document.page_list.states[1] == "cancelled"
     assert "1 page read are kept" in window.status.text()
     started = []
     window.run_started.connect(lambda run: started.append(run.request.image))
     assert read(qtbot, window) == "finished"
     assert started == [window.document.pages[1].image]  # only the page not read yet
-    assert [r.page.number for r in window.results] == [1, 2]
+    assert [r.page.number for r in window.ocr.results] == [1, 2]
 
 
 def test_a_multi_frame_tiff_and_a_pasted_image_become_pages(qtbot, ocr_window, tiny_ocr, tmp_path):
@@ -133,7 +133,7 @@ def test_a_region_is_read_alone_with_the_chosen_task(qtbot, ocr_window, tiny_ocr
     assert read(qtbot, window) == "finished"
     [request] = started
     assert request.task == "table" and QImage(request.image).size().toTuple() == (60, 40)
-    assert window.results[0].page.image == request.image
+    assert window.ocr.results[0].page.image == request.image
     assert window.transcript.edit.toPlainText().startswith("Region of ")
     window.document.set_region(None)  # Region off: whole pages again
     assert window.document.region() is None and window.document.region_image() is None
@@ -168,7 +168,7 @@ def test_a_page_that_loops_is_stopped_and_marked_unless_loops_are_let_run(qtbot,
     window.run_started.connect(lambda run: started.append(run.request.max_repeat))
     assert read(qtbot, window) == "finished"
     assert started == [max_repeat, max_repeat]  # the control's value reaches every page's request
-    first = window.results[0].session
+    first = window.ocr.results[0].session
     page_list = window.document.page_list
     if max_repeat:
         assert first.finish == "repetition" and len(first.tokens) < 120

@@ -16,7 +16,7 @@ from PySide6.QtCore import Qt
 
 pytest.importorskip("torch")
 
-from app.main_window import MainWindow  # noqa: E402
+from app.gui.main_window import MainWindow  # noqa: E402
 from app.settings import AppSettings  # noqa: E402
 from tests.app.test_ocr_window import drop_files  # noqa: E402
 from tests.hub.fixtures import hub, hub_env  # noqa: E402,F401  (pytest fixtures)
@@ -118,7 +118,7 @@ def test_mtp_without_its_drafter_offers_the_paired_assistant(monkeypatch, tmp_pa
     """What the chat pane offers for MTP: the target's paired assistant when it is missing, the
     Models dialog for a target without a pair, nothing once a drafter is given."""
     from app.models import catalog, store
-    from app.views.models_dialog import missing_model
+    from app.gui.views.models_dialog import missing_model
 
     monkeypatch.setenv("SPECSCOPE_MODELS_DIR", str(tmp_path / "models"))  # this test's own install state
 
@@ -142,7 +142,7 @@ def test_mtp_without_its_drafter_offers_the_paired_assistant(monkeypatch, tmp_pa
 def test_status_bar_names_the_runtime_and_compute_units():
     import mlx.core as mx
 
-    from app.main_window import runtime_text
+    from app.gui.main_window import runtime_text
 
     assert runtime_text("ocr", {"runtime": "coreml", "compute_units": "cpu_and_ne"}) == \
         "Core ML \u00b7 compute units: cpu_and_ne"

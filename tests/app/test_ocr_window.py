@@ -16,7 +16,7 @@ from PySide6.QtCore import QMimeData, QPointF, Qt, QUrl
 from PySide6.QtGui import QDragEnterEvent, QDropEvent
 from PySide6.QtWidgets import QApplication
 
-from app.main_window import MainWindow
+from app.gui.main_window import MainWindow
 from app.settings import AppSettings
 from tests.app.conftest import Recorder
 
@@ -67,9 +67,9 @@ def test_drop_two_images_read_both_in_order_and_match_the_cli(qtbot, tiny_ocr, t
     with qtbot.waitSignal(window.run_ended, timeout=240_000) as ended:
         assert window.run()
     assert ended.args == ["finished"]
-    assert [r.page.image for r in window.results] == [str(p) for p in images]  # in order, one run each
+    assert [r.page.image for r in window.ocr.results] == [str(p) for p in images]  # in order, one run each
     assert window.document.page_list.states == ["read" if r.session.finish == "stop" else r.session.finish
-                                                for r in window.results]
+                                                for r in window.ocr.results]
     rounds = rec.rounds
     starts = [i for i, r in enumerate(rounds) if r.index == 0]
     assert len(starts) == 2  # round indices restart with each page
@@ -81,8 +81,8 @@ def test_drop_two_images_read_both_in_order_and_match_the_cli(qtbot, tiny_ocr, t
     assert shown == [str(images[0])] * starts[1] + [str(images[1])] * (len(rounds) - starts[1])
 
     cli = cli_ocr(model, images[0], steps=2, max_tokens=16)
-    assert window.results[0].session.tokens == cli["tokens"]
-    assert window.results[0].session.text == cli["text"]
+    assert window.ocr.results[0].session.tokens == cli["tokens"]
+    assert window.ocr.results[0].session.text == cli["text"]
 
     # the plots hold the page read last; the exports are of that page's session
     window.telemetry.refresh(force=True)

@@ -15,8 +15,8 @@ from PIL import Image
 from PySide6.QtGui import QFileOpenEvent
 from PySide6.QtWidgets import QApplication
 
-from app.gui import FileOpenEvents
-from app.main_window import MainWindow
+from app.gui.startup import FileOpenEvents
+from app.gui.main_window import MainWindow
 from app.settings import AppSettings
 
 ROOT = Path(__file__).resolve().parents[2]

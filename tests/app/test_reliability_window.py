@@ -20,13 +20,13 @@ RUN_TIMEOUT_MS = 60_000
 def test_max_tokens_past_the_context_is_a_message_and_the_window_stays_usable(qtbot, make_window):
     window = make_window(max_tokens=5000)  # the tiny target's context is 4096 tokens
     rec = Recorder(window)
-    window.prompt.setPlainText("the cat")
+    window.chat.prompt.setPlainText("the cat")
     with qtbot.waitSignal(window.run_ended, timeout=RUN_TIMEOUT_MS) as ended:
         assert window.run()
     assert ended.args == ["errored"]
     assert "max_tokens" in window.transcript.message_text and "4096" in window.transcript.message_text
     window.controls.max_tokens_spin.setValue(8)
-    window.prompt.setPlainText("the cat")
+    window.chat.prompt.setPlainText("the cat")
     with qtbot.waitSignal(window.run_ended, timeout=RUN_TIMEOUT_MS):
         assert window.run()
     assert rec.outcomes == ["errored", "finished"]
@@ -69,7 +69,7 @@ def test_read_only_data_folder_runs_without_autosave_and_says_so(qtbot, make_win
         assert window.autosave_label.text() == "Autosave off"
         assert "Autosave is off" in window.transcript.message_text
         rec = Recorder(window)
-        window.prompt.setPlainText("the cat")
+        window.chat.prompt.setPlainText("the cat")
         with qtbot.waitSignal(window.run_ended, timeout=RUN_TIMEOUT_MS):
             assert window.run()  # before: Send did nothing and said nothing
         assert rec.outcomes == ["finished"] and sum(len(r.tokens) for r in rec.rounds) == 12
@@ -85,7 +85,7 @@ def test_autosave_on_a_full_disk_stops_the_autosave_not_the_run(qtbot, make_wind
         with open(filler, "wb") as f:  # leave room for the header and a few rounds only
             f.write(b"\0" * (os.statvfs(data).f_bavail * os.statvfs(data).f_frsize - 6000))
         rec = Recorder(window)
-        window.prompt.setPlainText("the cat")
+        window.chat.prompt.setPlainText("the cat")
         with qtbot.waitSignal(window.run_ended, timeout=RUN_TIMEOUT_MS):
             assert window.run()
         thread = window.threads[-1][0] if window.threads else None
@@ -101,10 +101,10 @@ def test_autosave_on_a_full_disk_stops_the_autosave_not_the_run(qtbot, make_wind
 
 CRASHING_WRITER = """
 import os, signal, sys
-from app.sessions import Autosave, new_autosave_path
+from app.records.sessions import Autosave, new_autosave_path
 from engines.speculative.rounds import Round
 from engines.speculative.session import Session
-from app.bursts import Burst
+from app.records.bursts import Burst
 
 session = Session(request={"kind": "chat", "prompt": "the cat"}, model={"name": "tiny"})
 autosave = Autosave(new_autosave_path("chat"), session, {})
@@ -135,7 +135,7 @@ def test_a_long_prompt_shows_prefill_progress_in_the_status_bar(qtbot, make_wind
     window = make_window(max_tokens=8)
     recorder = StatusRecorder(window)
     window.run_started.connect(lambda _run: window.worker.prefill_progressed.connect(recorder.record))
-    window.prompt.setPlainText("the cat is big and the dog is small . " * 90)  # ~900 tokens, 4 chunks
+    window.chat.prompt.setPlainText("the cat is big and the dog is small . " * 90)  # ~900 tokens, 4 chunks
     with qtbot.waitSignal(window.run_ended, timeout=RUN_TIMEOUT_MS) as ended:
         assert window.run()
     assert ended.args == ["finished"]
@@ -177,7 +177,7 @@ def test_a_drafter_fallback_is_in_the_status_bar(qtbot, make_window, monkeypatch
 
     break_ngram_drafter_on_third_call(monkeypatch)
     window = make_window(chat_method="ngram", max_tokens=40)
-    window.prompt.setPlainText("the cat is big and the dog is small . the cat is big and the dog is small .")
+    window.chat.prompt.setPlainText("the cat is big and the dog is small . the cat is big and the dog is small .")
     with qtbot.waitSignal(window.run_ended, timeout=RUN_TIMEOUT_MS) as ended:
         assert window.run()
     assert ended.args == ["finished"]

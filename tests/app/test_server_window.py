@@ -8,8 +8,8 @@ from PySide6.QtWidgets import QDialog
 
 from app.serve.protocol import ServedModel
 from app.serve.server import ServeConfig, Served, build_app, start_in_thread
-from app.views.server_dialog import ServerDialog
-from engines import Request, SpecConfig
+from app.gui.views.server_dialog import ServerDialog
+from engines.types import Request, SpecConfig
 from tests.app.conftest import Recorder
 from tests.app.test_chat_window import RUN_TIMEOUT_MS, run_and_wait
 
@@ -44,7 +44,7 @@ def test_the_window_runs_on_a_server_with_the_local_engines_rounds(qtbot, make_w
     window = make_window(max_tokens=32, chat_method="ngram")
     window.controls.use_server(f"{running.url}#tiny", None)
     rec = Recorder(window)
-    window.prompt.setPlainText("the cat the cat the cat")
+    window.chat.prompt.setPlainText("the cat the cat the cat")
     run_and_wait(qtbot, window)
     assert rec.outcomes == ["finished"]
     local = list(engine.generate(Request(kind="chat", prompt="the cat the cat the cat", system="be brief",
@@ -57,7 +57,7 @@ def test_the_window_runs_on_a_server_with_the_local_engines_rounds(qtbot, make_w
 def test_an_unreachable_server_is_a_message_not_a_dead_end(qtbot, make_window):
     window = make_window(max_tokens=8, chat_method="ngram")
     window.controls.use_server("http://127.0.0.1:9#tiny", None)  # port 9: nothing listens
-    window.prompt.setPlainText("the cat")
+    window.chat.prompt.setPlainText("the cat")
     with qtbot.waitSignal(window.run_ended, timeout=RUN_TIMEOUT_MS) as ended:
         assert window.run()
     assert ended.args == ["errored"]

@@ -9,10 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from app.main_window import MainWindow
-from app.sessions import list_sessions, load_session, sessions_dir
+from app.gui.main_window import MainWindow
+from app.records.sessions import list_sessions, load_session, sessions_dir
 from app.settings import AppSettings
-from engines import Request, SpecConfig, load_engine
+from engines.factory import load_engine
+from engines.types import Request, SpecConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -71,7 +72,7 @@ def test_killed_mid_run_the_finished_rounds_are_recoverable(qtbot, tiny_chat, sp
 
 def test_autosave_of_a_finished_run_in_the_window(qtbot, make_window):
     window = make_window(max_tokens=20)
-    window.prompt.setPlainText("the dog")
+    window.chat.prompt.setPlainText("the dog")
     with qtbot.waitSignal(window.run_ended, timeout=60_000):
         window.run()
     [path] = list(sessions_dir().glob("*.ndjson"))

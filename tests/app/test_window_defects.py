@@ -14,7 +14,7 @@ import numpy as np
 from PySide6.QtCore import QPoint, QPointF
 from PySide6.QtWidgets import QToolButton
 
-from app.gui import add_gui_arguments, apply_arguments
+from app.gui.startup import add_gui_arguments, apply_arguments
 from app.settings import AppSettings
 from engines.speculative.schedule import DEFAULT_STEPS
 from tests.app.conftest import replayed
@@ -94,7 +94,7 @@ def test_a_2000_round_run_is_drawn_as_moving_averages(qtbot, make_window, record
 # --- item 6: chat and OCR state apart -----------------------------------------------------------
 def test_switching_modes_carries_nothing_over(qtbot, make_window, tiny_ocr):
     window = make_window(max_tokens=8)
-    window.prompt.setPlainText("the cat")
+    window.chat.prompt.setPlainText("the cat")
     assert window.start_compare()
     qtbot.waitUntil(lambda: window.last_compare is not None and not window.running, timeout=RUN_TIMEOUT_MS)
     chat_text, chat_status = window.transcript.edit.toPlainText(), window.status.text()
@@ -112,22 +112,22 @@ def test_switching_modes_carries_nothing_over(qtbot, make_window, tiny_ocr):
 # --- item 7: primary action, clear, help, Rendered ----------------------------------------------
 def test_one_primary_action_per_mode_clear_and_help(qtbot, make_window):
     window = make_window(max_tokens=6)
-    assert window.send_button.isVisible() and not window.controls.run_button.isVisible()
+    assert window.chat.send_button.isVisible() and not window.controls.run_button.isVisible()
     window.controls.set_engine("ocr")
-    assert window.controls.run_button.isVisible() and not window.prompt_row.isVisible()
+    assert window.controls.run_button.isVisible() and not window.chat.prompt_row.isVisible()
     assert window.controls.run_button.text() == "Read" and window.run_action.text() == "Read"
     window.controls.set_engine("chat")
     assert window.run_action.text() == "Send"
-    window.prompt.setPlainText("the cat")
+    window.chat.prompt.setPlainText("the cat")
     assert run_and_wait(qtbot, window) == "finished"
-    assert window.history and window.transcript.edit.toPlainText()
+    assert window.chat.history and window.transcript.edit.toPlainText()
     window.clear_conversation()
-    assert window.history == [] and window.transcript.edit.toPlainText() == "" and window.session is None
+    assert window.chat.history == [] and window.transcript.edit.toPlainText() == "" and window.session is None
     assert window.telemetry.series.n == 0
     menus = {a.text(): [x.text() for x in a.menu().actions()] for a in window.menuBar().actions()}
     assert menus["&Help"] == ["About Specscope", "README"]
     assert "Clear Conversation" in menus["&Edit"] and "Copy as Markdown" in menus["&Edit"]
-    from app.views.about import about_text, readme_url
+    from app.gui.views.about import about_text, readme_url
 
     text = about_text(window.session.model if window.session else {"name": "tiny", "hash": "abc"})
     assert "MLX " in text and "Core ML tools " in text and "Model: tiny" in text
@@ -137,7 +137,7 @@ def test_one_primary_action_per_mode_clear_and_help(qtbot, make_window):
 
 # --- item 8: names, models, window size --------------------------------------------------------
 def test_whole_model_names_every_installed_model_and_1280x800(qtbot, tiny_chat):
-    from app.main_window import MainWindow
+    from app.gui.main_window import MainWindow
     from tests.app.conftest import chat_settings
 
     window = MainWindow(chat_settings(tiny_chat, chat_model=""), persist=False)
@@ -165,7 +165,7 @@ def test_whole_model_names_every_installed_model_and_1280x800(qtbot, tiny_chat):
 
 @pytest.mark.parametrize("name", ["two-page.pdf", "a scanned letter from the insurance company, March 2026, pages 1-2.pdf"])
 def test_the_document_bar_fits_at_1280x800_and_long_names_elide(qtbot, tmp_path, name):
-    from app.main_window import MainWindow
+    from app.gui.main_window import MainWindow
     from tests.engines.glm_ocr.checkpoints import test_images
     from tests.pdfs import pdf_of_images
 
@@ -219,8 +219,8 @@ def test_gui_flags_and_defaults_are_the_clis(qtbot, make_window):
 
 # --- item 10: the chat model loads in the background --------------------------------------------
 def test_the_chat_model_is_loaded_while_the_window_opens(qtbot, tiny_chat):
-    from app.main_window import MainWindow
-    from engines import load_engine
+    from app.gui.main_window import MainWindow
+    from engines.factory import load_engine
     from tests.app.conftest import chat_settings
 
     loads = []
@@ -236,7 +236,7 @@ def test_the_chat_model_is_loaded_while_the_window_opens(qtbot, tiny_chat):
         window.show()  # the load starts after the first paint, on a worker thread
     assert preloaded.args == [""] and len(loads) == 1
     assert window.status.text().startswith("Ready \u00b7 ")
-    window.prompt.setPlainText("the cat")
+    window.chat.prompt.setPlainText("the cat")
     assert run_and_wait(qtbot, window) == "finished"
     assert len(loads) == 1  # the first Send found the model loaded
     window.shutdown()
@@ -246,7 +246,7 @@ def test_the_chat_model_is_loaded_while_the_window_opens(qtbot, tiny_chat):
 def test_a_looping_reply_stops_and_says_why_with_the_acceptance_signal(qtbot, make_window):
     # the tiny random model falls into a one-token loop on this prompt (no system prompt)
     window = make_window(max_tokens=400, system_prompt="", chat_method="ngram", steps=3)
-    window.prompt.setPlainText("hello world")
+    window.chat.prompt.setPlainText("hello world")
     assert run_and_wait(qtbot, window) == "finished"
     assert window.session.finish == "repetition"
     message = window.transcript.message_text

@@ -34,7 +34,7 @@ def specscope(*argv, timeout=180):
 
 def in_process(capsys, *argv):
     """The same entry point in this process (no interpreter start-up per call)."""
-    from app.cli import main
+    from app.cli.main import main
 
     rc = main(list(argv))
     out = capsys.readouterr()

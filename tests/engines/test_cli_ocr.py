@@ -36,7 +36,7 @@ def test_ocr_json_equals_plain_and_streams(model_and_image, tmp_path):
 
 
 def test_bench_ocr_writes_json_and_csv(model_and_image, tmp_path, capsys):
-    from app.cli import main
+    from app.cli.main import main
 
     model, image = model_and_image
     rc = main(["bench", "ocr", str(image), "--model", str(model), "--runtime", "torch",
@@ -51,7 +51,7 @@ def test_bench_ocr_writes_json_and_csv(model_and_image, tmp_path, capsys):
 
 
 def test_two_page_pdf_gives_two_page_entries(model_and_image, tmp_path, capsys, monkeypatch):
-    from app.cli import main
+    from app.cli.main import main
     from tests.pdfs import pdf_of_images
 
     monkeypatch.setenv("SPECSCOPE_HOME", str(tmp_path / "home"))

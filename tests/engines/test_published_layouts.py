@@ -38,7 +38,7 @@ def published(tmp_path_factory):
 
 
 def run_cli(capsys, *argv) -> dict:
-    from app.cli import main
+    from app.cli.main import main
 
     rc = main(list(argv))
     out = capsys.readouterr()
@@ -140,7 +140,7 @@ def add_gemma4_pair() -> None:
 
 
 def models_get(capsys, model_id: str) -> Path:
-    from app.cli import main
+    from app.cli.main import main
 
     rc = main(["models", "get", model_id])
     out = capsys.readouterr()

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from app.models import catalog, store
-from engines import EngineError
+from engines.types import EngineError
 
 
 @pytest.fixture(autouse=True)

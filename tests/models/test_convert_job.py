@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from app.models import catalog, convert_job, download as dl, store
-from engines import EngineError
+from engines.types import EngineError
 from tests.hub.fixtures import hub, hub_env  # noqa: F401  (pytest fixtures)
 
 pytest.importorskip("coremltools")

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from app.models import catalog, download as dl, store
-from engines import EngineError
+from engines.types import EngineError
 from tests.hub.fixtures import hub, hub_env  # noqa: F401  (pytest fixtures)
 from tests.hub.repos import MiB, make_big_repo, make_small_repo
 

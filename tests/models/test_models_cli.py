@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from app.cli import main
+from app.cli.main import main
 from app.models import catalog, store
 from tests.hub.fixtures import hub, hub_env  # noqa: F401  (pytest fixtures)
 from tests.hub.repos import MiB, make_big_repo, make_small_repo

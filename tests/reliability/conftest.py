@@ -21,7 +21,7 @@ def short_context_llama(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def short_engine(short_context_llama):
-    from engines import load_engine
+    from engines.factory import load_engine
 
     return load_engine("chat", str(short_context_llama))
 
@@ -37,6 +37,6 @@ def tiny_llama(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_llama_engine(tiny_llama):
-    from engines import load_engine
+    from engines.factory import load_engine
 
     return load_engine("chat", str(tiny_llama))

@@ -121,7 +121,7 @@ def test_prompt_past_the_context_is_one_line_before_prefill(short_context_llama,
 
 
 def test_drafter_fallback_is_in_the_stats_line(short_context_llama, monkeypatch, capsys):
-    from app.cli import main
+    from app.cli.main import main
     from tests.faults import break_ngram_drafter_on_third_call
 
     break_ngram_drafter_on_third_call(monkeypatch)
@@ -134,7 +134,7 @@ def test_drafter_fallback_is_in_the_stats_line(short_context_llama, monkeypatch,
 
 
 def test_prefill_progress_of_a_long_prompt_on_stderr(tiny_llama, capsys):
-    from app.cli import main
+    from app.cli.main import main
 
     rc = main(["chat", "--model", str(tiny_llama), "--prompt", "the cat is big and the dog is small . " * 90,
                "-m", "4", "--spec", "off", "--ignore-chat-template"])

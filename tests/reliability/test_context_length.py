@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from engines import EngineError, Request, Sampling
+from engines.types import EngineError, Request, Sampling
 from engines.validation import InvalidParameter
 from tests.reliability.conftest import CONTEXT
 

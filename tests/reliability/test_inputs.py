@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from engines import EngineError
+from engines.types import EngineError
 
 
 def test_a_bad_image_is_said_before_the_model_loads(tmp_path):
@@ -36,7 +36,7 @@ def exif_rotated_photo(path: Path) -> Path:
 
 
 def test_the_document_view_shows_an_exif_rotated_photo_as_the_model_reads_it(qtbot, tmp_path):
-    from app.views.document import DocumentView
+    from app.gui.views.document import DocumentView
     from engines.glm_ocr.image import load_image
 
     photo = exif_rotated_photo(tmp_path / "photo.jpg")

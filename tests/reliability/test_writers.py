@@ -13,7 +13,7 @@ import pytest
 EXPORT_UNDER_A_FILE_SIZE_LIMIT = """
 import json, resource, signal, sys
 from pathlib import Path
-from app.sessions import export_csv, export_json
+from app.records.sessions import export_csv, export_json
 from engines.speculative.rounds import Round
 from engines.speculative.session import Session
 
@@ -60,7 +60,7 @@ def doc():
 
 
 def test_bench_results_that_cannot_go_to_out_go_elsewhere_and_say_where(tmp_path, monkeypatch, capsys):
-    from app.cli import save_bench
+    from app.cli.bench import save_bench
 
     blocker = tmp_path / "a-file"
     blocker.write_text("")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from engines import Request, SpecConfig
+from engines.types import Request, SpecConfig
 
 BINARY = Path(os.environ.get("SPECSCOPE_LLAMA_SERVER",
                              Path.home() / ".cache/specscope/llama.cpp-b11434/bin/llama-server"))
@@ -152,7 +152,7 @@ def test_read_the_way_vllm_is_read_its_counters_give_the_responses_totals(server
 
 
 def test_the_cli_shows_draft_n_and_draft_n_accepted(server, expected, capsys):
-    from app.cli import main
+    from app.cli.main import main
 
     timings = expected["timings"]
     assert main(["chat", "--server", server, "--prompt", PROMPT, "-m", str(MAX_TOKENS)]) == 0

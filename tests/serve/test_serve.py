@@ -19,7 +19,7 @@ openai = pytest.importorskip("openai")
 
 from app.serve.protocol import ServedModel  # noqa: E402
 from app.serve.server import ServeConfig, Served, build_app, start_in_thread  # noqa: E402
-from engines import Request, SpecConfig  # noqa: E402
+from engines.types import Request, SpecConfig  # noqa: E402
 from engines.remote.counters import parse_spec_counters  # noqa: E402
 from engines.runs import run_session  # noqa: E402
 from tests.engines.mlx_chat.checkpoints import make_tiny_llama  # noqa: E402
@@ -237,7 +237,7 @@ def test_an_api_key_is_required_when_set(engine):
 
 
 def test_a_public_host_needs_a_key_or_insecure():
-    from engines import EngineError
+    from engines.types import EngineError
 
     with pytest.raises(EngineError, match="--api-key"):
         ServeConfig(host="0.0.0.0").check()
@@ -288,7 +288,7 @@ def test_a_server_without_per_round_records_is_read_through_its_prometheus_count
 
 
 def test_the_cli_refuses_a_public_host_without_a_key_in_one_line(capsys):
-    from app.cli import main
+    from app.cli.main import main
 
     assert main(["serve", "--host", "0.0.0.0"]) == 2
     err = capsys.readouterr().err
@@ -296,7 +296,7 @@ def test_the_cli_refuses_a_public_host_without_a_key_in_one_line(capsys):
 
 
 def test_cli_chat_on_the_server_prints_the_local_text_and_the_servers_figures(server, engine, capsys):
-    from app.cli import main
+    from app.cli.main import main
 
     local = local_run(engine)
     assert main(["chat", "--server", server.url, "--prompt", PROMPT, "-m", "24", "--steps", "3"]) == 0
@@ -306,7 +306,7 @@ def test_cli_chat_on_the_server_prints_the_local_text_and_the_servers_figures(se
 
 
 def test_cli_bad_server_url_is_one_line(capsys):
-    from app.cli import main
+    from app.cli.main import main
 
     assert main(["chat", "--server", "http://127.0.0.1:9", "--prompt", "hi"]) == 2
     err = capsys.readouterr().err
@@ -314,7 +314,7 @@ def test_cli_bad_server_url_is_one_line(capsys):
 
 
 def test_bench_chat_on_the_server_beside_the_local_engine_and_beside_a_baseline_server(server, engine, tmp_path, capsys):
-    from app.cli import main
+    from app.cli.main import main
 
     prompts = tmp_path / "prompts.txt"
     prompts.write_text(PROMPT + "\n")

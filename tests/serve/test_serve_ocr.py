@@ -13,7 +13,7 @@ pytest.importorskip("torch")
 
 from app.serve.protocol import ServedModel  # noqa: E402
 from app.serve.server import ServeConfig, Served, build_app, start_in_thread  # noqa: E402
-from engines import Request, SpecConfig  # noqa: E402
+from engines.types import Request, SpecConfig  # noqa: E402
 from tests.engines.glm_ocr import checkpoints  # noqa: E402
 
 MAX_TOKENS = 12

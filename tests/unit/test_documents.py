@@ -8,7 +8,7 @@ import json
 import pytest
 from PIL import Image, ImageDraw
 
-from app.documents import (
+from app.records.documents import (
     DocumentError, Page, PageResult, export_text, pages_of, parse_page_ranges, summarize,
 )
 from engines.speculative.rounds import Round

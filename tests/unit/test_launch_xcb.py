@@ -90,7 +90,7 @@ def test_launcher_names_the_package_and_exits_1_before_qt(tmp_path):
 def test_launcher_as_a_normal_user_prints_the_sudo_command(tmp_path):
     """The real entry point with the effective user switched to nobody (the interpreter itself
     lives under root's home here, so it is started as root and drops to nobody first)."""
-    code = ("import os, sys; import app.launch, app.cli; os.setegid(65534); os.seteuid(65534); "
+    code = ("import os, sys; import app.launch, app.cli.main; os.setegid(65534); os.seteuid(65534); "
             "sys.argv = ['specscope']; sys.exit(app.launch.entry())")
     env = window_env(tmp_path) | {"SPECSCOPE_NO_OPENBLAS": "1"}  # no re-exec: entry() runs as is
     out = run_hidden([sys.executable, "-c", code], env)
@@ -101,7 +101,7 @@ def test_launcher_as_a_normal_user_prints_the_sudo_command(tmp_path):
 
 
 def test_only_a_window_on_x11_is_checked():
-    from app.cli import COMMANDS
+    from app.cli.main import COMMANDS
 
     x11 = {"DISPLAY": ":0"}
     assert opens_xcb_window([], x11)

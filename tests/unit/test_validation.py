@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from engines import EngineError, Request, Sampling, SpecConfig
+from engines.types import EngineError, Request, Sampling, SpecConfig
 from engines.validation import InvalidParameter, validate
 
 

@@ -14,7 +14,7 @@ import pytest
 
 mx = pytest.importorskip("mlx.core")
 
-from engines import Request, SpecConfig  # noqa: E402
+from engines.types import Request, SpecConfig  # noqa: E402
 from engines.mlx_chat.engine import ChatEngine  # noqa: E402
 from engines.mlx_chat.mtp import Gemma4Target, MTPProposer  # noqa: E402
 from tests.engines.gemma4.checkpoints import SLIDING_WINDOW  # noqa: E402

@@ -10,7 +10,7 @@ import pytest
 
 mx = pytest.importorskip("mlx.core")
 
-from engines import Request, Sampling, SpecConfig  # noqa: E402
+from engines.types import Request, Sampling, SpecConfig  # noqa: E402
 from engines.mlx_chat.engine import ChatEngine  # noqa: E402
 from engines.speculative.sampling import target_probs  # noqa: E402
 from tests.engines.gemma4.replay import replay_factory  # noqa: E402

@@ -5,7 +5,7 @@ import pytest
 
 pytest.importorskip("mlx.core")
 
-from engines import Request, SpecConfig  # noqa: E402
+from engines.types import Request, SpecConfig  # noqa: E402
 from engines.mlx_chat.engine import ChatEngine  # noqa: E402
 from tests.engines.gemma4.replay import replay_factory  # noqa: E402
 from tests.engines.stop_cases import check_stop_strings, tokens_of  # noqa: E402

@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("mlx.core")
 
-from engines import Request, SpecConfig  # noqa: E402
+from engines.types import Request, SpecConfig  # noqa: E402
 from engines.mlx_chat.engine import ChatEngine  # noqa: E402
 from tests.engines.gemma4.trained import TRAIN_PROMPTS, trained_assistant  # noqa: E402
 

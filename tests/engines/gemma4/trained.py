@@ -14,7 +14,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
 
-from engines import Request
+from engines.types import Request
 from engines.mlx_chat.cache import make_rollback_cache
 from engines.mlx_chat.mtp import Gemma4Target, load_drafter
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from mlx_lm import generate
 
-from engines import EngineError
+from engines.types import EngineError
 from engines.mlx_chat.gguf import DTYPE, load_gguf
 from engines.mlx_chat.models import default_chat_model, gemma3_270m
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 
-from engines import EngineError
+from engines.types import EngineError
 from engines.mlx_chat.gguf import DTYPE, load_gguf, read_header, read_tensors
 
 from .checkpoints import as_stored, tiny_hf_model, tiny_vocab, write_gguf

@@ -8,7 +8,7 @@ import pytest
 import torch
 from PIL import Image
 
-from engines import EngineError, Request, Sampling, SpecConfig
+from engines.types import EngineError, Request, Sampling, SpecConfig
 from engines.glm_ocr.engine import MtpDrafter, OcrEngine
 from engines.glm_ocr.weights import load_reference, reference_mtp_forward
 from engines.speculative.rounds import session_stats

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from engines import EngineError, Request, SpecConfig
+from engines.types import EngineError, Request, SpecConfig
 from engines.glm_ocr.image import ImageProcessorConfig, load_image, num_image_tokens, preprocess
 
 

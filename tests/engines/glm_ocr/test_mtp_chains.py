@@ -10,7 +10,7 @@ the acceptance at depth; the two loops share no code, only the checkpoint."""
 import pytest
 from PIL import Image
 
-from engines import Request, SpecConfig
+from engines.types import Request, SpecConfig
 from engines.glm_ocr.engine import OcrEngine
 from tests.engines.glm_ocr.reference_loop import ReferenceLoop
 

@@ -19,7 +19,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from engines import Request, Sampling, SpecConfig
+from engines.types import Request, Sampling, SpecConfig
 from engines.glm_ocr.engine import OcrEngine
 from engines.speculative.sampling import target_probs
 from engines.speculative.verify import Verdict

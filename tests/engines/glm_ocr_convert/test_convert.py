@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from engines import EngineError
+from engines.types import EngineError
 from engines.glm_ocr.convert import (
     PACKAGES,
     RMSNormAsLayerNorm,

@@ -15,7 +15,7 @@ import sys
 import numpy as np
 import pytest
 
-from engines import EngineError
+from engines.types import EngineError
 from engines.glm_ocr import runtime_coreml
 from engines.glm_ocr.runtime_coreml import CoreMLRuntime, read_manifest
 from tests.engines.glm_ocr_convert.conftest import CACHE_LENGTH, SEQ_LEN
@@ -182,7 +182,7 @@ def trained_conversion(tmp_path_factory):
 def test_coreml_engine_mtp_is_lossless_and_agrees_with_torch(trained_conversion, steps):
     """On Core ML (CPU compute units, so float32 compute): MTP speculation emits exactly the
     tokens of plain decoding, drafts are accepted, and plain decoding equals the torch runtime's."""
-    from engines import Request, SpecConfig
+    from engines.types import Request, SpecConfig
     from engines.glm_ocr.engine import OcrEngine
 
     checkpoint, out, images = trained_conversion
@@ -261,7 +261,7 @@ def test_runtime_glue_runs_the_ocr_engine_losslessly(glue_runtime, converted):
     tokens of plain decoding (within the same runtime)."""
     from PIL import Image
 
-    from engines import Request, SpecConfig
+    from engines.types import Request, SpecConfig
     from engines.glm_ocr.engine import OcrEngine
     from engines.glm_ocr.image import ImageProcessorConfig
     from engines.glm_ocr.prompts import GlmTokenizer
@@ -291,7 +291,7 @@ def test_a_conversion_without_mtp_decodes_plainly_and_says_why(converted_without
     reports "MTP unavailable: ..." from the manifest and the engine decodes plainly."""
     from PIL import Image
 
-    from engines import Request, SpecConfig
+    from engines.types import Request, SpecConfig
     from engines.glm_ocr.convert import patch_rms_norms
     from engines.glm_ocr.engine import OcrEngine
     from engines.glm_ocr.image import ImageProcessorConfig

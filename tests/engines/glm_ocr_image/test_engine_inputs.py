@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from engines import EngineError, Request, SpecConfig
+from engines.types import EngineError, Request, SpecConfig
 from tests.engines.glm_ocr.checkpoints import make_tiny_glm_ocr
 
 

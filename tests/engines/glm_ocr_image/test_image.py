@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from engines import EngineError
+from engines.types import EngineError
 from engines.glm_ocr.image import (
     ImageProcessorConfig,
     load_image,

@@ -7,7 +7,7 @@ import mlx.core as mx
 import pytest
 from mlx_lm.generate import generate_step
 
-from engines import Request, SpecConfig
+from engines.types import Request, SpecConfig
 from engines.mlx_chat.cache import WindowKVCache
 
 PROMPT = "the cat is big and the dog is small . the cat is big and the dog is small ."

@@ -7,7 +7,7 @@ import pytest
 from mlx_lm import load
 from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache
 
-from engines import Sampling
+from engines.types import Sampling
 from engines.mlx_chat import sampling as mxs
 from engines.mlx_chat.cache import WindowKVCache, make_rollback_cache, rollback
 from engines.speculative import sampling as ref

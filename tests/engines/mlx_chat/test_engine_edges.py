@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from engines import EngineError, Request, SpecConfig
+from engines.types import EngineError, Request, SpecConfig
 from engines.mlx_chat.engine import ChatEngine
 from engines.mlx_chat.proposers import NGramProposer
 from tests.engines.mlx_chat import checkpoints

@@ -4,7 +4,7 @@ gemma3_text checkpoint -- generations run far past the Gemma 3 sliding window (8
 
 import pytest
 
-from engines import Request, SpecConfig
+from engines.types import Request, SpecConfig
 from tests.engines.mlx_chat.conftest import WINDOW
 
 COPY_PROMPT = "the cat is big and the dog is small . the cat is big and the dog is small ."

@@ -12,7 +12,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from engines import Request, Sampling, SpecConfig
+from engines.types import Request, Sampling, SpecConfig
 from engines.mlx_chat.engine import ChatEngine
 from engines.speculative.sampling import target_probs
 from tests.engines.mlx_chat import checkpoints

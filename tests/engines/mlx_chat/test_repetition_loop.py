@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from engines import Request, SpecConfig
+from engines.types import Request, SpecConfig
 from engines.speculative.repetition import RepetitionDetector
 
 LOOPING, VARIED = "hello world", ["the cat", "a b c"]
@@ -61,7 +61,7 @@ def test_the_copy_heavy_set_is_never_stopped_on_smollm2():
     """The benchmark prompts on the embedded SmolLM2: the detector (default on) changes no
     output and stops no run."""
     import resources
-    from engines import load_engine
+    from engines.factory import load_engine
     from engines.mlx_chat.models import default_chat_model
 
     engine = load_engine("chat", str(default_chat_model()))

@@ -8,7 +8,7 @@ import pytest
 from mlx_lm.generate import generate_step
 from mlx_lm.sample_utils import make_sampler
 
-from engines import Request, Sampling
+from engines.types import Request, Sampling
 
 PROMPT = "the cat and the dog see the big red house"
 FLAGS = [

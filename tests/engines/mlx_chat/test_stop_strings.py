@@ -2,7 +2,7 @@
 On the code before engines/speculative/stops.py this failed: plain decoding showed the head of
 a multi-token stop string, speculation (the whole string in one burst) did not."""
 
-from engines import Request, SpecConfig
+from engines.types import Request, SpecConfig
 from tests.engines.stop_cases import check_stop_strings
 
 PROMPT = "the cat is big and the dog is small . the cat is big and the dog is small ."

@@ -2,7 +2,7 @@
 at once) onto it, open them from a dialog or paste an image from the clipboard; zoom, pan
 (drag), fit; step through pages with the page list beside the view, which also shows how far
 the reading has come (queued, reading, read, stopped). With Region on, dragging draws a
-rectangle and only that part of the page is read. Files become pages in app.documents."""
+rectangle and only that part of the page is read. Files become pages in app.records.documents."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from PySide6.QtWidgets import (
     QLabel, QListWidget, QListWidgetItem, QSplitter, QStackedLayout, QToolButton, QVBoxLayout, QWidget,
 )
 
-from app.documents import DOCUMENT_SUFFIXES, DocumentError, Page, pages_of
+from app.records.documents import DOCUMENT_SUFFIXES, DocumentError, Page, pages_of
 
 PAGE_STATES = {  # page list marks: what the reading of a page came to
     "": "", "queued": "•", "reading": "▶", "read": "✓", "repetition": "⟳",
@@ -33,7 +33,7 @@ def upright_pixmap(path: str) -> QPixmap:
     """The page as the model sees it: the OCR engine's own loader (EXIF orientation applied by
     ImageOps.exif_transpose, transparency on white), where Qt alone would show a phone photo
     sideways. A file that loader refuses is shown as Qt reads it; the run says what is wrong."""
-    from engines import EngineError
+    from engines.types import EngineError
     from engines.glm_ocr.image import load_image
 
     try:

@@ -22,7 +22,7 @@ from PySide6.QtCore import QEvent, QObject, QTimer, Signal
 
 from app import APP_ID, APP_NAME, __version__
 
-RESOURCES = Path(__file__).resolve().parent.parent / "resources"
+RESOURCES = Path(__file__).resolve().parents[2] / "resources"
 METHODS = ["off", "ngram", "draft", "mtp"]
 
 
@@ -207,7 +207,7 @@ def run_gui(args: argparse.Namespace) -> int:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     from PySide6.QtWidgets import QApplication
 
-    from app.main_window import MainWindow
+    from app.gui.main_window import MainWindow
     from app.settings import load_settings
 
     missing = [f for f in _arg(args, "files") or [] if not Path(f).is_file()]
@@ -239,7 +239,7 @@ def run_gui(args: argparse.Namespace) -> int:
         window.open_documents(_arg(args, "files"))
     file_events.files_opened.connect(window.open_documents)
     if _arg(args, "chat"):
-        window.prompt.setPlainText(_arg(args, "chat"))
+        window.chat.prompt.setPlainText(_arg(args, "chat"))
     if _arg(args, "window_size"):
         w, _, h = _arg(args, "window_size").partition("x")
         if not (w.isdigit() and h.isdigit()):
@@ -264,7 +264,7 @@ def run_gui(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m app.gui`: the window alone, for when the CLI is not at hand."""
+    """`python -m app.gui.startup`: the window alone, for when the CLI is not at hand."""
     parser = argparse.ArgumentParser(prog="specscope")
     add_gui_arguments(parser)
     return run_gui(parser.parse_args(argv))

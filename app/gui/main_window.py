@@ -1,15 +1,15 @@
-"""The main window: composes the panes, wires the worker's signals to them, and keeps the
-conversation, the pages read and the session of the current run. No inference code here: a
-run is a RunSpec handed to a RunWorker on its own QThread (app.worker).
+"""The main window: composes the panes and drives a run. No inference code here: a run is a
+RunSpec handed to a RunWorker on its own QThread (app.gui.worker).
 
-Layout: controls sidebar | document pane (page list, page) | output pane, with the telemetry
+Layout: controls sidebar | document pane (page list, page) | the mode's pane, with the telemetry
 pane underneath. The telemetry pane (pyqtgraph) is built right after the window is first shown,
 so the window appears before pyqtgraph is imported.
 
-Chat and OCR keep separate state (ModeState: transcript, session, A/B result, status line):
-switching modes shows the other mode as it was left. OCR reads every page of the document in
-order, one run per page (a Reading); Stop ends it after the current round and keeps the pages
-already read, and the next Read goes on from the first page not read."""
+Each mode's pane keeps its own state (app.gui.views.chat_pane, ocr_pane: transcript, run shown,
+A/B result, status line; the conversation; the pages read): switching modes shows the other
+mode as it was left. One run, top to bottom, is the "runs" section below: run -> _start ->
+_on_engine_loaded -> _on_round -> _show_pending -> _on_finished | _on_cancelled | _on_errored,
+and for OCR the next page from _on_finished until the reading ends."""
 
 from __future__ import annotations
 
@@ -17,36 +17,38 @@ import base64
 import sys
 import time
 from collections import deque
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict
 from pathlib import Path
 
 from PySide6.QtCore import QByteArray, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (
-    QApplication, QFileDialog, QHBoxLayout, QLabel, QMainWindow, QMessageBox, QPushButton,
-    QSizePolicy, QSplitter, QStackedWidget, QToolButton, QVBoxLayout, QWidget,
+    QApplication, QFileDialog, QFrame, QLabel, QMainWindow, QMessageBox, QScrollArea, QSizePolicy, QSplitter,
+    QStackedWidget, QVBoxLayout, QWidget,
 )
 
 from app import APP_NAME
-from app.bursts import Burst
-from app.compare import CompareResult, compare_sessions
-from app.documents import Page, PageResult, export_text, summarize
-from app.sessions import (
+from app.records.bursts import Burst
+from app.records.compare import CompareResult, compare_sessions
+from app.records.documents import PageResult, export_text
+from app.records.sessions import (
     SavedSession, autosave_problem, crashed_sessions, export_csv, export_json, export_png, export_text_file,
     load_session, mark_interrupted, new_autosave_path, sessions_dir,
 )
 from app.settings import AppSettings, data_dir, save_settings
-from app.model_jobs import ModelJobs
-from app.views.controls import ControlsPanel
-from app.views.document import DocumentView
-from app.views.models_dialog import ModelOffer, ModelsDialog, missing_model
-from app.views.notice import Notice
-from app.views.prompt import PromptEdit
-from app.views.server_dialog import ServerDialog
-from app.views.sessions_dialog import SessionsDialog
-from app.views.transcript import TranscriptView
-from app.worker import EngineCache, EngineLoader, EnginePreload, RunSpec, RunWorker, start_worker
-from engines import EngineError, Request, SpecConfig
+from app.gui.model_jobs import ModelJobs
+from app.gui.views.chat_pane import ChatPane
+from app.gui.views.controls import ControlsPanel
+from app.gui.views.document import DocumentView
+from app.gui.views.elided_label import ElidedLabel
+from app.gui.views.models_dialog import ModelOffer, ModelsDialog, missing_model
+from app.gui.views.notice import Notice
+from app.gui.views.ocr_pane import OcrPane
+from app.gui.views.server_dialog import ServerDialog
+from app.gui.views.sessions_dialog import SessionsDialog
+from app.gui.views.transcript import TranscriptView
+from app.gui.worker import EngineCache, EngineLoader, EnginePreload, RunSpec, RunWorker, start_worker
+from engines.types import EngineError, Request, SpecConfig
 from engines.speculative.rounds import fallback_note
 from engines.speculative.repetition import acceptance_jump
 from engines.speculative.session import Session
@@ -57,32 +59,11 @@ GIL_SWITCH_INTERVAL_S = 0.0005
 SHOW_INTERVAL_MS = 15  # how often buffered rounds are drawn
 SHOW_BUDGET_S = 0.012  # and for how long at most, so the event loop always gets its turn
 DEFAULT_SIZE = (1480, 920)  # shrunk to the screen, so it also fits 1280x800
+# The speculation strip's height in its tallest arrangement (cards in 2 rows above the plots),
+# reserved before pyqtgraph is imported so that the window's minimum does not change when the
+# plots arrive (tests/app/test_layout.py checks it against TelemetryView.minimumSizeHint).
+TELEMETRY_MIN_HEIGHT = 230
 A_B_ON = "A/B \u00b7 speculation on"
-PAGE_STATE_OF_FINISH = {"stop": "read", None: "read", "length": "length", "repetition": "repetition",
-                        "cancelled": "cancelled", "error": "errored"}
-
-
-@dataclass
-class ModeState:
-    """What one mode (chat or OCR) shows; the other mode's is kept aside, untouched."""
-
-    session: Session | None = None  # the run shown in the panes
-    session_settings: dict = field(default_factory=dict)
-    last_compare: CompareResult | None = None
-    status: str = "Ready"
-    model_label: str = ""
-
-
-@dataclass
-class Reading:
-    """An OCR run over pages, in order: `queue` holds (page index, page) still to read."""
-
-    queue: deque
-    region: bool = False  # reading a region of one page, not whole pages
-
-    @property
-    def current(self) -> tuple[int, Page]:
-        return self.queue[0]
 
 
 def runtime_text(kind: str | None, model: dict) -> str:
@@ -115,19 +96,13 @@ class MainWindow(QMainWindow):
         self.autosave = autosave
         self.preload = preload  # load the chat model in the background once the window shows (the app does)
         self.engines = EngineCache(engine_loader)
-        self.history: list[dict] = []  # the chat conversation, {"role", "content"}
-        self.modes = {"chat": ModeState(), "ocr": ModeState()}
         self.mode = "chat"
-        self.results: list[PageResult] = []  # the pages read (OCR), in reading order
-        self.reading: Reading | None = None
         self.fallback: str | None = None  # the shown run's drafter fallback, if its drafter failed
         self.autosave_message: str | None = None  # why runs are not (or no longer) being saved
         self.worker: RunWorker | None = None
         self.thread = None
         self.threads: list = []  # (QThread, RunWorker) pairs, kept alive until the thread finishes
-        self.pending_prompt = ""
         self.compare: dict | None = None  # {"phase": "off" | "on", "off": Session}
-        self.last_compare: CompareResult | None = None
         self.telemetry = None
         self._telemetry_queued = False
         self.pending: deque[Burst] = deque()  # rounds received but not drawn yet
@@ -144,27 +119,27 @@ class MainWindow(QMainWindow):
         self.setWindowTitle(APP_NAME)
         self.setAcceptDrops(True)
         self.controls = ControlsPanel()
+        # The sidebar scrolls when the window is lower than its controls, so that the window's
+        # minimum height is the panes', not the sidebar's.
+        self.sidebar = QScrollArea(widgetResizable=True, frameShape=QFrame.Shape.NoFrame, objectName="sidebar")
+        self.sidebar.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.sidebar.setWidget(self.controls)
+        self.sidebar.setMinimumWidth(self.controls.minimumWidth() + self.sidebar.verticalScrollBar().sizeHint().width())
         self.document = DocumentView(paste_dir=data_dir() / "pasted")
-        self.document.load_failed.connect(lambda message: self.transcripts["ocr"].show_message(message, "error"))
+        self.document.load_failed.connect(lambda message: self.ocr.transcript.show_message(message, "error"))
         self.document.page_changed.connect(self._show_page_result)
-        self.transcripts = {"chat": TranscriptView(), "ocr": TranscriptView()}
-        self.transcripts["chat"].title.setText("Conversation")
-        self.transcripts["ocr"].title.setText("Text")
-        self.transcript_stack = QStackedWidget()
-        for view in self.transcripts.values():
-            self.transcript_stack.addWidget(view)
-            view.round_selected.connect(self._select_in_telemetry)
-        self.prompt = PromptEdit(placeholderText="Message \u2014 Enter to send, Shift+Enter for a new line",
-                                 objectName="prompt")
-        self.prompt.setFixedHeight(70)
-        self.prompt.submitted.connect(self.run)
-        self.send_button = QPushButton("Send", objectName="primary", toolTip="Send (Enter)")
-        self.send_button.clicked.connect(self.run)
-        self.clear_button = QToolButton(text="Clear", toolTip="Clear the conversation (Ctrl+L)", autoRaise=True)
-        self.clear_button.clicked.connect(self.clear_conversation)
+        self.chat = ChatPane()
+        self.chat.submitted.connect(self.run)
+        self.chat.clear_clicked.connect(self.clear_conversation)
+        self.ocr = OcrPane(self.document)
+        self.panes = {"chat": self.chat, "ocr": self.ocr}
+        self.pane_stack = QStackedWidget()
+        for pane in self.panes.values():
+            self.pane_stack.addWidget(pane)
+            pane.transcript.round_selected.connect(self._select_in_telemetry)
         self.telemetry_holder = QWidget(objectName="telemetryHolder")
         QVBoxLayout(self.telemetry_holder).setContentsMargins(0, 0, 0, 0)
-        self.telemetry_holder.setMinimumHeight(250)
+        self.telemetry_holder.setMinimumHeight(TELEMETRY_MIN_HEIGHT)
 
         output = QWidget(objectName="outputPane")
         output_col = QVBoxLayout(output)
@@ -177,14 +152,7 @@ class MainWindow(QMainWindow):
         output_col.addWidget(self.model_offer)
         self.recovery = Notice()  # offers a run a crash cut short
         output_col.addWidget(self.recovery)
-        output_col.addWidget(self.transcript_stack, 1)
-        self.prompt_row = QWidget(objectName="promptRow")
-        prompt_layout = QHBoxLayout(self.prompt_row)
-        prompt_layout.setContentsMargins(10, 8, 10, 10)
-        prompt_layout.addWidget(self.clear_button, 0, Qt.AlignmentFlag.AlignBottom)
-        prompt_layout.addWidget(self.prompt, 1)
-        prompt_layout.addWidget(self.send_button, 0, Qt.AlignmentFlag.AlignBottom)
-        output_col.addWidget(self.prompt_row)
+        output_col.addWidget(self.pane_stack, 1)
 
         self.top_split = QSplitter(Qt.Orientation.Horizontal)
         self.top_split.addWidget(self.document)
@@ -195,18 +163,18 @@ class MainWindow(QMainWindow):
         self.main_split.addWidget(self.telemetry_holder)
         self.main_split.setSizes([600, 290])
         self.side_split = QSplitter(Qt.Orientation.Horizontal)
-        self.side_split.addWidget(self.controls)
+        self.side_split.addWidget(self.sidebar)
         self.side_split.addWidget(self.main_split)
         self.side_split.setStretchFactor(1, 1)
         for split in (self.top_split, self.main_split, self.side_split):
             split.setChildrenCollapsible(False)
             split.setHandleWidth(1)
         self.setCentralWidget(self.side_split)
-        self.status = QLabel("Ready")
+        self.status = ElidedLabel("Ready")
         self.statusBar().addWidget(self.status, 1)
         self.autosave_label = QLabel(objectName="muted")  # says when runs are not being saved
         self.statusBar().addPermanentWidget(self.autosave_label)
-        self.model_label = QLabel(objectName="muted")
+        self.model_label = ElidedLabel(objectName="muted")
         self.statusBar().addPermanentWidget(self.model_label)
 
         self.controls.run_requested.connect(self.run)
@@ -226,10 +194,31 @@ class MainWindow(QMainWindow):
         self._restore_geometry()
         if not self.settings.window_geometry:
             self.resize(*self.default_size())
-        # An explicit minimum: without one the layout would raise the window's minimum when the
-        # plots arrive after the first paint, and offscreen Qt warns "This plugin does not
-        # support propagateSizeHints()" on every such change.
-        self.setMinimumSize(960, 640)
+        # The document beside its text, or above it (reflow_panes): as narrow as the narrower of
+        # the two arrangements, as low as the lower; chat shows its pane alone.
+        document = self.document.minimumSizeHint()
+        self.top_split.setMinimumSize(
+            max(document.width(), *(pane.minimumSizeHint().width() for pane in self.panes.values())),
+            max(self.chat.minimumSizeHint().height(),
+                document.height() + self.top_split.handleWidth() + self.ocr.minimumSizeHint().height()))
+        # An explicit minimum, what the content needs in its narrowest arrangement: without one
+        # the layout would raise the window's minimum when the plots arrive after the first paint,
+        # and offscreen Qt warns "This plugin does not support propagateSizeHints()" on every such
+        # change.
+        self.setMinimumSize(self.minimumSizeHint())
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 (Qt's name)
+        super().resizeEvent(event)
+        self.reflow_panes()
+
+    def reflow_panes(self) -> None:
+        """OCR: the document beside its text when both fit side by side, else above it."""
+        need = (self.document.minimumSizeHint().width() + self.pane_stack.minimumSizeHint().width()
+                + self.top_split.handleWidth())
+        beside = not self.document.isVisible() or self.main_split.width() >= need
+        orientation = Qt.Orientation.Horizontal if beside else Qt.Orientation.Vertical
+        if self.top_split.orientation() != orientation:
+            self.top_split.setOrientation(orientation)
 
     def default_size(self) -> tuple[int, int]:
         screen = self.screen().availableGeometry() if self.screen() else None
@@ -237,34 +226,38 @@ class MainWindow(QMainWindow):
             return DEFAULT_SIZE
         return min(DEFAULT_SIZE[0], screen.width()), min(DEFAULT_SIZE[1], screen.height())
 
-    # --- per-mode state -------------------------------------------------------------------
+    # --- the shown mode's pane ---------------------------------------------------------------
+    @property
+    def pane(self) -> ChatPane | OcrPane:
+        return self.panes[self.mode]
+
     @property
     def transcript(self) -> TranscriptView:
-        return self.transcripts[self.mode]
+        return self.pane.transcript
 
     @property
     def session(self) -> Session | None:
-        return self.modes[self.mode].session
+        return self.pane.session
 
     @session.setter
     def session(self, session: Session | None) -> None:
-        self.modes[self.mode].session = session
+        self.pane.session = session
 
     @property
     def session_settings(self) -> dict:
-        return self.modes[self.mode].session_settings
+        return self.pane.session_settings
 
     @session_settings.setter
     def session_settings(self, settings: dict) -> None:
-        self.modes[self.mode].session_settings = settings
+        self.pane.session_settings = settings
 
     @property
     def last_compare(self) -> CompareResult | None:
-        return self.modes[self.mode].last_compare
+        return self.pane.last_compare
 
     @last_compare.setter
     def last_compare(self, result: CompareResult | None) -> None:
-        self.modes[self.mode].last_compare = result
+        self.pane.last_compare = result
 
     # --- window furniture -----------------------------------------------------------------
     def _build_menus(self) -> None:
@@ -316,12 +309,12 @@ class MainWindow(QMainWindow):
         action(help_menu, "README", lambda: self._open_readme())
 
     def show_about(self) -> None:
-        from app.views.about import show_about
+        from app.gui.views.about import show_about
 
         show_about(self, self.session.model if self.session else None)
 
     def _open_readme(self) -> None:
-        from app.views.about import open_readme
+        from app.gui.views.about import open_readme
 
         open_readme(self)
 
@@ -355,12 +348,12 @@ class MainWindow(QMainWindow):
         thread = start_worker(worker)
         thread.finished.connect(self._on_thread_finished)
         self.threads.append((thread, worker))
-        self.modes["chat"].status = "Loading the chat model in the background\u2026"
+        self.chat.status = "Loading the chat model in the background\u2026"
         if self.mode == "chat":
-            self.status.setText(self.modes["chat"].status)
+            self.status.setText(self.chat.status)
 
     def _on_preloaded(self, model: dict) -> None:
-        state = self.modes["chat"]
+        state = self.chat
         if state.status.startswith("Loading the chat model"):
             state.status = f"Ready \u00b7 {model.get('name', 'the model')} is loaded"
             state.model_label = f"{model.get('name', '?')} \u00b7 {model.get('hash', '')}"
@@ -370,7 +363,7 @@ class MainWindow(QMainWindow):
         self.model_preloaded.emit("")
 
     def _on_preload_failed(self, message: str) -> None:
-        state = self.modes["chat"]
+        state = self.chat
         if state.status.startswith("Loading the chat model"):
             state.status = "Ready"
             if self.mode == "chat" and not self.running:
@@ -380,7 +373,7 @@ class MainWindow(QMainWindow):
     def ensure_telemetry(self):
         """Imports pyqtgraph and builds the plots (after the first paint, to start fast)."""
         if self.telemetry is None:
-            from app.views.telemetry import TelemetryView
+            from app.gui.views.telemetry import TelemetryView
 
             self.telemetry = TelemetryView()
             self.telemetry.round_selected.connect(lambda index: self.transcript.select_round(index))
@@ -396,23 +389,23 @@ class MainWindow(QMainWindow):
 
     def _on_engine_changed(self, engine: str) -> None:
         """Shows the other mode as it was left: its transcript, plots, A/B result and status."""
-        old = self.modes[self.mode]
+        old = self.pane
         if engine != self.mode:
             old.status, old.model_label = self.status.text(), self.model_label.text()
         self.mode = engine
         ocr = engine == "ocr"
         self.document.setVisible(ocr)
-        self.prompt_row.setVisible(not ocr)
-        self.transcript_stack.setCurrentWidget(self.transcript)
-        for view in self.transcripts.values():
+        self.pane_stack.setCurrentWidget(self.pane)
+        self.reflow_panes()
+        for pane in self.panes.values():
             # a stack is as wide as its widest page: the hidden chat pane's title bar would hold
             # the OCR layout's text pane at 529 px and squeeze the document's bar at 1280 px
-            policy = QSizePolicy.Policy.Preferred if view is self.transcript else QSizePolicy.Policy.Ignored
-            view.setSizePolicy(policy, policy)
+            policy = QSizePolicy.Policy.Preferred if pane is self.pane else QSizePolicy.Policy.Ignored
+            pane.setSizePolicy(policy, policy)
         self.controls.run_button.setVisible(ocr)  # chat's primary action is Send, beside the prompt
         self.run_action.setText("Read" if ocr else "Send")
         self.clear_action.setEnabled(not ocr)
-        state = self.modes[engine]
+        state = self.pane
         self.status.setText(state.status)
         self.model_label.setText(state.model_label)
         if self.telemetry is not None:
@@ -432,10 +425,7 @@ class MainWindow(QMainWindow):
         """Starts a new chat: no history, an empty transcript, no figures."""
         if self.running or self.mode != "chat":
             return
-        self.history, self.pending_prompt = [], ""
-        self.transcripts["chat"].clear()
-        self.transcripts["chat"].hide_message()
-        self.modes["chat"] = ModeState(model_label=self.model_label.text())
+        self.chat.clear()
         self.status.setText("Ready")
         if self.telemetry is not None:
             self._show_in_telemetry(None)
@@ -446,7 +436,7 @@ class MainWindow(QMainWindow):
         try:
             offer = missing_model(c.engine, c.model_path(), c.method, c.draft_edit.text().strip())
         except EngineError as e:  # an unreadable model list: say so, and offer the dialog
-            from app.views.models_dialog import Offer
+            from app.gui.views.models_dialog import Offer
 
             offer = Offer(str(e), "Open Models\u2026", None)
         self.model_offer.show_offer(offer)
@@ -492,18 +482,9 @@ class MainWindow(QMainWindow):
         request = Request(kind=c.engine, max_tokens=c.max_tokens_spin.value(),
                           spec=spec or c.spec_config(), sampling=c.sampling(), max_repeat=c.max_repeat)
         if c.engine == "ocr":
-            image = image or self.document.region_image() or self.document.current_image()
-            if image is None:
-                raise EngineError("drop an image or a PDF onto the window (or open / paste one) to run OCR")
-            request.image = image
-            request.task = c.task_combo.currentData()
+            self.ocr.fill(request, image, c.task_combo.currentData())
         else:
-            prompt = self.prompt.toPlainText().strip() or self.pending_prompt
-            if not prompt:
-                raise EngineError("type a message first")
-            request.prompt = prompt
-            request.system = c.system_edit.toPlainText().strip() or None
-            request.history = list(self.history)
+            self.chat.fill(request, c.system_edit.toPlainText().strip() or None)
         validate(request)  # the same check as the CLI's and the server's (engines.validation)
         return request
 
@@ -522,76 +503,34 @@ class MainWindow(QMainWindow):
             return self.read_document()
         return self._start(label="")
 
-    # --- OCR: pages in order ----------------------------------------------------------------
     def read_document(self) -> bool:
-        """Reads the pages not read yet (all of them once every page has been read), or just
-        the region drawn on the current page."""
-        pages = self.document.pages
-        if not pages:
-            self.transcript.show_message("drop an image or a PDF onto the window (or open / paste one) to run OCR", "info")
+        """OCR: reads the pages not read yet, in order, one run per page (or the region drawn)."""
+        self.ocr.reading = self.ocr.plan_reading()
+        if self.ocr.reading is None:
             return False
-        region = self.document.region_image()
-        if region is not None:
-            index, page = self.document.index, self.document.current_page()
-            queue = [(index, replace(page, image=region))]
-            self.results = []
-        else:
-            self.results = [r for r in self.results if r.page in pages]  # a region read is no page
-            done = {r.page for r in self.results}
-            queue = [(i, p) for i, p in enumerate(pages) if p not in done]
-            if not queue:  # everything was read: read it all again
-                queue, self.results = list(enumerate(pages)), []
-        if not self.results:
-            self.transcript.clear()
-            for i in range(len(pages)):
-                self.document.set_page_state(i, "")
-        for i, _page in queue:
-            self.document.set_page_state(i, "queued")
-        self.reading = Reading(deque(queue), region=region is not None)
         if not self._read_next_page():
-            self.reading = None
+            self.ocr.reading = None
             return False
         return True
 
     def _read_next_page(self) -> bool:
-        index, page = self.reading.current
-        if not self.reading.region:
-            self.document.show_page(index)
-        self.document.set_page_state(index, "reading")
-        label = f"Region of {page.label}" if self.reading.region else page.label
-        if not self._start(label, image=page.image):
-            self.document.set_page_state(index, "errored")
+        label, image = self.ocr.page_starting()
+        if not self._start(label, image=image):
+            self.ocr.page_not_started()
             return False
         return True
 
-    def _page_ended(self, session: Session) -> None:
-        """A page's run has ended: mark it, keep it if it was read to an end, go on."""
-        index, page = self.reading.current
-        finish = session.finish
-        state = PAGE_STATE_OF_FINISH.get(finish, "read")
-        s = session.stats()
-        self.document.set_page_state(index, state, f"{s.tokens} tokens \u00b7 {s.decode_tok_s:.1f} tok/s "
-                                                   f"\u00b7 acceptance {100 * s.acceptance_rate:.0f}%")
-        if finish != "cancelled":
-            result = PageResult(page, session)
-            self.results.append(result)
-            self.page_read.emit(result)
-        self.reading.queue.popleft()
-
     def _show_page_result(self, index: int) -> None:
         """Clicking a page that has been read shows its own plots and figures."""
-        if self.running or not 0 <= index < len(self.document.pages):
-            return
-        page = self.document.pages[index]
-        result = next((r for r in self.results if r.page == page), None)
+        result = None if self.running else self.ocr.result_of(index)
         if result is not None and self.telemetry is not None:
             self.session = result.session
             self._show_in_telemetry(result.session)
             s = result.session.stats()
-            self.status.setText(f"{page.label}: {s.tokens} tokens, {s.decode_tok_s:.1f} tok/s, "
+            self.status.setText(f"{result.page.label}: {s.tokens} tokens, {s.decode_tok_s:.1f} tok/s, "
                                 f"acceptance {100 * s.acceptance_rate:.0f}% ({result.session.finish})")
             if result.session.finish == "repetition":  # the page's own warning, which the next page replaced
-                self._show_repetition(result.session, page.label)
+                self._show_repetition(result.session, result.page.label)
 
     def _start(self, label: str, spec: SpecConfig | None = None, image: str | None = None) -> bool:
         try:
@@ -624,7 +563,7 @@ class MainWindow(QMainWindow):
         self.thread.finished.connect(self._on_thread_finished)
         self.threads.append((self.thread, self.worker))  # both live until the thread has finished
         self.controls.set_running(True)
-        self.send_button.setEnabled(False)
+        self.chat.set_running(True)
         self.status.setText("Loading the model\u2026")
         self.run_started.emit(run)
         return True
@@ -632,7 +571,7 @@ class MainWindow(QMainWindow):
     def _pick_paired_drafter(self, request: Request) -> None:
         """MTP without a drafter chosen: the chat target's paired assistant, as the CLI does."""
         if request.kind == "chat" and request.spec.method == "mtp" and not request.spec.draft_model:
-            from app.models.cli import paired_drafter
+            from app.models.lookup import paired_drafter
 
             model = self.controls.model_path()
             try:
@@ -645,15 +584,9 @@ class MainWindow(QMainWindow):
         self.transcript.hide_message()
         self.transcript.show_rendered(False)
         if request.kind == "chat":
-            if label != A_B_ON:
-                self.transcript.add_turn("user", request.prompt)
-                self.pending_prompt = request.prompt
-                self.prompt.clear()
-            self.transcript.begin_response("Assistant" + (f" \u00b7 {label}" if label else ""))
+            self.chat.begin(request, label, second_of_compare=label == A_B_ON)
         else:
-            if self.reading is None and label != A_B_ON:
-                self.transcript.clear()  # an A/B compare shows its two runs alone
-            self.transcript.begin_response(label or None)
+            self.ocr.begin(label, second_of_compare=label == A_B_ON)
         self.session = None
         if self.telemetry is not None:
             self.telemetry.clear()
@@ -670,11 +603,8 @@ class MainWindow(QMainWindow):
         m = session.model
         self.model_label.setText(f"{m.get('name', '?')} \u00b7 {runtime_text(session.request.get('kind'), m)} "
                                  f"\u00b7 {m.get('hash', '')}")
-        if self.reading is not None and len(self.reading.queue) + len(self.results) > 1:
-            index, page = self.reading.current
-            self.status.setText(f"Reading {page.label} ({index + 1} of {len(self.document.pages)})\u2026")
-        else:
-            self.status.setText("Running\u2026")
+        self.status.setText(self.ocr.progress_text() if self.mode == "ocr" and self.ocr.progress_text()
+                            else "Running\u2026")
 
     def _on_prefill_progressed(self, progress) -> None:
         self.status.setText(progress.describe().capitalize() + " \u2014 Esc stops")
@@ -733,7 +663,7 @@ class MainWindow(QMainWindow):
     def _end_run(self) -> None:
         self.worker = None
         self.controls.set_running(False)
-        self.send_button.setEnabled(True)
+        self.chat.set_running(False)
         if self.persist:
             self.save_settings()
 
@@ -746,32 +676,30 @@ class MainWindow(QMainWindow):
         if self.telemetry is not None:
             self.telemetry.refresh(force=True)
         if session.finish == "repetition":
-            self._show_repetition(session, self.reading.current[1].label if self.reading is not None else None)
+            self._show_repetition(session, self.ocr.current_label())
         if self.compare is not None:
             self._continue_compare(session)
             self.run_ended.emit("finished")
             return
         if session.request.get("kind") == "chat":
-            self._remember_turn(session)
-        if self.reading is not None:
+            self.chat.remember_turn(session)
+        if self.ocr.reading is not None:
             self._page_ended(session)
-            if self.reading.queue:
+            if self.ocr.reading.queue:
                 if self._read_next_page():
                     return
-                self.reading = None
+                self.ocr.reading = None
                 self.run_ended.emit("errored")
                 return
-            self._end_reading()
+            summary = self.ocr.reading_ended()
+            if summary:
+                self.status.setText(summary)
         self.run_ended.emit("finished")
 
-    def _end_reading(self) -> None:
-        """The last page has been read: the session summary."""
-        self.reading = None
-        if len(self.results) > 1:
-            summary = summarize(self.results).line()
-            self.status.setText(f"Read {summary}")
-            if not self.transcript.message_text:
-                self.transcript.show_message(f"Read {summary}", "info")
+    def _page_ended(self, session: Session) -> None:
+        result = self.ocr.page_ended(session)
+        if result is not None:
+            self.page_read.emit(result)
 
     def _show_repetition(self, session: Session, page_label: str | None = None) -> None:
         """A run stopped because it repeated itself: say so, and show what speculation saw."""
@@ -792,16 +720,14 @@ class MainWindow(QMainWindow):
         self._end_run()
         self.status.setText(f"Stopped after {len(session.rounds)} rounds")
         if session.request.get("kind") == "chat" and session.text:
-            self._remember_turn(session)
+            self.chat.remember_turn(session)
         self.compare = None
-        if self.reading is not None:
+        if self.ocr.reading is not None:
             self._page_ended(session)
-            read = len(self.results)
+            read = len(self.ocr.results)
             self.status.setText(f"Stopped after {len(session.rounds)} rounds; {read} page{'s' * (read != 1)} read "
                                 "are kept \u2014 Read goes on from the next page")
-            for i, _page in self.reading.queue:
-                self.document.set_page_state(i, "")
-            self.reading = None
+            self.ocr.reading_stopped()
         if self.telemetry is not None:
             self.telemetry.refresh(force=True)
         self.run_ended.emit("cancelled")
@@ -809,20 +735,11 @@ class MainWindow(QMainWindow):
     def _on_errored(self, message: str) -> None:
         self._end_run()
         self.compare = None
-        if self.reading is not None:
-            index, _page = self.reading.current
-            self.document.set_page_state(index, "errored", message)
-            for i, _page in list(self.reading.queue)[1:]:
-                self.document.set_page_state(i, "")
-            self.reading = None
+        if self.ocr.reading is not None:
+            self.ocr.reading_failed(message)
         self.transcript.show_message(message, "error")
         self.status.setText("Error")
         self.run_ended.emit("errored")
-
-    def _remember_turn(self, session: Session) -> None:
-        self.history += [{"role": "user", "content": session.request.get("prompt", "")},
-                         {"role": "assistant", "content": session.text}]
-        self.pending_prompt = ""
 
     def _on_thread_finished(self) -> None:
         self.threads = [(t, w) for t, w in self.threads if t.isRunning()]
@@ -857,14 +774,14 @@ class MainWindow(QMainWindow):
         self.compare = None
         self.last_compare = result
         if session.request.get("kind") == "chat":
-            self._remember_turn(session)
+            self.chat.remember_turn(session)
         self.transcript.show_message(result.summary(), "info" if result.identical else "warning")
         if self.telemetry is not None:
             self.telemetry.set_speedup(f"{result.decode_speedup:.2f}\u00d7")
         self.compare_finished.emit(result)
 
     def _series_of(self, session: Session):
-        from app.views.telemetry import RoundSeries
+        from app.gui.views.telemetry import RoundSeries
 
         series = RoundSeries()
         for rnd in session.rounds:
@@ -982,11 +899,7 @@ class MainWindow(QMainWindow):
     # --- text exports -------------------------------------------------------------------------
     def document_results(self) -> list[PageResult]:
         """What the text exports hold: the pages read (OCR), or the last reply as one page (chat)."""
-        if self.mode == "ocr":
-            return list(self.results)
-        if self.session is None or not self.session.rounds:
-            return []
-        return [PageResult(Page("chat", 1, 1, ""), self.session)]
+        return self.pane.document_results()
 
     def export_text(self, fmt: str) -> str:
         results = self.document_results()
@@ -1008,7 +921,7 @@ class MainWindow(QMainWindow):
             self.transcript.show_message("Nothing to save yet: run something first", "info")
             return
         names = {"md": "Markdown (*.md)", "txt": "Plain text (*.txt)", "json": "JSON (*.json)"}
-        source = self.results[0].page.source if self.mode == "ocr" and self.results else "specscope"
+        source = self.ocr.suggested_name() if self.mode == "ocr" else "specscope"
         suggested = f"{Path(source).stem}.{fmt}"
         path, _ = QFileDialog.getSaveFileName(self, "Save Text As", suggested, names[fmt])
         if path:

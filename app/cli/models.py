@@ -1,7 +1,7 @@
 """`specscope models list [--json] | get ID [--revision REV] | rm ID | add PATH | path ID`.
 
-The text the subcommands print; the work is in catalog / store / download. Errors are
-EngineError / UsageError, which app.cli turns into one line on stderr and exit code 2.
+The text the subcommands print; the work is in app.models (catalog / store / download). Errors
+are EngineError / UsageError, which app.cli.main turns into one line on stderr and exit code 2.
 """
 
 from __future__ import annotations
@@ -9,17 +9,13 @@ from __future__ import annotations
 import json
 import sys
 import time
-from pathlib import Path
 
-from engines import EngineError
-
+from app.cli.common import Parser
 from app.models import catalog, store
-from app.models.download import DownloadProgress
+from app.models.download import DownloadProgress, clock
 
 
 def parser():
-    from app.cli import Parser
-
     p = Parser(prog="specscope models", description="The models Specscope knows: list, download, remove, add.")
     sub = p.add_subparsers(dest="action")
     ls = sub.add_parser("list", help="every known model: installed or not, size, where, its pair, what is missing")
@@ -37,7 +33,7 @@ def parser():
     return p
 
 
-def run(argv: list[str]) -> int:
+def cmd_models(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     action = args.action or "list"
     if action == "list":
@@ -89,14 +85,6 @@ def get(id_or_repo: str, revision: str | None) -> int:
     return 0
 
 
-def clock(seconds: float | None) -> str:
-    if seconds is None:
-        return "--:--"
-    m, s = divmod(int(seconds), 60)
-    h, m = divmod(m, 60)
-    return f"{h}:{m:02d}:{s:02d}" if h else f"{m:02d}:{s:02d}"
-
-
 def progress_text(p: DownloadProgress, width: int = 24) -> str:
     """`[#######.........]  31%  1.2 GB / 3.9 GB  41.0 MB/s  ETA 01:06  model.safetensors`"""
     fraction = p.bytes_done / p.bytes_total if p.bytes_total else 0.0
@@ -133,25 +121,3 @@ class ProgressLine:
         if self.tty and self.width:
             self.stream.write("\n")
             self.stream.flush()
-
-
-def model_path(value: str | None, role) -> str | None:
-    """`--model` / `--draft-model` values: a catalog id, a hub repo id or a path -> a path."""
-    if value is None:
-        return None
-    return str(store.resolve(value, role))
-
-
-def paired_drafter(target: str) -> str | None:
-    """The installed drafter paired with a chat target (catalog id, repo id or its path), for
-    `--spec mtp` without `--draft-model`. None when the target has no pair in the catalog."""
-    entries = catalog.load_catalog()
-    entry = catalog.find(target, entries) or store.entry_at(Path(target), entries)
-    pair = catalog.pair_of(entry, entries) if entry else None
-    if pair is None or pair.role != "drafter":
-        return None
-    store.resolve(target, "chat")  # a missing target is the first thing to say
-    try:
-        return str(store.resolve(pair.id, "drafter"))
-    except EngineError as e:
-        raise EngineError(f"--spec mtp on {entry.id} needs its assistant drafter; {e}") from None

@@ -6,13 +6,13 @@ import argparse
 import sys
 from pathlib import Path
 
+from app.cli.common import (Parser, UsageError, add_spec_arguments, load_chat_engine, pick_drafter, resolve_models,
+                            spec_config)
 from app.serve.protocol import ServedModel
 from app.serve.server import DEFAULT_MAX_BATCH, ServeConfig, Served, build_app, serve_forever
 
 
 def serve_parser(parser_class) -> argparse.ArgumentParser:
-    from app.cli import add_spec_arguments
-
     p = parser_class(prog="specscope serve", description="Serve the chat (and GLM-OCR) engines over an "
                      "OpenAI-compatible HTTP API: /v1/chat/completions, /v1/models, /health, /metrics.")
     p.add_argument("--model", default=None, help="chat model: catalog id, hub repo id, directory or .gguf (default: the embedded SmolLM2)")
@@ -33,8 +33,7 @@ def serve_parser(parser_class) -> argparse.ArgumentParser:
 
 
 def cmd_serve(argv: list[str]) -> int:
-    from app.cli import Parser, UsageError, load_chat_engine, pick_drafter, resolve_models, spec_config
-    from engines import load_engine
+    from engines.factory import load_engine
 
     args = serve_parser(Parser).parse_args(argv)
     config = ServeConfig(host=args.host, port=args.port, api_key=args.api_key, insecure=args.insecure,
@@ -54,7 +53,7 @@ def cmd_serve(argv: list[str]) -> int:
         name = args.model_name or Path(asked or engine.model_path).name
         served.append(Served(ServedModel(name, "chat", spec), engine))
     if args.ocr_model:
-        from app.models.cli import model_path
+        from app.models.lookup import model_path
 
         ocr_args = argparse.Namespace(**vars(args) | {"spec": "mtp" if args.spec != "off" else "off"})
         spec = spec_config(ocr_args, builtin_drafter=True)

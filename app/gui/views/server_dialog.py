@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from PySide6.QtWidgets import QDialog, QDialogButtonBox, QFormLayout, QLabel, QLineEdit, QWidget
 
-from engines import EngineError
+from engines.types import EngineError
 from engines.remote.engine import server_ref
 
 

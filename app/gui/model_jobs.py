@@ -1,5 +1,5 @@
 """Getting a model from the window: app.models' download (and, for GLM-OCR on macOS, its Core
-ML conversion) on a worker QThread, reported as Qt signals (past-tense events, as app.worker's).
+ML conversion) on a worker QThread, reported as Qt signals (past-tense events, as app.gui.worker's).
 
 `ModelJobs` is the window's one place for them: at most one job at a time, started from the
 Models dialog or from a pane's "Download …" offer, watched by both. Cancel is cooperative:
@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
 from app.models import catalog, store
-from app.models.cli import clock
+from app.models.download import clock
 from app.models.convert_job import ConversionCancelled, ConversionProgress, conversion_needed, convert
 from app.models.download import DownloadCancelled, DownloadProgress, download
-from engines import EngineError
+from engines.types import EngineError
 
 
 @dataclass(frozen=True)

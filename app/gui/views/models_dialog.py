@@ -2,7 +2,7 @@
 progress bar) and the offer a pane makes when its mode needs a model that is not there
 (`ModelOffer`: what is missing and the one button that gets it).
 
-Both watch the window's ModelJobs (app.model_jobs), so a download started in one shows in the
+Both watch the window's ModelJobs (app.gui.model_jobs), so a download started in one shows in the
 other, and neither blocks the GUI thread: app.models runs on the job's worker thread."""
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from PySide6.QtWidgets import (
     QProgressBar, QPushButton, QTreeWidget, QTreeWidgetItem, QVBoxLayout, QWidget,
 )
 
-from app.model_jobs import JobProgress, ModelJobs
+from app.gui.model_jobs import JobProgress, ModelJobs
 from app.models import catalog, store
 from app.models.convert_job import conversion_needed
-from app.worker import DEFAULT_OCR_MODEL
-from engines import EngineError
+from app.gui.worker import DEFAULT_OCR_MODEL
+from engines.types import EngineError
 
 COLUMNS = ("Model", "Role", "State", "On disk", "Where", "Pairs with")
 PROGRESS_STEPS = 1000  # QProgressBar takes ints: the fraction in thousandths

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from app.bursts import Burst, burst_of
+from app.records.bursts import Burst, burst_of
 from app.settings import data_dir
 from engines.files import atomic_path, atomic_write_text
 from engines.speculative.rounds import Round
@@ -195,7 +195,7 @@ def export_json(session: Session, path: str | Path, settings: dict | None = None
 
 
 def export_text_file(text: str, path: str | Path) -> None:
-    """A document export (Markdown, plain text, per-page JSON: app.documents.export_text)."""
+    """A document export (Markdown, plain text, per-page JSON: app.records.documents.export_text)."""
     Path(path).write_text(text, encoding="utf-8")
 
 

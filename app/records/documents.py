@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engines import EngineError
+from engines.types import EngineError
 from engines.speculative.rounds import session_stats
 from engines.speculative.session import Session
 

@@ -9,14 +9,14 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QSize, Qt, Signal
 from PySide6.QtGui import QColor, QFont, QTextCharFormat, QTextCursor, QTextFormat
 from PySide6.QtWidgets import (
     QApplication, QHBoxLayout, QLabel, QPlainTextEdit, QStackedWidget, QTextBrowser, QTextEdit,
     QToolButton, QToolTip, QVBoxLayout, QWidget,
 )
 
-from app.bursts import Burst
+from app.records.bursts import Burst
 
 DRAFT_FG, DRAFT_BG = QColor("#0b6b3a"), QColor("#d9f2e3")
 SELECTED_BG = QColor("#ffd666")
@@ -122,16 +122,26 @@ class TranscriptView(QWidget):
         self.copy_button = QToolButton(text="Copy", autoRaise=True, toolTip="Copy the output as plain text")
         self.copy_button.clicked.connect(self.copy_output)
 
+        # The colour legend sits in the title bar, or on a line of its own under it when the pane
+        # is too narrow for both (resizeEvent): the bar never pushes the pane wider than it is.
+        self.legend = QWidget()
+        legend_row = QHBoxLayout(self.legend)
+        legend_row.setContentsMargins(0, 0, 0, 0)
+        legend_row.addWidget(legend_swatch("accepted draft", DRAFT_FG, DRAFT_BG))
+        legend_row.addWidget(legend_swatch("target token", QColor("#1d1d1f"), None))
+        legend_row.addStretch(1)
         bar = QHBoxLayout()
         bar.setContentsMargins(12, 8, 8, 6)
         bar.addWidget(self.title)
         bar.addSpacing(10)
-        bar.addWidget(legend_swatch("accepted draft", DRAFT_FG, DRAFT_BG))
-        bar.addWidget(legend_swatch("target token", QColor("#1d1d1f"), None))
+        bar.addWidget(self.legend)
         bar.addStretch(1)
         bar.addWidget(self.status)
         bar.addWidget(self.render_button)
         bar.addWidget(self.copy_button)
+        self.bar = bar
+        self.legend_line = QHBoxLayout()
+        self.legend_line.setContentsMargins(12, 0, 8, 6)
         message_row = QHBoxLayout()
         message_row.setContentsMargins(0, 0, 0, 0)
         message_row.addWidget(self.message, 1)
@@ -143,8 +153,35 @@ class TranscriptView(QWidget):
         col.setContentsMargins(0, 0, 0, 0)
         col.setSpacing(0)
         col.addLayout(bar)
+        col.addLayout(self.legend_line)
         col.addWidget(self.message_box)
         col.addWidget(self.pages, 1)
+
+    # --- reflow ---------------------------------------------------------------------------
+    def one_line_width(self) -> int:
+        """The title bar's width with the legend in it."""
+        widgets = (self.title, self.legend, self.status, self.render_button, self.copy_button)
+        shown = [w for w in widgets if not w.isHidden()]
+        return (12 + 8 + 10 + sum(w.sizeHint().width() for w in shown)
+                + self.bar.spacing() * (len(shown) - 1))
+
+    def minimumSizeHint(self) -> QSize:  # noqa: N802 (Qt's name)
+        """With the legend on its own line: the pane may be that narrow (resizeEvent moves it)."""
+        hint = super().minimumSizeHint()
+        in_bar = self.legend_line.indexOf(self.legend) < 0
+        legend = self.legend.sizeHint()
+        width = max(self.one_line_width() - legend.width() - 10, legend.width() + 20)
+        return QSize(min(hint.width(), width), hint.height() + (legend.height() + 6 if in_bar else 0))
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 (Qt's name)
+        super().resizeEvent(event)
+        below = event.size().width() < self.one_line_width()
+        if below != (self.legend_line.indexOf(self.legend) >= 0):
+            (self.bar if below else self.legend_line).removeWidget(self.legend)
+            if below:
+                self.legend_line.addWidget(self.legend)
+            else:
+                self.bar.insertWidget(2, self.legend)
 
     # --- conversation ---------------------------------------------------------------------
     def clear(self) -> None:

@@ -18,9 +18,9 @@ from typing import Callable
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
-from app.bursts import burst_of
-from app.sessions import Autosave
-from engines import Engine, EngineError, Request
+from app.records.bursts import burst_of
+from app.records.sessions import Autosave
+from engines.types import Engine, EngineError, Request
 from engines.speculative.session import Session, model_hash
 from engines.speculative.trace import TraceError
 
@@ -74,7 +74,7 @@ class EngineCache:
 
     def __init__(self, loader: EngineLoader | None = None):
         if loader is None:
-            from engines import load_engine as loader
+            from engines.factory import load_engine as loader
         self.loader = loader
         self.lock = threading.Lock()
         self.key: tuple | None = None

@@ -18,9 +18,9 @@ import math
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QTimer, Signal
+from PySide6.QtCore import QSize, Qt, QTimer, Signal
 from PySide6.QtGui import QColor, QFont
-from PySide6.QtWidgets import QGridLayout, QHBoxLayout, QLabel, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QBoxLayout, QFrame, QGridLayout, QHBoxLayout, QLabel, QScrollArea, QVBoxLayout, QWidget
 
 from engines.speculative.rounds import Round
 
@@ -140,6 +140,9 @@ class RoundSeries:
         return i
 
 
+VALUE_SAMPLE = "8888.8 s"  # about the widest figure a card shows: its width is the card's minimum
+
+
 def figure_card(title: str) -> tuple[QWidget, QLabel]:
     card = QWidget(objectName="figure")
     value = QLabel("\u2013", objectName="figureValue")
@@ -150,6 +153,10 @@ def figure_card(title: str) -> tuple[QWidget, QLabel]:
     col.addWidget(value)
     col.addWidget(name)
     return card, value
+
+
+PLOT_MIN = QSize(170, 150)  # a plot's minimum (what it was before the strip reflowed)
+SPACING = 6
 
 
 def rolling_window(rounds: int) -> int:
@@ -171,7 +178,7 @@ def make_plot(title: str, x_label: str, y_label: str) -> pg.PlotWidget:
     plot.setLabel("left", y_label)
     plot.showGrid(x=False, y=True, alpha=0.15)
     plot.setMenuEnabled(False)
-    plot.setMinimumSize(170, 150)
+    plot.setMinimumSize(PLOT_MIN)
     font = QFont()
     font.setPointSizeF(8.5)
     for axis in ("bottom", "left"):
@@ -218,18 +225,19 @@ class TelemetryView(QWidget):
         self.selected: int | None = None
 
         self.cards: dict[str, QLabel] = {}
-        grid = QGridLayout()
-        grid.setSpacing(6)
+        self.card_widgets: list[QWidget] = []
+        self.figure_grid = QGridLayout()
+        self.figure_grid.setContentsMargins(0, 0, 0, 0)
+        self.figure_grid.setSpacing(SPACING)
         names = [("tau", "\u03c4 tokens/round"), ("acceptance", "acceptance"),
                  ("tok_s", "decode tok/s"), ("ttft", "first token"),
                  ("rounds", "rounds"), ("speedup", "A/B speedup")]
-        for i, (key, title) in enumerate(names):
+        for key, title in names:
             card, value = figure_card(title)
             self.cards[key] = value
-            grid.addWidget(card, i // 2, i % 2)
-        figures = QWidget(objectName="figures")
-        figures.setLayout(grid)
-        figures.setFixedWidth(236)
+            self.card_widgets.append(card)
+        self.figure_box = QWidget(objectName="figures")
+        self.figure_box.setLayout(self.figure_grid)
 
         self.drafts_plot = make_plot("Drafts per round", "round", "drafts (tokens)")
         # raw per-round values as thin lines (one point per round), and their moving averages
@@ -269,12 +277,30 @@ class TelemetryView(QWidget):
         self.hover_label = QLabel(objectName="muted")
         self.hover_label.setMinimumWidth(10)
 
+        # The strip reflows (arrange): the cards beside the plots (2 columns) or above them (6 or 3
+        # columns) when it is tall enough for that; the plots share the rest. Whatever the
+        # arrangement, nothing shrinks below its minimum: the strip scrolls sideways instead.
+        plots = QWidget(objectName="plots")
+        plot_row = QHBoxLayout(plots)
+        plot_row.setContentsMargins(0, 0, 0, 0)
+        plot_row.setSpacing(SPACING)
+        for plot in (self.drafts_plot, self.speed_plot, self.position_plot):
+            plot_row.addWidget(plot, 1)
+        self.plots = plots
+        self.strip = QWidget(objectName="strip")
+        self.body = QBoxLayout(QBoxLayout.Direction.LeftToRight, self.strip)
+        self.body.setContentsMargins(0, 0, 0, 0)
+        self.body.setSpacing(SPACING)
+        self.body.addWidget(self.figure_box)
+        self.body.addWidget(self.plots, 1)
+        self.scroll = QScrollArea(widgetResizable=True, frameShape=QFrame.Shape.NoFrame)
+        self.scroll.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.scroll.setWidget(self.strip)
+        self.scrollbar_h = self.scroll.horizontalScrollBar().sizeHint().height()
+        self.columns = 0  # the cards' columns as arranged: 2 beside the plots, 6 or 3 above them
         row = QHBoxLayout()
         row.setContentsMargins(0, 0, 6, 0)
-        row.addWidget(figures)
-        row.addWidget(self.drafts_plot, 3)
-        row.addWidget(self.speed_plot, 3)
-        row.addWidget(self.position_plot, 3)
+        row.addWidget(self.scroll, 1)
         title_row = QHBoxLayout()
         title_row.setContentsMargins(12, 8, 12, 0)
         title_row.addWidget(QLabel("Speculation", objectName="paneTitle"))
@@ -285,6 +311,8 @@ class TelemetryView(QWidget):
         col.setSpacing(4)
         col.addLayout(title_row)
         col.addLayout(row, 1)
+        self.margins = 8 + 6  # the view's right margin and the row's
+        self.arrange(2)
 
         self.timer = QTimer(self)
         self.timer.setInterval(1000 // REDRAW_HZ)
@@ -319,8 +347,74 @@ class TelemetryView(QWidget):
         self.cards["speedup"].setText(text)
 
     # --- drawing --------------------------------------------------------------------------
+    # --- reflow ---------------------------------------------------------------------------
+    def card_width(self) -> int:
+        value = self.cards["tau"]
+        value.ensurePolished()
+        sample = value.fontMetrics().horizontalAdvance(VALUE_SAMPLE) + 2 * 10 + 2
+        return max(sample, *(card.minimumSizeHint().width() for card in self.card_widgets))
+
+    def cards_width(self, columns: int) -> int:
+        return columns * self.card_width() + (columns - 1) * SPACING
+
+    def card_height(self) -> int:
+        return max(card.minimumSizeHint().height() for card in self.card_widgets)
+
+    def plots_width(self) -> int:
+        return 3 * PLOT_MIN.width() + 2 * SPACING
+
+    def strip_height(self, columns: int) -> int:
+        """What the cards and plots need in height when the cards have `columns` columns."""
+        rows = -(-len(self.card_widgets) // columns)
+        cards = rows * self.card_height() + (rows - 1) * SPACING
+        if columns == 2:
+            return max(cards, PLOT_MIN.height())
+        return cards + SPACING + PLOT_MIN.height()
+
+    def chrome_height(self) -> int:
+        """The title row, spacing, a sideways scroll bar and the bottom margin."""
+        column = self.layout()
+        return (column.itemAt(0).minimumSize().height() + column.spacing() + self.scrollbar_h
+                + column.contentsMargins().bottom())
+
+    def columns_for(self, width: int, height: int) -> int:
+        """2 columns beside the plots when both fit side by side (or when the strip is too low for
+        cards above plots); else 6, or 3, above them."""
+        inner = width - self.margins
+        if inner >= self.cards_width(2) + SPACING + self.plots_width():
+            return 2
+        columns = 6 if inner >= self.cards_width(6) else 3
+        return columns if height >= self.strip_height(columns) + self.chrome_height() else 2
+
+    def arrange(self, columns: int) -> None:
+        if columns == self.columns:
+            return
+        self.columns = columns
+        for card in self.card_widgets:
+            self.figure_grid.removeWidget(card)
+        for i, card in enumerate(self.card_widgets):
+            self.figure_grid.addWidget(card, i // columns, i % columns)
+        for c in range(6):
+            self.figure_grid.setColumnStretch(c, 1 if c < columns else 0)
+        beside = columns == 2
+        self.body.setDirection(QBoxLayout.Direction.LeftToRight if beside else QBoxLayout.Direction.TopToBottom)
+        if beside:
+            self.figure_box.setFixedWidth(self.cards_width(2))
+        else:
+            self.figure_box.setMinimumWidth(self.cards_width(columns))
+            self.figure_box.setMaximumWidth(16777215)
+        self.strip.setMinimumSize((self.cards_width(2) + SPACING if beside else 0) + self.plots_width(),
+                                  self.strip_height(columns))
+        self.scroll.setMinimumHeight(self.strip_height(columns) + self.scrollbar_h)
+
+    def minimumSizeHint(self) -> QSize:  # noqa: N802 (Qt's name)
+        """The lowest arrangement (cards beside the plots) at the width of one plot: the strip
+        reflows and scrolls sideways, so the window may be that small."""
+        return QSize(PLOT_MIN.width() + self.margins, self.strip_height(2) + self.chrome_height())
+
     def resizeEvent(self, event) -> None:  # noqa: N802 (Qt's name)
         super().resizeEvent(event)
+        self.arrange(self.columns_for(event.size().width(), event.size().height()))
         if self.series.n:  # the legends' share of each plot's height has changed: redrawn in turn
             self.stale = {0, 1, 2}
 

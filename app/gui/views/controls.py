@@ -16,7 +16,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.settings import AppSettings
-from engines import Sampling, SpecConfig
+from engines.types import Sampling, SpecConfig
 from engines.speculative.schedule import DEFAULT_STEPS, MAX_STEPS, PRESETS, preset_for_steps
 
 EMBEDDED_CHAT = "SmolLM2-135M (embedded)"

@@ -7,7 +7,7 @@ import time
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QDialog, QDialogButtonBox, QTreeWidget, QTreeWidgetItem, QVBoxLayout, QWidget
 
-from app.sessions import list_sessions
+from app.records.sessions import list_sessions
 
 
 class SessionsDialog(QDialog):

@@ -14,7 +14,7 @@ import sys
 from contextlib import contextmanager
 from typing import Iterator
 
-from engines import PrefillProgress
+from engines.types import PrefillProgress
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
 EXIT_CLOSED_PIPE = 141  # 128 + SIGPIPE: what `yes | head` reports for `yes`

@@ -1,0 +1,158 @@
+"""`specscope bench chat | ocr`: speculation off vs on (or a server vs its baseline), medians,
+JSON and CSV reports."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from app.cli.common import (Parser, UsageError, add_spec_arguments, check_images, checked, load_chat_engine,
+                            pick_drafter, resolve_models, sampling, spec_config, write_stdout)
+from app.cli.connect import add_server_arguments, connect
+from engines.types import Request
+
+
+def bench_parser() -> Parser:
+    p = Parser(prog="specscope bench", description="Speculation off vs on: warm-up, N runs each (alternating), medians.")
+    sub = p.add_subparsers(dest="engine", required=True)
+    chat = sub.add_parser("chat", help="chat models over a prompt set")
+    chat.add_argument("--model", default=None, help="model directory or .gguf (default: the embedded SmolLM2)")
+    chat.add_argument("--draft-model", default=None)
+    chat.add_argument("--prompts", default=None, help="JSON {prompts: [{name, prompt}]} or text, one prompt per line (default: the copy-heavy set)")
+    chat.add_argument("--system", default=None)
+    add_spec_arguments(chat, ["ngram", "draft", "mtp"], "ngram")
+    add_server_arguments(chat, baseline=True)
+    ocr = sub.add_parser("ocr", help="GLM-OCR over images")
+    ocr.add_argument("images", nargs="+")
+    ocr.add_argument("--model", required=True)
+    ocr.add_argument("--runtime", choices=["coreml", "torch"], default=None)
+    ocr.add_argument("--task", choices=["text", "table", "formula"], default="text")
+    add_spec_arguments(ocr, ["mtp"], "mtp")
+    for q in (chat, ocr):
+        q.add_argument("--runs", type=int, default=3)
+        q.add_argument("--warmup", type=int, default=1)
+        q.add_argument("--limit", type=int, default=None, help="only the first N prompts / images")
+        q.add_argument("--out", default="bench/results", help="directory for the JSON and CSV reports")
+    return p
+
+
+def load_prompts(path: str | None) -> list[tuple[str, str]]:
+    import resources
+
+    source = Path(path) if path else resources.path("prompts", "copy_heavy.json")
+    try:
+        text = source.read_text(encoding="utf-8")
+    except OSError as e:
+        raise UsageError(f"cannot read prompts file {source}: {e.strerror}")
+    if source.suffix == ".json":
+        try:
+            return [(p["name"], p["prompt"]) for p in json.loads(text)["prompts"]]
+        except (ValueError, KeyError, TypeError):
+            raise UsageError(f"{source}: expected {{\"prompts\": [{{\"name\": ..., \"prompt\": ...}}]}}")
+    return [(f"line-{i + 1}", line) for i, line in enumerate(text.splitlines()) if line.strip()]
+
+
+def cmd_bench(argv: list[str]) -> int:
+    from engines.factory import load_engine
+    from engines.runs import bench_case, bench_document, check_writable
+
+    args = bench_parser().parse_args(argv)
+    if args.runs < 1 or args.warmup < 0:
+        raise UsageError("--runs must be >= 1 and --warmup >= 0")
+    try:  # before the benchmark runs, not after
+        check_writable(Path(args.out))
+    except OSError as e:
+        raise UsageError(f"cannot write to --out {args.out}: {e.strerror or e}")
+    if args.engine == "chat" and args.server:
+        return bench_servers(args)
+    if args.engine == "chat":
+        pick_drafter(args)
+        spec = spec_config(args)
+        cases = [(name, checked(Request(kind="chat", prompt=text, system=args.system, max_tokens=args.max_tokens,
+                                        spec=spec, sampling=sampling(args)))) for name, text in load_prompts(args.prompts)]
+        resolve_models(args, spec, "chat")
+        engine = load_chat_engine(args.model, spec.draft_model)
+    else:
+        spec = spec_config(args, builtin_drafter=True)
+        cases = [(Path(img).name, checked(Request(kind="ocr", image=img, task=args.task, max_tokens=args.max_tokens,
+                                                  spec=spec, sampling=sampling(args)))) for img in args.images]
+        check_images(args.images)
+        resolve_models(args, spec, "ocr")
+        engine = load_engine("ocr", args.model, runtime=args.runtime)
+    cases = cases[: args.limit] if args.limit else cases
+    results = []
+    print(f"{'case':<22} {'plain tok/s':>11} {'spec tok/s':>10} {'speedup':>8} {'tau':>5} {'accept':>7} {'same':>5}", file=sys.stderr)
+    for name, request in cases:
+        c = bench_case(engine, name, request, runs=args.runs, warmup=args.warmup)
+        results.append(c)
+        speedup = f"{c.speedup:>7.2f}x" if c.plain_tok_s and c.spec_tok_s else "    n/a "  # ended at once
+        print(f"{name:<22} {c.plain_tok_s:>11.1f} {c.spec_tok_s:>10.1f} {speedup} {c.tau:>5.2f} "
+              f"{100 * c.acceptance:>6.0f}% {'yes' if c.identical else 'NO':>5}", file=sys.stderr, flush=True)
+    settings = vars(args) | {"spec": cases[0][1].spec.__dict__ if cases else None}
+    doc = bench_document(results, settings, engine.model_info())
+    summary = doc["summary"]
+    if summary["median_speedup"] is not None:
+        print(f"speedup: median {summary['median_speedup']:.2f}x, geometric mean {summary['geomean_speedup']:.2f}x, "
+              f"median tau {summary['median_tau']:.2f}; outputs identical: {summary['all_identical']}", file=sys.stderr)
+    return save_bench(doc, Path(args.out))
+
+
+def save_bench(doc: dict, out: Path) -> int:
+    """The results are never lost: --out, else a temporary folder, else the JSON on stdout;
+    each fallback says where the results went (exit 1 when --out was not written)."""
+    import tempfile
+
+    from engines.runs import write_bench
+
+    for folder in (out, Path(tempfile.gettempdir()) / "specscope-bench"):
+        try:
+            json_path, csv_path = write_bench(doc, folder)
+        except OSError as e:
+            print(f"specscope: cannot write the results to {folder}: {e.strerror or e}", file=sys.stderr)
+            continue
+        print(f"wrote {json_path} and {csv_path}", file=sys.stderr)
+        return 0 if folder == out else 1
+    print("specscope: the results follow on stdout", file=sys.stderr)
+    write_stdout(json.dumps(doc, indent=1) + "\n")
+    return 1
+
+
+
+def bench_servers(args: argparse.Namespace) -> int:
+    """`specscope bench chat --server URL [--baseline-server URL]`: the server's speculation
+    beside its plain twin (--baseline-server), or beside the local engine (--model is then the
+    local model, the server's model id being its first). Same prompts, alternating runs."""
+    from engines.runs import bench_document, bench_pair
+
+    if args.runs < 1 or args.warmup < 0:
+        raise UsageError("--runs must be >= 1 and --warmup >= 0")
+    spec = spec_config(args, builtin_drafter=True)
+    server = connect(args.server, args.api_key, None)
+    if args.baseline_server:
+        baseline, baseline_name = connect(args.baseline_server, args.api_key, None), args.baseline_server
+    else:
+        baseline, baseline_name = load_chat_engine(args.model, None), "local engine"
+    cases = [(name, checked(Request(kind="chat", prompt=text, system=args.system, max_tokens=args.max_tokens,
+                                    spec=spec, sampling=sampling(args)))) for name, text in load_prompts(args.prompts)]
+    cases = cases[: args.limit] if args.limit else cases
+    print(f"baseline: {baseline_name}; measured: {args.server} ({server.server})", file=sys.stderr)
+    print(f"{'case':<22} {'base tok/s':>10} {'server tok/s':>12} {'ratio':>7} {'tau':>5} {'accept':>7} {'same':>5}",
+          file=sys.stderr)
+    results, reports = [], []
+    for name, request in cases:
+        c = bench_pair(name, (baseline, request), (server, request), runs=args.runs, warmup=args.warmup)
+        results.append(c)
+        reports.append(server.last_report.to_dict() if server.last_report else None)
+        ratio = f"{c.speedup:>6.2f}x" if c.plain_tok_s and c.spec_tok_s else "   n/a "
+        print(f"{name:<22} {c.plain_tok_s:>10.1f} {c.spec_tok_s:>12.1f} {ratio} {c.tau:>5.2f} "
+              f"{100 * c.acceptance:>6.0f}% {'yes' if c.identical else 'NO':>5}", file=sys.stderr, flush=True)
+    settings = vars(args) | {"spec": spec.__dict__, "baseline": baseline_name, "server_reports": reports}
+    doc = bench_document(results, settings, server.model_info())
+    summary = doc["summary"]
+    if summary["median_speedup"] is not None:
+        print(f"server vs baseline: median {summary['median_speedup']:.2f}x, geometric mean "
+              f"{summary['geomean_speedup']:.2f}x, median tau {summary['median_tau']:.2f}; "
+              f"outputs identical: {summary['all_identical']}", file=sys.stderr)
+    return save_bench(doc, Path(args.out))

@@ -1,0 +1,203 @@
+"""The bottom of the command line, shared by every command: the parser and its errors, the
+speculation / sampling / output arguments, running one request and reporting it, loading the
+engine and resolving model ids. Imports no command module (app.cli.main dispatches). No Qt.
+
+Bad input gets one clear line on stderr and exit code 2, never a traceback (app.cli.main turns
+these errors into it). Flag names follow mlx-lm's where they overlap (--model, --prompt,
+--system-prompt is --system here, --max-tokens, --temp, --top-p, --top-k, --min-p, --seed,
+--draft-model, --ignore-chat-template).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from app.cli.io import EXIT_INTERRUPTED, Interrupt, PrefillMeter
+from engines.types import Request, Sampling, SpecConfig
+from engines.speculative.schedule import DEFAULT_STEPS, MAX_STEPS, PRESETS
+from engines.speculative.trace import TraceWriter
+from engines.speculative.repetition import DEFAULT_MAX_REPEAT
+from engines.validation import validate
+
+EXIT_BAD_INPUT = 2
+
+# Request fields as the CLI spells them, for InvalidParameter messages (engines.validation).
+FLAGS = {"temperature": "--temp", "top_p": "--top-p", "top_k": "--top-k", "min_p": "--min-p", "seed": "--seed",
+         "max_tokens": "--max-tokens", "stop": "--stop", "spec": "--spec", "steps": "--steps",
+         "skip_streak": "--skip-streak", "ngram_min": "--ngram-min", "ngram_max": "--ngram-max",
+         "max_steps": "--preset's max steps", "min_steps": "min steps", "max_repeat": "--max-repeat"}
+
+
+class UsageError(Exception):
+    pass
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line on stderr (exit 2), not usage + error."""
+
+    def error(self, message: str):
+        raise UsageError(message)
+
+
+def add_spec_arguments(p: argparse.ArgumentParser, methods: list[str], default_method: str) -> None:
+    p.add_argument("--spec", choices=methods, default=default_method, help=f"speculation method (default {default_method})")
+    p.add_argument("--steps", type=int, default=None, help=f"drafts per round, 0..{MAX_STEPS} (0 = plain decoding; "
+                   f"default per method: {', '.join(f'{m} {DEFAULT_STEPS[m]}' for m in methods if m != 'off')})")
+    p.add_argument("--preset", choices=sorted(PRESETS), default=None, help="block-size preset (B counts the target token)")
+    p.add_argument("--adaptive", action="store_true", help="adapt the draft length to acceptance")
+    p.add_argument("--skip-streak", type=int, default=0, help="skip drafting once after N zero-accept rounds (0 = off)")
+    if "ngram" in methods:  # the n-gram lookup's own settings, only where it can be chosen
+        p.add_argument("--ngram-min", type=int, default=1, help="n-gram lookup: shortest suffix to match")
+        p.add_argument("--ngram-max", type=int, default=4, help="n-gram lookup: longest suffix to match")
+    p.add_argument("--max-tokens", "-m", type=int, default=256)
+    p.add_argument("--temp", type=float, default=0.0, help="sampling temperature (0 = greedy)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--min-p", type=float, default=0.0, help="mlx-lm's min-p (0 = off)")
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--max-repeat", type=int, default=DEFAULT_MAX_REPEAT, metavar="N",
+                   help=f"stop when the output repeats one block N times in a row (default {DEFAULT_MAX_REPEAT}; 0 = off)")
+
+
+def add_output_arguments(p: argparse.ArgumentParser) -> None:
+    """What a single run writes (bench writes its own reports)."""
+    p.add_argument("--trace", default=None, help="append one NDJSON line per round to this file")
+    p.add_argument("--json", action="store_true", help="print one JSON document instead of streaming text")
+
+
+def spec_config(args: argparse.Namespace, builtin_drafter: bool = False) -> SpecConfig:
+    """--spec/--steps/--preset/--adaptive into a SpecConfig. `builtin_drafter`: the model carries
+    its own MTP layer (GLM-OCR), so --spec mtp needs no --draft-model."""
+    method = args.spec
+    preset = PRESETS[args.preset] if args.preset else None
+    if args.steps is not None:
+        steps = args.steps
+    elif preset:
+        steps = preset.steps
+    else:
+        steps = DEFAULT_STEPS[method]
+    draft_model = getattr(args, "draft_model", None)
+    if method in ("draft", "mtp") and steps > 0 and not draft_model and not builtin_drafter:
+        raise UsageError(f"--spec {method} needs --draft-model PATH")
+    return SpecConfig(
+        method=method if steps > 0 else "off",
+        steps=steps,
+        adaptive=args.adaptive,
+        max_steps=preset.max_steps if preset else MAX_STEPS,
+        skip_streak=args.skip_streak,
+        draft_model=draft_model,
+        ngram_min=getattr(args, "ngram_min", 1),
+        ngram_max=getattr(args, "ngram_max", 4),
+    )
+
+
+def sampling(args: argparse.Namespace) -> Sampling:
+    return Sampling(temperature=args.temp, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p, seed=args.seed)
+
+
+def checked(request: Request) -> Request:
+    """The shared parameter check (engines.validation), before anything is loaded."""
+    validate(request)
+    return request
+
+
+def open_trace(args: argparse.Namespace) -> TraceWriter | None:
+    # Opened before the model loads, so an unwritable path fails in a second, not a minute.
+    return TraceWriter(args.trace) if args.trace else None
+
+
+def run_and_report(engine, request: Request, args: argparse.Namespace, trace: TraceWriter | None,
+                   stream: bool | None = None, label: str = ""):
+    """Run to the end (or to the round after Ctrl-C), streaming the text (or printing --json),
+    the stats line to stderr; returns the Session. The caller closes the trace (the pages of a
+    document append their runs to one trace). A trace that stops being writable is said once
+    and the run goes on without it."""
+    from engines.runs import run_session
+
+    stream = not args.json if stream is None else stream
+    if trace is not None:
+        trace.on_error = lambda message: print(f"specscope: warning: {message}; the run goes on without the trace",
+                                               file=sys.stderr, flush=True)
+        trace.write_header({"request": request.to_dict(), "model": engine.model_info()})
+
+    def on_round(rnd) -> None:
+        if rnd.note:  # e.g. why this run decodes plainly: said on stderr, --json or not
+            print(f"specscope: {rnd.note}", file=sys.stderr)
+        if stream:
+            write_stdout(rnd.text)
+
+    interrupt = Interrupt()
+    with interrupt.installed():
+        session = run_session(engine, request, on_round=on_round, trace=trace, should_stop=interrupt,
+                              on_prefill=PrefillMeter())
+    if args.json:
+        write_stdout(json.dumps(session.to_dict(), ensure_ascii=False) + "\n")
+    else:
+        if stream:
+            write_stdout("\n")  # flushed: a piped stdout never takes the stats line in mid-text
+        print((f"[{label}] " if label else "") + stats_line(session), file=sys.stderr, flush=True)
+    return session
+
+
+def exit_code(session) -> int:
+    return EXIT_INTERRUPTED if session.finish == "cancelled" else 0
+
+
+def stats_line(session) -> str:
+    s = session.stats()
+    fallback = f"; {s.fallback}" if s.fallback else ""  # the drafter failed; decoding went on plainly
+    return (f"[{s.decode_rounds} rounds, {s.tokens} tokens, {s.decode_tok_s:.1f} tok/s decode, "
+            f"tau {s.tau:.2f}, acceptance {100 * s.acceptance_rate:.0f}%, ttft {1000 * s.ttft_s:.0f} ms, "
+            f"finish {session.finish}{fallback}]")
+
+
+class StdoutFailed(Exception):
+    """Writing to stdout failed (a closed pipe, a full disk); `error` is the OSError."""
+
+    def __init__(self, error: OSError):
+        super().__init__(str(error))
+        self.error = error
+
+
+def write_stdout(text: str) -> None:
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except OSError as e:
+        raise StdoutFailed(e) from e
+
+
+def load_chat_engine(model: str | None, draft_model: str | None):
+    from engines.factory import load_engine
+
+    if model is None:
+        from engines.mlx_chat.models import default_chat_model
+
+        model = str(default_chat_model())
+    return load_engine("chat", model, draft_model=draft_model)
+
+
+def pick_drafter(args: argparse.Namespace) -> None:
+    """--spec mtp without --draft-model: the target's paired assistant in the catalog, if any."""
+    from app.models.lookup import paired_drafter
+
+    if args.spec == "mtp" and not args.draft_model and args.model:
+        args.draft_model = paired_drafter(args.model)
+
+
+def resolve_models(args: argparse.Namespace, spec: SpecConfig, role: str) -> None:
+    """--model and the drafter: catalog ids and hub repo ids become local paths (paths stay)."""
+    from app.models.lookup import model_path
+
+    args.model = model_path(args.model, role)
+    spec.draft_model = model_path(spec.draft_model, ("drafter", "chat"))
+
+
+def check_images(paths: list[str]) -> None:
+    """Decode each input before the model loads (seconds), so a bad file is said at once."""
+    from engines.glm_ocr.image import load_image
+
+    for path in paths:
+        load_image(path).close()  # EngineError: one line naming the file and what is wrong

@@ -1,0 +1,167 @@
+"""OCR mode's pane: the text read, and what OCR keeps while the window shows chat: the pages read
+(in reading order), the reading in progress, the run shown, its A/B result and its status line.
+
+A reading goes through the document's pages in order, one run per page; the pane marks each
+page in the document's page list (queued, reading, read, cancelled, errored). Stop keeps the
+pages already read, and the next Read goes on from the first page not read. The window starts
+and ends the runs; this pane says which page comes next and what a page's end means."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, replace
+
+from PySide6.QtWidgets import QVBoxLayout, QWidget
+
+from app.records.compare import CompareResult
+from app.records.documents import Page, PageResult, summarize
+from app.gui.views.document import DocumentView
+from app.gui.views.transcript import TranscriptView
+from engines.speculative.session import Session
+from engines.types import EngineError, Request
+
+NO_DOCUMENT = "drop an image or a PDF onto the window (or open / paste one) to run OCR"
+PAGE_STATE_OF_FINISH = {"stop": "read", None: "read", "length": "length", "repetition": "repetition",
+                        "cancelled": "cancelled", "error": "errored"}
+
+
+@dataclass
+class Reading:
+    """An OCR run over pages, in order: `queue` holds (page index, page) still to read."""
+
+    queue: deque
+    region: bool = False  # reading a region of one page, not whole pages
+
+    @property
+    def current(self) -> tuple[int, Page]:
+        return self.queue[0]
+
+
+class OcrPane(QWidget):
+    def __init__(self, document: DocumentView, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.document = document  # the window places it beside this pane; the pane marks its pages
+        self.results: list[PageResult] = []  # the pages read, in reading order
+        self.reading: Reading | None = None
+        self.session: Session | None = None  # the run shown
+        self.session_settings: dict = {}
+        self.last_compare: CompareResult | None = None
+        self.status = "Ready"  # the status bar's text while OCR is not shown
+        self.model_label = ""
+
+        self.transcript = TranscriptView()
+        self.transcript.title.setText("Text")
+        column = QVBoxLayout(self)
+        column.setContentsMargins(0, 0, 0, 0)
+        column.addWidget(self.transcript)
+
+    def fill(self, request: Request, image: str | None, task: str) -> None:
+        """The OCR part of a Request: the image given, else the region drawn, else the page shown."""
+        image = image or self.document.region_image() or self.document.current_image()
+        if image is None:
+            raise EngineError(NO_DOCUMENT)
+        request.image = image
+        request.task = task
+
+    def plan_reading(self) -> Reading | None:
+        """The pages not read yet (all of them once every page has been read), or just the region
+        drawn on the current page; None (with a message) when there is no document."""
+        pages = self.document.pages
+        if not pages:
+            self.transcript.show_message(NO_DOCUMENT, "info")
+            return None
+        region = self.document.region_image()
+        if region is not None:
+            index, page = self.document.index, self.document.current_page()
+            queue = [(index, replace(page, image=region))]
+            self.results = []
+        else:
+            self.results = [r for r in self.results if r.page in pages]  # a region read is no page
+            done = {r.page for r in self.results}
+            queue = [(i, p) for i, p in enumerate(pages) if p not in done]
+            if not queue:  # everything was read: read it all again
+                queue, self.results = list(enumerate(pages)), []
+        if not self.results:
+            self.transcript.clear()
+            for i in range(len(pages)):
+                self.document.set_page_state(i, "")
+        for i, _page in queue:
+            self.document.set_page_state(i, "queued")
+        return Reading(deque(queue), region=region is not None)
+
+    def page_starting(self) -> tuple[str, str]:
+        """The next page of the reading is shown and marked; its (label, image)."""
+        index, page = self.reading.current
+        if not self.reading.region:
+            self.document.show_page(index)
+        self.document.set_page_state(index, "reading")
+        return (f"Region of {page.label}" if self.reading.region else page.label), page.image
+
+    def page_not_started(self) -> None:
+        self.document.set_page_state(self.reading.current[0], "errored")
+
+    def begin(self, label: str, second_of_compare: bool) -> None:
+        if self.reading is None and not second_of_compare:
+            self.transcript.clear()  # an A/B compare shows its two runs alone
+        self.transcript.begin_response(label or None)
+
+    def progress_text(self) -> str | None:
+        """"Reading page 2 (2 of 5)…" while a reading of several pages runs, else None."""
+        if self.reading is None or len(self.reading.queue) + len(self.results) <= 1:
+            return None
+        index, page = self.reading.current
+        return f"Reading {page.label} ({index + 1} of {len(self.document.pages)})\u2026"
+
+    def page_ended(self, session: Session) -> PageResult | None:
+        """A page's run has ended: mark it, keep it if it was read to an end (returned), go on."""
+        index, page = self.reading.current
+        finish = session.finish
+        s = session.stats()
+        self.document.set_page_state(index, PAGE_STATE_OF_FINISH.get(finish, "read"),
+                                     f"{s.tokens} tokens \u00b7 {s.decode_tok_s:.1f} tok/s "
+                                     f"\u00b7 acceptance {100 * s.acceptance_rate:.0f}%")
+        self.reading.queue.popleft()
+        if finish == "cancelled":
+            return None
+        result = PageResult(page, session)
+        self.results.append(result)
+        return result
+
+    def reading_ended(self) -> str | None:
+        """The last page has been read: the document's summary line when it had several pages."""
+        self.reading = None
+        if len(self.results) <= 1:
+            return None
+        summary = f"Read {summarize(self.results).line()}"
+        if not self.transcript.message_text:
+            self.transcript.show_message(summary, "info")
+        return summary
+
+    def reading_stopped(self) -> None:
+        """Stop: the pages still queued are unmarked; the pages read are kept."""
+        for i, _page in self.reading.queue:
+            self.document.set_page_state(i, "")
+        self.reading = None
+
+    def reading_failed(self, message: str) -> None:
+        index, _page = self.reading.current
+        self.document.set_page_state(index, "errored", message)
+        for i, _page in list(self.reading.queue)[1:]:
+            self.document.set_page_state(i, "")
+        self.reading = None
+
+    def current_label(self) -> str | None:
+        return self.reading.current[1].label if self.reading is not None else None
+
+    def result_of(self, index: int) -> PageResult | None:
+        """The result of page `index` of the document, if it has been read."""
+        if not 0 <= index < len(self.document.pages):
+            return None
+        page = self.document.pages[index]
+        return next((r for r in self.results if r.page == page), None)
+
+    def document_results(self) -> list[PageResult]:
+        return list(self.results)
+
+    def suggested_name(self) -> str:
+        return self.results[0].page.source if self.results else "specscope"

@@ -1,0 +1,23 @@
+"""The one place that picks an engine for a Request's kind (or a server URL)."""
+
+from __future__ import annotations
+
+from engines.types import Engine, EngineError
+
+
+def load_engine(kind: str, model_path: str, **options) -> Engine:
+    """Import lazily: the GUI starts without MLX or torch loaded. A server URL
+    ("http://host:port#model-id") is driven as a remote engine (engines.remote)."""
+    if model_path.startswith(("http://", "https://")):
+        from engines.remote.engine import RemoteEngine
+
+        return RemoteEngine.load(model_path, **options)
+    if kind == "chat":
+        from engines.mlx_chat.engine import ChatEngine
+
+        return ChatEngine.load(model_path, **options)
+    if kind == "ocr":
+        from engines.glm_ocr.engine import OcrEngine
+
+        return OcrEngine.load(model_path, **options)
+    raise EngineError(f"unknown engine kind: {kind!r} (expected 'chat' or 'ocr')")
