@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from engines import Request, SpecConfig  # noqa: E402
+from engines.types import Request, SpecConfig  # noqa: E402
 from engines.concurrent_runs import run_clients, summarize  # noqa: E402
 
 VENV = Path(sys.executable).parent

@@ -16,7 +16,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Callable, Iterable
 
-from engines import Engine, Request
+from engines.types import Engine, Request
 from engines.speculative.rounds import Round
 
 

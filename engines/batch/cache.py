@@ -33,7 +33,7 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
 
-from engines import EngineError
+from engines.types import EngineError
 
 DEAD = -1
 STEP = 256  # buffer growth, in slots (as mlx-lm's caches grow)

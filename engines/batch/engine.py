@@ -34,7 +34,7 @@ from typing import Iterator
 
 import mlx.core as mx
 
-from engines import EngineError, OnPrefill, PrefillProgress, Request, Sampling, ShouldStop
+from engines.types import EngineError, OnPrefill, PrefillProgress, Request, Sampling, ShouldStop
 from engines.batch.cache import BatchCache, check_batchable
 from engines.batch.controller import DraftBudget, row_acceptance
 from engines.mlx_chat import sampling as mxs

@@ -17,7 +17,7 @@ openai = pytest.importorskip("openai")
 
 from app.serve.protocol import ServedModel  # noqa: E402
 from app.serve.server import ServeConfig, Served, build_app, start_in_thread  # noqa: E402
-from engines import SpecConfig  # noqa: E402
+from engines.types import SpecConfig  # noqa: E402
 from tests.serve.test_serve import MODEL, LONG, counter, engine, gauge, scrape, _wait_for  # noqa: E402,F401 (engine: a fixture)
 
 PROMPTS = ["the cat and the dog see the cat and the dog see the cat", "a red bird and an old fish",
@@ -44,7 +44,7 @@ def body(prompt: str, spec: SpecConfig, max_tokens: int = 40) -> dict:
 
 
 def test_concurrent_requests_each_get_their_lone_answer(client, batch_server, engine):
-    from engines import Request
+    from engines.types import Request
     from engines.runs import run_session
 
     before = scrape(batch_server)
@@ -113,7 +113,7 @@ def test_spec_decode_metrics_add_up_to_the_responses(client, batch_server):
 
 
 def test_a_batch_that_cannot_fit_in_memory_is_refused_at_start_in_one_line(engine):
-    from engines import EngineError
+    from engines.types import EngineError
     from engines.batch.cache import kv_bytes_per_token
 
     per_token = kv_bytes_per_token(engine.model)  # the tiny llama: 2 layers x 2 KV heads x 12 x 4 B x 2

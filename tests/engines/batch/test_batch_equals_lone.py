@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from engines import Request, SpecConfig
+from engines.types import Request, SpecConfig
 from engines.batch.cache import BatchCache
 from engines.batch.engine import BatchEngine
 

@@ -15,7 +15,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from engines import Sampling
+from engines.types import Sampling
 from engines.batch.engine import RowStep, settle_row, verify_rows
 from engines.mlx_chat.engine import Step
 from engines.mlx_chat.proposers import Draft
