@@ -123,18 +123,19 @@ def bench_document(cases: list[BenchCase], settings: dict, model: dict) -> dict:
             "cases": [asdict(c) for c in cases]}
 
 
-def write_bench(doc: dict, out_dir: Path) -> tuple[Path, Path]:
-    """bench-<time>.json and .csv in `out_dir`, each written whole or not at all. OSError if
-    the folder cannot be made or written."""
+def write_bench(doc: dict, out_dir: Path, columns: list[str] = BENCH_COLUMNS, rows: str = "cases",
+                prefix: str = "bench") -> tuple[Path, Path]:
+    """<prefix>-<time>.json and .csv (doc[rows] under `columns`) in `out_dir`, each written
+    whole or not at all. OSError if the folder cannot be made or written."""
     out_dir.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    json_path = out_dir / f"bench-{stamp}.json"
+    json_path = out_dir / f"{prefix}-{stamp}.json"
     atomic_write_text(json_path, json.dumps(doc, indent=1))
     table = io.StringIO()
-    w = csv.DictWriter(table, fieldnames=BENCH_COLUMNS, extrasaction="ignore")
+    w = csv.DictWriter(table, fieldnames=columns, extrasaction="ignore")
     w.writeheader()
-    w.writerows(doc["cases"])
-    csv_path = out_dir / f"bench-{stamp}.csv"
+    w.writerows(doc[rows])
+    csv_path = out_dir / f"{prefix}-{stamp}.csv"
     atomic_write_text(csv_path, table.getvalue())
     return json_path, csv_path
 

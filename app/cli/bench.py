@@ -4,12 +4,12 @@ JSON and CSV reports."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 from app.cli.common import (Parser, UsageError, add_spec_arguments, check_images, checked, load_chat_engine,
-                            pick_drafter, resolve_models, sampling, spec_config, write_stdout)
+                            load_prompts, pick_drafter, resolve_models, sampling, save_bench, spec_config)
+from app.cli.bench_concurrency import add_serve_parser, cmd_bench_chat_concurrency, cmd_bench_serve
 from app.cli.connect import add_server_arguments, connect
 from engines.types import Request
 
@@ -24,12 +24,16 @@ def bench_parser() -> Parser:
     chat.add_argument("--system", default=None)
     add_spec_arguments(chat, ["ngram", "draft", "mtp"], "ngram")
     add_server_arguments(chat, baseline=True)
+    chat.add_argument("--concurrency", default=None, metavar="N[,M...]",
+                      help="the batch in process: N requests at a time, speculation on vs off (bench serve: over HTTP)")
+    chat.add_argument("--requests", type=int, default=8, help="with --concurrency: requests per level (default 8)")
     ocr = sub.add_parser("ocr", help="GLM-OCR over images")
     ocr.add_argument("images", nargs="+")
     ocr.add_argument("--model", required=True)
     ocr.add_argument("--runtime", choices=["coreml", "torch"], default=None)
     ocr.add_argument("--task", choices=["text", "table", "formula"], default="text")
     add_spec_arguments(ocr, ["mtp"], "mtp")
+    add_serve_parser(sub)
     for q in (chat, ocr):
         q.add_argument("--runs", type=int, default=3)
         q.add_argument("--warmup", type=int, default=1)
@@ -38,27 +42,13 @@ def bench_parser() -> Parser:
     return p
 
 
-def load_prompts(path: str | None) -> list[tuple[str, str]]:
-    import resources
-
-    source = Path(path) if path else resources.path("prompts", "copy_heavy.json")
-    try:
-        text = source.read_text(encoding="utf-8")
-    except OSError as e:
-        raise UsageError(f"cannot read prompts file {source}: {e.strerror}")
-    if source.suffix == ".json":
-        try:
-            return [(p["name"], p["prompt"]) for p in json.loads(text)["prompts"]]
-        except (ValueError, KeyError, TypeError):
-            raise UsageError(f"{source}: expected {{\"prompts\": [{{\"name\": ..., \"prompt\": ...}}]}}")
-    return [(f"line-{i + 1}", line) for i, line in enumerate(text.splitlines()) if line.strip()]
-
-
 def cmd_bench(argv: list[str]) -> int:
     from engines.factory import load_engine
     from engines.runs import bench_case, bench_document, check_writable
 
     args = bench_parser().parse_args(argv)
+    if args.engine == "serve":
+        return cmd_bench_serve(args)
     if args.runs < 1 or args.warmup < 0:
         raise UsageError("--runs must be >= 1 and --warmup >= 0")
     try:  # before the benchmark runs, not after
@@ -67,6 +57,8 @@ def cmd_bench(argv: list[str]) -> int:
         raise UsageError(f"cannot write to --out {args.out}: {e.strerror or e}")
     if args.engine == "chat" and args.server:
         return bench_servers(args)
+    if args.engine == "chat" and args.concurrency:
+        return cmd_bench_chat_concurrency(args)
     if args.engine == "chat":
         pick_drafter(args)
         spec = spec_config(args)
@@ -97,27 +89,6 @@ def cmd_bench(argv: list[str]) -> int:
         print(f"speedup: median {summary['median_speedup']:.2f}x, geometric mean {summary['geomean_speedup']:.2f}x, "
               f"median tau {summary['median_tau']:.2f}; outputs identical: {summary['all_identical']}", file=sys.stderr)
     return save_bench(doc, Path(args.out))
-
-
-def save_bench(doc: dict, out: Path) -> int:
-    """The results are never lost: --out, else a temporary folder, else the JSON on stdout;
-    each fallback says where the results went (exit 1 when --out was not written)."""
-    import tempfile
-
-    from engines.runs import write_bench
-
-    for folder in (out, Path(tempfile.gettempdir()) / "specscope-bench"):
-        try:
-            json_path, csv_path = write_bench(doc, folder)
-        except OSError as e:
-            print(f"specscope: cannot write the results to {folder}: {e.strerror or e}", file=sys.stderr)
-            continue
-        print(f"wrote {json_path} and {csv_path}", file=sys.stderr)
-        return 0 if folder == out else 1
-    print("specscope: the results follow on stdout", file=sys.stderr)
-    write_stdout(json.dumps(doc, indent=1) + "\n")
-    return 1
-
 
 
 def bench_servers(args: argparse.Namespace) -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from app.cli.io import EXIT_INTERRUPTED, Interrupt, PrefillMeter
 from engines.types import Request, Sampling, SpecConfig
@@ -201,3 +202,40 @@ def check_images(paths: list[str]) -> None:
 
     for path in paths:
         load_image(path).close()  # EngineError: one line naming the file and what is wrong
+
+
+def load_prompts(path: str | None) -> list[tuple[str, str]]:
+    import resources
+
+    source = Path(path) if path else resources.path("prompts", "copy_heavy.json")
+    try:
+        text = source.read_text(encoding="utf-8")
+    except OSError as e:
+        raise UsageError(f"cannot read prompts file {source}: {e.strerror}")
+    if source.suffix == ".json":
+        try:
+            return [(p["name"], p["prompt"]) for p in json.loads(text)["prompts"]]
+        except (ValueError, KeyError, TypeError):
+            raise UsageError(f"{source}: expected {{\"prompts\": [{{\"name\": ..., \"prompt\": ...}}]}}")
+    return [(f"line-{i + 1}", line) for i, line in enumerate(text.splitlines()) if line.strip()]
+
+
+def save_bench(doc: dict, out: Path, **table) -> int:
+    """The results are never lost: --out, else a temporary folder, else the JSON on stdout;
+    each fallback says where the results went (exit 1 when --out was not written). `table`:
+    write_bench's columns / rows / prefix for reports that are not off-vs-on cases."""
+    import tempfile
+
+    from engines.runs import write_bench
+
+    for folder in (out, Path(tempfile.gettempdir()) / "specscope-bench"):
+        try:
+            json_path, csv_path = write_bench(doc, folder, **table)
+        except OSError as e:
+            print(f"specscope: cannot write the results to {folder}: {e.strerror or e}", file=sys.stderr)
+            continue
+        print(f"wrote {json_path} and {csv_path}", file=sys.stderr)
+        return 0 if folder == out else 1
+    print("specscope: the results follow on stdout", file=sys.stderr)
+    write_stdout(json.dumps(doc, indent=1) + "\n")
+    return 1

@@ -190,7 +190,7 @@ class BatchEngine:
             cap = self._cap(rows)
             plans = [self._draft(s, cap) for s in rows]
             self._verify_forward(plans)
-            verdicts = [self._settle(p) for p in plans]
+            verdicts = self._verdicts(plans)
             forward_s = time.perf_counter() - t0
             kept = []
             for plan, verdict in zip(plans, verdicts):
@@ -304,8 +304,9 @@ class BatchEngine:
         cache.begin(width)
         return self.model(mx.array(padded, dtype=mx.uint32), cache=cache.layers)
 
-    def _settle(self, plan: RowStep) -> Verdict:
-        return settle_row(plan)
+    def _verdicts(self, plans: list[RowStep]) -> list[Verdict]:
+        """Each row's own verdict: its accepted drafts plus one target token."""
+        return [settle_row(p) for p in plans]
 
     def _report(self, plan: RowStep, verdict: Verdict, forward_s: float) -> Round:
         """The row's Round, by the lone run's own helpers (clip, commit, detokenize, stops)."""

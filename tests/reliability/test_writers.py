@@ -60,7 +60,7 @@ def doc():
 
 
 def test_bench_results_that_cannot_go_to_out_go_elsewhere_and_say_where(tmp_path, monkeypatch, capsys):
-    from app.cli.bench import save_bench
+    from app.cli.common import save_bench
 
     blocker = tmp_path / "a-file"
     blocker.write_text("")

@@ -22,18 +22,10 @@ from app.serve.server import ServeConfig, Served, build_app, start_in_thread  # 
 from engines.types import Request, SpecConfig  # noqa: E402
 from engines.remote.counters import parse_spec_counters  # noqa: E402
 from engines.runs import run_session  # noqa: E402
-from tests.engines.mlx_chat.checkpoints import make_tiny_llama  # noqa: E402
 
 MODEL = "tiny-llama"
 PROMPT = "the cat and the dog see the cat and the dog see the cat"
 LONG = 3000  # max_tokens of a run that keeps the engine busy for seconds (cancelled before its end)
-
-
-@pytest.fixture(scope="module")
-def engine(tmp_path_factory):
-    from engines.mlx_chat.engine import ChatEngine
-
-    return ChatEngine.load(str(make_tiny_llama(tmp_path_factory.mktemp("serve") / "llama")))
 
 
 @pytest.fixture(scope="module", params=[1, 4], ids=["one-at-a-time", "batch-4"])

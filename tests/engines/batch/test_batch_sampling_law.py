@@ -20,7 +20,7 @@ from engines.batch.engine import RowStep, settle_row, verify_rows
 from engines.mlx_chat.engine import Step
 from engines.mlx_chat.proposers import Draft
 from engines.speculative.verify import Verdict
-from tests.engines.mlx_chat.test_verification_law import V, drafter, round_law, target
+from tests.engines.mlx_chat.test_verification_law import drafter, round_law, target
 from tests.stats import chi_square_pvalue
 
 N = 3000

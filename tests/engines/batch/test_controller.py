@@ -8,7 +8,7 @@ import itertools
 
 import pytest
 
-from engines.batch.controller import DraftBudget, StepCosts, expected_tokens, row_acceptance
+from engines.batch.controller import DraftBudget, expected_tokens, row_acceptance
 from engines.speculative.schedule import MAX_STEPS
 
 
