@@ -124,3 +124,25 @@ def test_a_batch_that_cannot_fit_in_memory_is_refused_at_start_in_one_line(engin
         build_app(ServeConfig(max_batch=8, memory_bytes=16 * 2**20), served)
     assert "--max-batch 8" in str(refused.value) and "\n" not in str(refused.value)
     build_app(ServeConfig(max_batch=8, memory_bytes=2**34), served)  # 16 GB: it fits
+
+
+def test_bench_serve_and_bench_chat_concurrency_report_every_level(batch_server, engine, tmp_path, capsys):
+    """`bench serve --server URL` (our server: speculation off beside it at every level) and
+    `bench chat --concurrency` (the batch in process) write one row per level and mode, every
+    request counted, the speculative outputs equal to off's at T=0."""
+    from app.cli.main import main
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("\n".join(PROMPTS) + "\n")
+    common = ["--prompts", str(prompts), "--concurrency", "1,3", "--requests", "5", "-m", "10", "--steps", "4"]
+    assert main(["bench", "serve", "--server", batch_server.url, "--out", str(tmp_path / "serve"), *common]) == 0
+    assert main(["bench", "chat", "--model", engine.model_path, "--out", str(tmp_path / "chat"), *common]) == 0
+    for folder in ("serve", "chat"):
+        doc = json.loads(next((tmp_path / folder).glob("bench-concurrency-*.json")).read_text())
+        rows = doc["levels"]
+        assert [(r["mode"], r["concurrency"]) for r in rows] == [("spec", 1), ("off", 1), ("spec", 3), ("off", 3)]
+        assert all(r["requests"] == 5 and r["tokens"] == 50 and r["aggregate_tok_s"] > 0 for r in rows)
+        assert all(r["identical_to_off"] for r in rows if r["mode"] == "spec")
+        assert any(r["proposed"] > 0 for r in rows if r["mode"] == "spec")
+        assert (tmp_path / folder).glob("bench-concurrency-*.csv")
+    assert "agg tok/s" in capsys.readouterr().err
