@@ -252,6 +252,17 @@ class BatchCache:
     def arrays(self) -> list[mx.array]:
         return [a for c in self.layers if c.keys is not None for a in (c.keys, c.values)]
 
+    def clone(self, model: Any) -> "BatchCache":
+        """An independent copy (n choices of one request share its prompt's prefill). A cache
+        write rebinds the writer's array, so the copies may share buffers until then."""
+        twin = BatchCache(model, self.rows)
+        for mine, theirs in zip(self.tables, twin.tables):
+            theirs.pos, theirs.next_pos = mine.pos.copy(), mine.next_pos.copy()
+        for mine, theirs in zip(self.layers, twin.layers):
+            if mine.keys is not None:
+                theirs.keys, theirs.values = mine.keys[...], mine.values[...]
+        return twin
+
     @property
     def nbytes(self) -> int:
         return sum(c.nbytes for c in self.layers)

@@ -52,7 +52,7 @@ from engines.validation import validate
 NOT_BATCHED = {"mtp": "the Gemma 4 assistant (MTP) is not batched yet: this request decodes plainly in the batch"}
 
 
-@dataclass
+@dataclass(eq=False)  # a sequence is itself: compared (and removed from queues) by identity
 class Sequence:
     """One request in the batch: its run state (as a lone run keeps it), its own RNG, and,
     until it joins, the cache its prompt is read into."""
@@ -69,6 +69,7 @@ class Sequence:
     accepted: int = 0  # drafts accepted so far, and rounds that ended in a rejection: the
     rejections: int = 0  # controller's estimate of this row's per-position acceptance
     capped_at: int | None = None  # the controller's cap last said to this sequence
+    twin_of: "Sequence | None" = None  # another choice of the same request: its prefill is shared
 
     @property
     def prompt(self) -> list[int]:
@@ -134,9 +135,10 @@ class BatchEngine:
 
     # -- entering -----------------------------------------------------------------------------
     def submit(self, request: Request, should_stop: ShouldStop | None = None,
-               on_prefill: OnPrefill | None = None) -> Sequence:
+               on_prefill: OnPrefill | None = None, twin_of: Sequence | None = None) -> Sequence:
         """Check the request (an invalid one never enters the batch: EngineError) and queue
-        it to read its prompt as soon as a row is free."""
+        it to read its prompt as soon as a row is free. `twin_of`: a sequence queued before
+        with the same prompt (another of a request's n choices): this one copies its prefill."""
         validate(request, self.chat.context_length)
         prompt = self.chat._prompt_ids(request)
         if not prompt:
@@ -163,6 +165,8 @@ class BatchEngine:
         seed = request.sampling.seed if request.sampling.seed is not None else random.getrandbits(63)
         key = None if request.sampling.greedy else mx.random.key(seed)
         seq = Sequence(next(self._ids), run, should_stop or (lambda: False), key, on_prefill)
+        if twin_of is not None and twin_of.prompt == prompt and twin_of in self.joining:
+            seq.twin_of = twin_of
         self.joining.append(seq)
         return seq
 
@@ -223,6 +227,9 @@ class BatchEngine:
             if seq.on_prefill is not None:
                 seq.on_prefill(PrefillProgress(seq.read, len(body), time.perf_counter() - seq.prefill_started))
             return out
+        for twin in self.joining:  # the request's other choices start from this prefill
+            if twin.twin_of is seq and twin.own_cache is None:
+                twin.own_cache, twin.read, twin.prefill_started = seq.own_cache.clone(self.model), seq.read, seq.prefill_started
         self.joining.popleft()
         out.append((seq, self._first_token(seq)))
         return out

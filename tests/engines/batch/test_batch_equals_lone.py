@@ -152,3 +152,43 @@ def test_the_batch_controller_changes_drafts_not_tokens(engines, model, llama_dr
     for i in range(len(reqs)):
         assert [t for rnd in got[i] for t in rnd.tokens] == alone[i], i
     assert batch.budget.costs.ready  # it measured forwards of more than one size
+
+
+def test_choices_of_one_request_share_its_prefill(engines, monkeypatch):
+    """n choices: the first reads the prompt, the others copy its cache (one prefill); at T=0
+    each choice equals the lone run; at T>0 with one seed per choice they differ."""
+    from engines.types import Sampling
+
+    engine = engines["llama"]
+    request = Request(prompt=COPY, max_tokens=24, spec=SpecConfig("ngram", 3))
+    batch = BatchEngine(engine, max_batch=4, prefill_chunk=8)
+    prefilled = []  # tokens fed to caches other than the batch's: the prompts' reading
+    real = BatchEngine._forward
+
+    def counting(self, cache, rows):
+        if cache is not self.cache:
+            prefilled.append(len(rows[0]))
+        return real(self, cache, rows)
+
+    monkeypatch.setattr(BatchEngine, "_forward", counting)
+    first = batch.submit(request)
+    twins = [batch.submit(request, twin_of=first) for _ in range(2)]
+    got = {s.id: [] for s in [first, *twins]}
+    while batch.busy:
+        for seq, rnd in batch.step():
+            got[seq.id] += rnd.tokens
+    monkeypatch.undo()
+    alone = lone(engine, request)[0]
+    assert all(tokens == alone for tokens in got.values())
+    prompt = len(engine._prompt_ids(request))
+    assert sum(prefilled) == prompt - 1 + 3  # the body read once, then each choice's last token
+
+    sampled = [Request(prompt=COPY, max_tokens=24, sampling=Sampling(temperature=1.0, seed=s)) for s in (1, 2)]
+    batch = BatchEngine(engine, max_batch=4)
+    a = batch.submit(sampled[0])
+    b = batch.submit(sampled[1], twin_of=a)
+    out = {a.id: [], b.id: []}
+    while batch.busy:
+        for seq, rnd in batch.step():
+            out[seq.id] += rnd.tokens
+    assert out[a.id] != out[b.id] and b.twin_of is a
