@@ -12,6 +12,10 @@ from app.serve.protocol import ServedModel
 from app.serve.server import DEFAULT_MAX_BATCH, ServeConfig, Served, build_app, serve_forever
 
 
+def comma_list(text: str) -> tuple[str, ...]:
+    return tuple(item.strip() for item in text.split(",") if item.strip())
+
+
 def serve_parser(parser_class) -> argparse.ArgumentParser:
     p = parser_class(prog="specscope serve", description="Serve the chat (and GLM-OCR) engines over an "
                      "OpenAI-compatible HTTP API: /v1/chat/completions, /v1/models, /health, /metrics.")
@@ -28,6 +32,10 @@ def serve_parser(parser_class) -> argparse.ArgumentParser:
     p.add_argument("--queue-size", type=int, default=4, help="requests that may wait for a row of the batch (or behind the running one)")
     p.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH,
                    help=f"chat requests decoded together, one target forward per step (default {DEFAULT_MAX_BATCH}; 1 = one at a time)")
+    p.add_argument("--allowed-hosts", type=comma_list, default=(), metavar="NAME,...",
+                   help="Host names served besides localhost, 127.0.0.1 and [::1] (a reverse proxy, a .local name)")
+    p.add_argument("--allowed-origins", type=comma_list, default=(), metavar="ORIGIN,...",
+                   help="browser origins that may call the API (CORS), e.g. http://localhost:3000; others get 403")
     add_spec_arguments(p, ["off", "ngram", "draft", "mtp"], "ngram")
     return p
 
@@ -37,7 +45,8 @@ def cmd_serve(argv: list[str]) -> int:
 
     args = serve_parser(Parser).parse_args(argv)
     config = ServeConfig(host=args.host, port=args.port, api_key=args.api_key, insecure=args.insecure,
-                         queue_size=args.queue_size, max_batch=args.max_batch)
+                         queue_size=args.queue_size, max_batch=args.max_batch, allowed_hosts=args.allowed_hosts,
+                         allowed_origins=args.allowed_origins)
     config.check()
     if not 0 < args.port < 65536:
         raise UsageError("--port must be in 1..65535")

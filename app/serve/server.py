@@ -26,10 +26,13 @@ from dataclasses import dataclass, field
 from typing import AsyncIterator
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from app.serve.guard import RequestGuard, normalized_origins
 from app.serve.metrics import CONTENT_TYPE_LATEST, ServeMetrics
 from app.serve.protocol import (ApiError, ParsedRequest, ServedModel, chunk, completion, completion_id, finish_reason,
                                 parse_chat_request, round_record, timings, usage)
@@ -51,6 +54,8 @@ class ServeConfig:
     queue_size: int = 4  # requests that may wait for the engine (or for a row of the batch)
     max_batch: int = DEFAULT_MAX_BATCH  # chat sequences per target forward; 1 = one at a time
     memory_bytes: int | None = None  # the machine's memory for the batch's check (None: measured)
+    allowed_hosts: tuple[str, ...] = ()  # Host names served besides the loopback ones (app/serve/guard.py)
+    allowed_origins: tuple[str, ...] = ()  # browser origins that may call (CORS); others get 403
 
     def check(self) -> None:
         if self.host not in LOOPBACK and not self.api_key and not self.insecure:
@@ -256,13 +261,22 @@ def build_app(config: ServeConfig, served: list[Served]) -> Starlette:
         metrics.requests.labels(outcome=collected[-1].finish or "stop").inc()
         return JSONResponse(completion(completion_id(), parsed.model, collected, prompt_n[0] if prompt_n else None, decode))
 
+    # Host / Origin / Content-Type refusals first (app/serve/guard.py), then CORS headers for the
+    # allowed origins only (none are sent without --allowed-origins).
+    origins = normalized_origins(config.allowed_origins)
+    middleware = [Middleware(RequestGuard, check_host=config.host in LOOPBACK or bool(config.allowed_hosts),
+                             allowed_hosts=frozenset(h.lower() for h in config.allowed_hosts),
+                             allowed_origins=origins)]
+    if origins:
+        middleware.append(Middleware(CORSMiddleware, allow_origins=sorted(origins),
+                                     allow_methods=["GET", "POST"], allow_headers=["Authorization", "Content-Type"]))
     return Starlette(routes=[
         Route("/health", health),
         Route("/v1/models", list_models),
         Route("/metrics", prometheus),
         Route("/v1/spec_decode/metrics", spec_decode_metrics),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-    ])
+    ], middleware=middleware)
 
 
 async def sse(parsed: ParsedRequest, first: Round, rounds: AsyncIterator[Round], stop: threading.Event,

@@ -6,6 +6,7 @@ masks (mtp.Gemma4Target.drafter_view)."""
 from __future__ import annotations
 
 import mlx.core as mx
+from mlx_lm.models.cache import RotatingKVCache
 
 from engines.mlx_chat.cache import WindowKVCache
 from engines.mlx_chat.mtp import Gemma4Target
@@ -22,7 +23,10 @@ def cache_keys_values(c) -> tuple[mx.array, mx.array]:
     """A layer cache's keys/values [1, heads, n, dim] in temporal order, oldest first."""
     if isinstance(c, WindowKVCache):  # a linear buffer: the last `window` positions
         return window_keys_values(c)
-    if hasattr(c, "_temporal_order"):  # mlx-lm RotatingKVCache: a ring buffer
+    if isinstance(c, RotatingKVCache):
+        # mlx-lm's ring buffer: only its private _temporal_order knows where the ring starts, and
+        # mlx-lm has no public accessor. Kept on purpose: the reference must be mlx-lm's own
+        # window; a release that renames it fails here with AttributeError, not silently.
         return c._temporal_order(c.keys), c._temporal_order(c.values)
     return c.keys[..., : c.offset, :], c.values[..., : c.offset, :]  # KVCache
 

@@ -73,11 +73,12 @@ def transformers_models(pair):
 
 
 def transformers_generate(pair, ids, steps):
-    """transformers' own decoding of the same prompt ids: assisted generation with the
-    Gemma4Assistant (its SinglePositionMultiTokenCandidateGenerator) where 5.23 can run it,
-    else plain greedy. 5.23's target returns the K/V the assistant reads (shared_kv_states)
-    only from KV-sharing layers, so a target without KV sharing (26B/31B shape: our dense
-    pair) fails there with KeyError 'full_attention'."""
+    """transformers' own decoding of the same prompt ids at temperature 0: assisted generation
+    with the Gemma4Assistant where the installed transformers can run it for this pair, else
+    plain greedy. Either is transformers' greedy output (assisted generation at T=0 is lossless),
+    so the tests compare tokens only, never which path ran: that is transformers' business and
+    changes between releases (5.23 raised KeyError 'full_attention' for a target without KV
+    sharing, our dense pair; 5.24 runs it assisted)."""
     import torch
 
     target, assistant = transformers_models(pair)
@@ -86,18 +87,15 @@ def transformers_generate(pair, ids, steps):
     with torch.no_grad():
         try:
             out = target.generate(x, assistant_model=assistant, max_new_tokens=MAX_TOKENS, do_sample=False)
-            kind = "assisted"
-        except KeyError as e:
-            assert pair.name == "dense" and "full_attention" in str(e)
+        except KeyError:
             out = target.generate(x, max_new_tokens=MAX_TOKENS, do_sample=False)
-            kind = "greedy"
-    return out[0, len(ids):].tolist(), kind
+    return out[0, len(ids):].tolist()
 
 
 def test_mtp_equals_plain_greedy_and_transformers_steps_1_to_7(engine_and_pair):
     """The random assistant: its drafts are (almost) always rejected -- every round rolls back.
-    Our MTP output equals our plain greedy and transformers' assisted generation (edge pair)
-    or greedy (dense pair, see transformers_generate) for every draft length."""
+    Our MTP output equals our plain greedy and transformers' greedy output (assisted where it
+    can, see transformers_generate) for every draft length."""
     engine, pair = engine_and_pair
     ids = engine._prompt_ids(Request(prompt=PROMPT))
     plain = tokens_of(run(engine))
@@ -109,9 +107,7 @@ def test_mtp_equals_plain_greedy_and_transformers_steps_1_to_7(engine_and_pair):
         assert all(r.proposed == min(steps, MAX_TOKENS - 1 - sum(len(x.tokens) for x in rounds[: r.index]))
                    for r in decode)
         if pair.name == "edge" or steps == 1:
-            theirs, kind = transformers_generate(pair, ids, steps)
-            assert theirs == plain, (steps, kind)
-            assert kind == ("assisted" if pair.name == "edge" else "greedy")
+            assert transformers_generate(pair, ids, steps) == plain, steps
 
 
 @pytest.mark.parametrize("adaptive", [False, True])
