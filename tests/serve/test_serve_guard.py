@@ -21,8 +21,7 @@ openai = pytest.importorskip("openai")
 from app.serve.guard import is_loopback_name, split_host  # noqa: E402
 from app.serve.protocol import ServedModel  # noqa: E402
 from app.serve.server import ServeConfig, Served, build_app, start_in_thread  # noqa: E402
-from engines import SpecConfig  # noqa: E402
-from tests.engines.mlx_chat.checkpoints import make_tiny_llama  # noqa: E402
+from engines.types import SpecConfig  # noqa: E402
 
 MODEL = "tiny-llama"
 CHAT = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "the cat and the dog"}],
@@ -68,13 +67,6 @@ def served_counts(port: int) -> dict[str, float]:
             if line.startswith(name):
                 totals[key] += float(line.split()[-1])
     return totals
-
-
-@pytest.fixture(scope="module")
-def engine(tmp_path_factory):
-    from engines.mlx_chat.engine import ChatEngine
-
-    return ChatEngine.load(str(make_tiny_llama(tmp_path_factory.mktemp("guard") / "llama")))
 
 
 def serving(engine, config: ServeConfig, bind: str = "127.0.0.1"):
@@ -221,7 +213,7 @@ def test_off_loopback_the_key_guards_and_the_flags_still_apply(engine):
 
 def test_the_openai_client_and_the_remote_engine_are_unaffected(engine):
     """They send JSON and a real Host; with a key and an allowed origin configured they still work."""
-    from engines import Request
+    from engines.types import Request
     from engines.remote.engine import RemoteEngine
 
     running = serving(engine, ServeConfig(api_key="sesame", allowed_origins=("http://localhost:3000",)))
