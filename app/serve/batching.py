@@ -37,6 +37,8 @@ class Admission:
     stop: threading.Event
     prompt_n: list
     push: Callable[[object], None]  # thread-safe: hands a Round, an error or DONE to the request
+    group: object = None  # the request, when it asks for n > 1 choices
+    index: int = 0  # which choice
 
 
 class BatchQueue:
@@ -50,24 +52,27 @@ class BatchQueue:
         self.lock = threading.Lock()
         self.inbox: queue.Queue = queue.Queue()
         self.sinks: dict[int, Admission] = {}  # sequence id -> its request
+        self.first_choice: dict[int, object] = {}  # id(request) -> its choice 0's sequence (twins share its prefill)
         self.thread = threading.Thread(target=self._loop, name="specscope-batch", daemon=True)
         self.thread.start()
 
     # -- the event loop's side --------------------------------------------------------------------
-    def admit(self) -> None:
+    def admit(self, count: int = 1) -> None:
+        """Room for `count` sequences (a request's n choices), all or none."""
         with self.lock:
-            if self.admitted >= self.capacity:
+            if self.admitted + count > self.capacity:
                 raise ApiError(503, "the server is busy (its batch and queue are full); retry later", "server_busy",
                                kind="server_error", headers={"Retry-After": str(RETRY_AFTER_S)})
-            self.admitted += 1
+            self.admitted += count
 
     async def rounds(self, served, parsed: ParsedRequest, stop: threading.Event,
-                     prompt_n: list) -> AsyncIterator[Round]:
-        """This request's Rounds, produced by the scheduler thread, delivered on the event loop."""
+                     prompt_n: list, group: object = None, index: int = 0) -> AsyncIterator[Round]:
+        """This request's Rounds (or its choice `index`'s), produced by the scheduler thread,
+        delivered on the event loop."""
         loop = asyncio.get_running_loop()
         items: asyncio.Queue = asyncio.Queue()
         self.inbox.put(Admission(served, parsed, stop, prompt_n,
-                                 lambda item: loop.call_soon_threadsafe(items.put_nowait, item)))
+                                 lambda item: loop.call_soon_threadsafe(items.put_nowait, item), group, index))
         while (item := await items.get()) is not DONE:
             if isinstance(item, BaseException):
                 raise item
@@ -105,17 +110,23 @@ class BatchQueue:
             block = False
             try:
                 a.prompt_n.append(self.check_prompt(a.served, a.parsed))
-                seq = self.engine.submit(a.parsed.request, should_stop=a.stop.is_set)
+                twin = self.first_choice.get(id(a.group)) if a.group is not None and a.index else None
+                seq = self.engine.submit(a.parsed.request, should_stop=a.stop.is_set, twin_of=twin)
             except Exception as e:
                 a.push(e)
                 a.push(DONE)
                 self._leave()
                 continue
             self.sinks[seq.id] = a
+            if a.group is not None and a.index == 0:
+                self.first_choice[id(a.group)] = seq
             self._gauges()
 
     def _finish(self, seq_id: int) -> None:
-        self.sinks.pop(seq_id).push(DONE)
+        a = self.sinks.pop(seq_id)
+        a.push(DONE)
+        if a.group is not None and a.index == 0:
+            self.first_choice.pop(id(a.group), None)
         self._leave()
 
     def _fail_all(self, error: Exception) -> None:

@@ -14,10 +14,11 @@ from dataclasses import dataclass, field, replace
 from engines.types import Request, Sampling, SpecConfig
 from engines.speculative.rounds import Round
 from engines.speculative.schedule import PRESETS
-from engines.validation import InvalidParameter, validate
+from engines.validation import SEED_LIMIT, InvalidParameter, validate
 
 OCR_TASKS = ("text", "table", "formula")
 DEFAULT_MAX_TOKENS = 256
+MAX_CHOICES = 8  # OpenAI's n: choices per request
 # Request fields as this API spells them (the rest keep their names: temperature, top_p, ...).
 SPEC_PARAMS = {"spec": "speculative.method", "steps": "speculative.steps", "max_steps": "speculative.preset"}
 
@@ -42,6 +43,14 @@ class ParsedRequest:
     request: Request
     image_file: str | None = None  # a temporary file holding the image of an OCR request
     include_usage: bool = False
+    n: int = 1  # choices: n sequences of the same prompt (in a batch they share its prefill)
+
+    def choice(self, index: int) -> Request:
+        """Choice `index`'s request: the same, with its own seed (seed + index) when one is given."""
+        s = self.request.sampling
+        if index == 0 or s.seed is None:
+            return self.request
+        return replace(self.request, sampling=replace(s, seed=(s.seed + index) % SEED_LIMIT))
 
 
 @dataclass
@@ -77,7 +86,14 @@ def parse_chat_request(body, models: dict[str, ServedModel], context_length=lamb
         chat_input(messages, request)
     options = body.get("stream_options") or {}
     return ParsedRequest(model=model_id, stream=bool(body.get("stream", False)), request=request,
-                         image_file=image_file, include_usage=bool(isinstance(options, dict) and options.get("include_usage")))
+                         image_file=image_file, include_usage=bool(isinstance(options, dict) and options.get("include_usage")),
+                         n=choices(body.get("n", 1)))
+
+
+def choices(value) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_CHOICES:
+        raise ApiError(400, f"n must be an integer in 1..{MAX_CHOICES}", "invalid_value", "n")
+    return value
 
 
 def chat_input(messages: list[dict], request: Request) -> None:
@@ -222,17 +238,27 @@ def completion_id() -> str:
     return f"chatcmpl-{uuid.uuid4().hex[:24]}"
 
 
-def chunk(cid: str, model: str, created: int, delta: dict, finish: str | None = None, **extra) -> dict:
+def chunk(cid: str, model: str, created: int, delta: dict, finish: str | None = None, index: int = 0, **extra) -> dict:
     return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}], **extra}
+            "choices": [{"index": index, "delta": delta, "finish_reason": finish}], **extra}
 
 
-def completion(cid: str, model: str, rounds: list[Round], prompt_n: int | None, decode) -> dict:
+def completion(cid: str, model: str, choices: list[list[Round]], prompt_n: int | None, decode) -> dict:
+    """One choice per list of Rounds. `timings` and `usage` count every choice (the prompt
+    once); `rounds` are the first choice's, and with n > 1 each choice carries its own rounds
+    and timings too."""
+    def one(index: int, rounds: list[Round]) -> dict:
+        c = {"index": index, "message": {"role": "assistant", "content": "".join(r.text for r in rounds)},
+             "finish_reason": finish_reason(rounds[-1] if rounds else None)}
+        if len(choices) > 1:
+            c |= {"timings": timings(rounds, prompt_n), "rounds": [round_record(r, decode) for r in rounds]}
+        return c
+
+    every = [r for rounds in choices for r in rounds]
     return {
         "id": cid, "object": "chat.completion", "created": int(time.time()), "model": model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(r.text for r in rounds)},
-                     "finish_reason": finish_reason(rounds[-1] if rounds else None)}],
-        "usage": usage(prompt_n, rounds),
-        "timings": timings(rounds, prompt_n),
-        "rounds": [round_record(r, decode) for r in rounds],
+        "choices": [one(i, rounds) for i, rounds in enumerate(choices)],
+        "usage": usage(prompt_n, every),
+        "timings": timings(every, prompt_n),
+        "rounds": [round_record(r, decode) for r in choices[0]],
     }

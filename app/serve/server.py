@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import AsyncIterator
 
 from starlette.applications import Starlette
@@ -76,16 +76,19 @@ class Served:
 
 
 class EngineQueue:
-    """Runs one generation at a time on a single worker thread; counts who is waiting."""
+    """Runs one generation at a time on a single worker thread; counts who is waiting. A
+    request holds one place in the line; its n choices run one after another in it."""
 
     def __init__(self, queue_size: int, metrics: ServeMetrics):
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specscope-engine")
         self.capacity = queue_size + 1  # the running request plus the waiting ones
         self.admitted = 0
+        self.choices_left: dict[int, int] = {}  # id(request) -> its choices not finished yet
         self.lock = threading.Lock()
         self.metrics = metrics
 
-    def admit(self) -> None:
+    def admit(self, count: int = 1) -> None:
+        """A place for one request (`count`, its choices, share it)."""
         with self.lock:
             if self.admitted >= self.capacity:
                 raise ApiError(503, "the server is busy (its queue is full); retry later", "server_busy",
@@ -93,13 +96,23 @@ class EngineQueue:
             self.admitted += 1
             self.metrics.requests_deferred.inc()
 
-    def _leave(self) -> None:
+    def _start(self, parsed: ParsedRequest) -> None:
         with self.lock:
-            self.admitted -= 1
+            if id(parsed) not in self.choices_left:  # the request's first choice to run
+                self.choices_left[id(parsed)] = parsed.n
+                self.metrics.requests_deferred.dec()
+
+    def _leave(self, parsed: ParsedRequest) -> None:
+        with self.lock:
+            self.choices_left[id(parsed)] -= 1
+            if self.choices_left[id(parsed)] == 0:
+                del self.choices_left[id(parsed)]
+                self.admitted -= 1
 
     async def rounds(self, served: Served, parsed: ParsedRequest, stop: threading.Event,
-                     prompt_n: list) -> AsyncIterator[Round]:
-        """The engine's Rounds, produced on the engine thread, delivered on the event loop."""
+                     prompt_n: list, group: object = None, index: int = 0) -> AsyncIterator[Round]:
+        """The engine's Rounds, produced on the engine thread, delivered on the event loop.
+        (`group`, `index`: a choice of an n-choice request; one at a time, each runs alone.)"""
         loop = asyncio.get_running_loop()
         items: asyncio.Queue = asyncio.Queue()
         done = object()
@@ -107,8 +120,10 @@ class EngineQueue:
         def push(item) -> None:
             loop.call_soon_threadsafe(items.put_nowait, item)
 
+        request = group if group is not None else parsed  # what holds the place in line
+
         def job() -> None:
-            self.metrics.requests_deferred.dec()
+            self._start(request)
             self.metrics.requests_processing.inc()
             try:
                 if stop.is_set():  # its client left while it waited
@@ -121,7 +136,7 @@ class EngineQueue:
                 push(e)
             finally:
                 self.metrics.requests_processing.dec()
-                self._leave()
+                self._leave(request)
                 push(done)
 
         self.executor.submit(job)
@@ -223,14 +238,14 @@ def build_app(config: ServeConfig, served: list[Served]) -> Starlette:
         try:
             parsed = parse_chat_request(body, models, lambda model_id: context_of(by_id[model_id]))
             queue = queues[parsed.model]
-            queue.admit()
+            queue.admit(parsed.n)
         except ApiError as e:
             _remove(parsed)
             metrics.requests.labels(outcome="refused").inc()
             return error(e)
         stop = threading.Event()
         prompt_n: list = []
-        rounds = queue.rounds(by_id[parsed.model], parsed, stop, prompt_n)
+        rounds = choice_rounds(queue, by_id[parsed.model], parsed, stop, prompt_n)
         try:
             # The first round (or the request's refusal) before any header goes out, so a bad
             # request still gets its 4xx status.
@@ -249,16 +264,16 @@ def build_app(config: ServeConfig, served: list[Served]) -> Starlette:
         if parsed.stream:
             return StreamingResponse(sse(parsed, first, rounds, stop, prompt_n, decode, metrics),
                                      media_type="text/event-stream")
-        collected = [first]
+        collected: list[list[Round]] = [[] for _ in range(parsed.n)]
         try:
-            async for rnd in rounds:
-                collected.append(rnd)
+            async for i, rnd in _chain(first, rounds):
+                collected[i].append(rnd)
                 if await http.is_disconnected():
                     stop.set()  # the engine stops at its next round
         finally:
             await _drain(rounds, stop, parsed)
         metrics.prompt_tokens.inc((prompt_n[0] if prompt_n else None) or 0)
-        metrics.requests.labels(outcome=collected[-1].finish or "stop").inc()
+        metrics.requests.labels(outcome=collected[0][-1].finish or "stop").inc()
         return JSONResponse(completion(completion_id(), parsed.model, collected, prompt_n[0] if prompt_n else None, decode))
 
     # Host / Origin / Content-Type refusals first (app/serve/guard.py), then CORS headers for the
@@ -279,39 +294,90 @@ def build_app(config: ServeConfig, served: list[Served]) -> Starlette:
     ], middleware=middleware)
 
 
-async def sse(parsed: ParsedRequest, first: Round, rounds: AsyncIterator[Round], stop: threading.Event,
-              prompt_n: list, decode, metrics: ServeMetrics) -> AsyncIterator[str]:
-    """One SSE event per round: the text as the OpenAI delta, the Round as `round`. The last
-    event carries finish_reason and the response's `timings` (and `usage` when asked)."""
+async def sse(parsed: ParsedRequest, first: tuple[int, Round], rounds: AsyncIterator[tuple[int, Round]],
+              stop: threading.Event, prompt_n: list, decode, metrics: ServeMetrics) -> AsyncIterator[str]:
+    """One SSE event per round: the text as the OpenAI delta of its choice, the Round as
+    `round`. A choice's last event carries its finish_reason and `timings`; `usage` (when asked)
+    follows them all."""
     cid, created = completion_id(), int(time.time())
-    collected: list[Round] = []
+    collected: list[list[Round]] = [[] for _ in range(parsed.n)]
+    ended: set[int] = set()
+    n = None
 
     def event(payload: dict) -> str:
         return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
+    def final(i: int) -> str:
+        ended.add(i)
+        last = collected[i][-1] if collected[i] else None
+        return event(chunk(cid, parsed.model, created, {}, finish_reason(last), index=i,
+                           timings=timings(collected[i], n)))
+
     try:
-        yield event(chunk(cid, parsed.model, created, {"role": "assistant", "content": ""}))
-        async for rnd in _chain(first, rounds):
-            collected.append(rnd)
-            yield event(chunk(cid, parsed.model, created, {"content": rnd.text}, round=round_record(rnd, decode)))
-        n = prompt_n[0] if prompt_n else None
-        final = chunk(cid, parsed.model, created, {}, finish_reason(collected[-1]), timings=timings(collected, n))
-        yield event(final)
+        for i in range(parsed.n):
+            yield event(chunk(cid, parsed.model, created, {"role": "assistant", "content": ""}, index=i))
+        async for i, rnd in _chain(first, rounds):
+            collected[i].append(rnd)
+            n = prompt_n[0] if prompt_n else None
+            yield event(chunk(cid, parsed.model, created, {"content": rnd.text}, index=i, round=round_record(rnd, decode)))
+            if rnd.finish is not None and parsed.n > 1:
+                yield final(i)
+        for i in range(parsed.n):
+            if i not in ended:
+                yield final(i)
         if parsed.include_usage:
             yield event({"id": cid, "object": "chat.completion.chunk", "created": created, "model": parsed.model,
-                         "choices": [], "usage": usage(n, collected)})
+                         "choices": [], "usage": usage(n, [r for c in collected for r in c])})
         yield "data: [DONE]\n\n"
         metrics.prompt_tokens.inc(n or 0)
-        metrics.requests.labels(outcome=collected[-1].finish or "stop").inc()
+        metrics.requests.labels(outcome=collected[0][-1].finish or "stop").inc()
     except (ApiError, EngineError) as e:
         body = e.body() if isinstance(e, ApiError) else {"error": {"message": str(e), "type": "server_error"}}
         yield event(body)
     finally:
         # Reached also when Starlette cancels the response because the client went away.
-        if not collected or collected[-1].finish is None:
+        if not collected[0] or collected[0][-1].finish is None:
             metrics.requests.labels(outcome="cancelled").inc()
         stop.set()
         _remove(parsed)
+
+
+async def choice_rounds(queue, served: Served, parsed: ParsedRequest, stop: threading.Event,
+                        prompt_n: list) -> AsyncIterator[tuple[int, Round]]:
+    """Every choice's Rounds, tagged with its index, as they come. n = 1 is the request's own
+    Rounds; n > 1 runs n sequences (each its own seed; in a batch they share the prefill)."""
+    if parsed.n == 1:
+        async for rnd in queue.rounds(served, parsed, stop, prompt_n):
+            yield 0, rnd
+        return
+    merged: asyncio.Queue = asyncio.Queue()
+    done = object()
+
+    async def pump(i: int) -> None:
+        try:
+            async for rnd in queue.rounds(served, replace(parsed, request=parsed.choice(i)), stop, prompt_n,
+                                          group=parsed, index=i):
+                await merged.put((i, rnd))
+        except BaseException as e:  # handed to the reader, which raises it
+            await merged.put((i, e))
+        finally:
+            await merged.put((i, done))
+
+    tasks = [asyncio.create_task(pump(i)) for i in range(parsed.n)]
+    running = parsed.n
+    try:
+        while running:
+            i, item = await merged.get()
+            if item is done:
+                running -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield i, item
+    finally:
+        if running:  # closed early (a refusal, a gone client): the other choices stop too
+            stop.set()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def _chain(first: Round, rest: AsyncIterator[Round]) -> AsyncIterator[Round]:

@@ -275,7 +275,10 @@ class BatchEngine:
         proposer; a failing drafter stops speculation for this sequence only)."""
         run = seq.run
         asked = run.schedule.next_steps(run.remaining)
-        steps = min(asked, cap)
+        # A seeded sampled request keeps its k: its draws depend on the drafts offered, and the
+        # cap on this machine's timings, so capping it would make its seed unrepeatable.
+        sampling = run.ctx.sampling
+        steps = asked if (not sampling.greedy and sampling.seed is not None) else min(asked, cap)
         if steps < asked and cap != seq.capped_at:  # said once per change of the cap
             run.note = (f"batch of {self.size}: drafts capped at {cap} per round "
                         "(this machine's measured step costs)")

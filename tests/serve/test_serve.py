@@ -323,3 +323,39 @@ def test_bench_chat_on_the_server_beside_the_local_engine_and_beside_a_baseline_
         assert case["identical"] and case["tokens"] == 12 and case["acceptance"] > 0
         assert doc["settings"]["server_reports"][0]["draft_n"] > 0
     assert "baseline: local engine" in capsys.readouterr().err
+
+
+def test_n_choices(client, server, engine):
+    """OpenAI's n: n choices, each its own sequence (in the batch, sharing the prompt's prefill).
+    At T=0 every choice is the lone answer; with a seed, choice 0 is the n=1 answer for that
+    seed and the others differ; a stream tags each delta with its choice and ends each choice
+    with its own finish_reason and timings; usage counts every choice."""
+    alone = local_run(engine, max_tokens=16)
+    resp = ask(client, max_tokens=16, n=3)
+    assert [c.index for c in resp.choices] == [0, 1, 2]
+    assert all(c.message.content == alone.text for c in resp.choices)
+    assert resp.usage.completion_tokens == 3 * len(alone.tokens)
+    assert all(c.model_extra["timings"]["predicted_n"] == len(alone.tokens) for c in resp.choices)
+
+    one = ask(client, max_tokens=16, temperature=1.0, seed=7)
+    three = ask(client, max_tokens=16, temperature=1.0, seed=7, n=3)
+    assert three.choices[0].message.content == one.choices[0].message.content
+    assert len({c.message.content for c in three.choices}) > 1
+
+    texts, finished = {0: "", 1: ""}, {}
+    for c in ask(client, max_tokens=16, n=2, stream=True):
+        for ch in c.choices:
+            texts[ch.index] += ch.delta.content or ""
+            if ch.finish_reason:
+                finished[ch.index] = (ch.finish_reason, c.model_extra["timings"]["predicted_n"])
+    assert texts == {0: alone.text, 1: alone.text}
+    assert finished == {0: ("length", 16), 1: ("length", 16)}
+
+
+@pytest.mark.parametrize("n", [0, 9, "2", True])
+def test_n_out_of_range_is_refused(server, n):
+    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "n": n}).encode()
+    req = urllib.request.Request(f"{server.url}/v1/chat/completions", data=body, headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(req)
+    assert refused.value.code == 400 and json.loads(refused.value.read())["error"]["param"] == "n"
