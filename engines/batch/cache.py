@@ -81,6 +81,12 @@ class SlotTable:
             ok &= k[:, None, :] > q[:, :, None] - window
         return mx.array(ok[:, None])
 
+    def rollback(self, counts: list[int]) -> None:
+        """Row b forgets its last counts[b] tokens (a drafter's rejected drafts)."""
+        counts = np.asarray(counts)
+        self.pos[self.pos >= (self.next_pos - counts)[:, None]] = DEAD
+        self.next_pos = self.next_pos - counts
+
     def settle(self, kept: list[int]) -> None:
         """After the forward: row b keeps the first kept[b] of the slots it wrote (its pending
         token and accepted drafts); the rest -- rejected drafts, padding -- die."""
@@ -232,6 +238,10 @@ class BatchCache:
     def settle(self, kept: list[int]) -> None:
         for t in self.tables:
             t.settle(kept)
+
+    def rollback(self, counts: list[int]) -> None:
+        for t in self.tables:
+            t.rollback(counts)
 
     def compact_if_sparse(self, share: float = 0.25, min_slots: int = 64) -> None:
         """Compact a table once a quarter of its width (and at least 64 columns) is dead in

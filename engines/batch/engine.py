@@ -37,6 +37,7 @@ import mlx.core as mx
 from engines.types import EngineError, OnPrefill, PrefillProgress, Request, Sampling, ShouldStop
 from engines.batch.cache import BatchCache, check_batchable
 from engines.batch.controller import DraftBudget, row_acceptance
+from engines.batch.drafter import BatchDrafter, DraftRow
 from engines.mlx_chat import sampling as mxs
 from engines.mlx_chat.context import check_fits
 from engines.mlx_chat.engine import ChatEngine, Run, Step
@@ -106,6 +107,7 @@ class BatchEngine:
     cache: BatchCache | None = None
     compact_min_slots: int = 64  # compact a table once this many columns are dead in every row
     budget: DraftBudget | None = field(default_factory=DraftBudget.new)  # None: rows draft what they ask
+    drafters: dict[str, BatchDrafter] = field(default_factory=dict)  # draft model path -> its batch
     _ids: itertools.count = field(default_factory=itertools.count)
 
     def __post_init__(self):
@@ -176,6 +178,13 @@ class BatchEngine:
         if request.spec.method in NOT_BATCHED:
             return None, NOT_BATCHED[request.spec.method]
         try:
+            if request.spec.method == "draft":  # one draft model drafts for all its rows at once
+                path = request.spec.draft_model or self.chat.draft_path
+                if not path:
+                    raise EngineError("spec method 'draft' needs a draft model (--draft-model PATH)")
+                if path not in self.drafters:
+                    self.drafters[path] = BatchDrafter(self.chat._draft(path).model)
+                return self.drafters[path].row(), None
             return self.chat._make_proposer(request), None
         except EngineError as e:
             return None, f"speculation unavailable: {e}"
@@ -191,8 +200,7 @@ class BatchEngine:
         rows = list(self.running)
         if rows:
             t0 = time.perf_counter()
-            cap = self._cap(rows)
-            plans = [self._draft(s, cap) for s in rows]
+            plans = self._draft(rows, self._cap(rows))
             self._verify_forward(plans)
             verdicts = self._verdicts(plans)
             forward_s = time.perf_counter() - t0
@@ -270,10 +278,33 @@ class BatchEngine:
         drafting = lambda s: s.run.proposer is not None and s.run.schedule.enabled  # noqa: E731
         return self.budget.choose([row_acceptance(s.accepted, s.rejections) if drafting(s) else None for s in rows])
 
-    def _draft(self, seq: Sequence, cap: int = MAX_STEPS) -> RowStep:
-        """This row's k (its schedule's, within the controller's cap) and drafts (its own
-        proposer; a failing drafter stops speculation for this sequence only)."""
+    def _draft(self, rows: list[Sequence], cap: int = MAX_STEPS) -> list[RowStep]:
+        """Each row's k (its schedule's, within the controller's cap) and drafts: rows of a
+        shared draft model draft together, the others with their own proposer. A failing
+        drafter stops speculation for its sequence(s) only."""
+        steps = [self._steps(s, cap) for s in rows]
+        drafts: dict[int, Draft] = {}
+        t0 = time.perf_counter()
+        for drafter in self.drafters.values():
+            asks = [(s.run.proposer, k, s.next_key()) for s, k in zip(rows, steps)
+                    if k and isinstance(s.run.proposer, DraftRow) and s.run.proposer.drafter is drafter]
+            if asks:
+                drafts |= self._draft_together(drafter, asks, rows)
+        shared_s = time.perf_counter() - t0
+        plans = []
+        for seq, k in zip(rows, steps):
+            t1 = time.perf_counter()
+            draft = drafts[seq.id] if seq.id in drafts else (self._propose(seq.run, k) if k else EMPTY)
+            if draft.size:
+                mx.eval(draft.tokens)
+            spent = shared_s if seq.id in drafts else time.perf_counter() - t1
+            plans.append(RowStep(seq, Step(k, draft, spent), seq.run.ctx.sampling))
+        return plans
+
+    def _steps(self, seq: Sequence, cap: int) -> int:
         run = seq.run
+        if run.proposer is None or not run.schedule.enabled:
+            return 0
         asked = run.schedule.next_steps(run.remaining)
         # A seeded sampled request keeps its k: its draws depend on the drafts offered, and the
         # cap on this machine's timings, so capping it would make its seed unrepeatable.
@@ -283,11 +314,18 @@ class BatchEngine:
             run.note = (f"batch of {self.size}: drafts capped at {cap} per round "
                         "(this machine's measured step costs)")
             seq.capped_at = cap
-        t0 = time.perf_counter()
-        draft = self._propose(run, steps) if steps else EMPTY
-        if draft.size:
-            mx.eval(draft.tokens)
-        return RowStep(seq, Step(steps, draft, time.perf_counter() - t0), run.ctx.sampling)
+        return steps
+
+    def _draft_together(self, drafter: BatchDrafter, asks: list, rows: list[Sequence]) -> dict[int, Draft]:
+        by_row = {id(s.run.proposer): s for s in rows if s.run.proposer is not None}
+        try:
+            return {by_row[id(row)].id: d for (row, _, _), d in zip(asks, drafter.propose(asks))}
+        except Exception as e:  # graceful degradation for every sequence of this draft model
+            for row, _, _ in asks:
+                seq = by_row[id(row)]
+                self.chat._stop_speculating(seq.run, e)
+                row.leave()
+            return {}
 
     def _propose(self, run: Run, steps: int) -> Draft:
         try:
@@ -347,6 +385,8 @@ class BatchEngine:
         """Finished, cancelled and disconnected sequences leave; their rows are freed now."""
         for seq in done:
             seq.finished = True
+            if isinstance(seq.run.proposer, DraftRow):
+                seq.run.proposer.leave()
         keep = [b for b, s in enumerate(self.running) if not s.finished]
         if len(keep) == len(self.running):
             if self.cache is not None:

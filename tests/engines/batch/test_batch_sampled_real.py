@@ -1,0 +1,70 @@
+"""The batch loop at T>0 on a real (tiny) model: 500 requests, 8 at a time in one batch, each
+its own seed -- the first three tokens of each follow the target's exact law (enumerated from
+the model's own logits, as tests/engines/mlx_chat/test_lossless_sampled.py does for one stream),
+plain, n-gram and the batched draft model at 1 and 3 drafts. Must fail: every sequence on one
+RNG stream (a shared seed), and a broken verifier (resample from p at a rejection)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from engines.batch.engine import BatchEngine
+from engines.types import Request, SpecConfig
+from tests.engines.broken_verifiers import BROKEN
+from tests.engines.mlx_chat.test_lossless_sampled import N, PROMPT, SAMPLING, exact_distribution, tiny  # noqa: F401
+from tests.stats import chi_square_pvalue
+
+ALPHA = 1e-3
+
+
+@pytest.fixture(scope="module")
+def exact(tiny):  # noqa: F811 (the fixture above)
+    return exact_distribution(tiny)
+
+
+def batch_counts(engine, spec: SpecConfig, seed_of=lambda i: 1000 + i, max_tokens: int = 5):
+    batch = BatchEngine(engine, max_batch=8, budget=None)
+    counts, proposed, accepted = Counter(), 0, 0
+    tokens: dict[int, list[int]] = {}
+    pending = list(range(N))
+    while pending or batch.busy:
+        while pending and len(batch.joining) + batch.size < 8:
+            i = pending.pop()
+            sampling = type(SAMPLING)(**(SAMPLING.__dict__ | {"seed": seed_of(i)}))
+            seq = batch.submit(Request(prompt=PROMPT, max_tokens=max_tokens, spec=spec, sampling=sampling,
+                                       ignore_chat_template=True))
+            tokens[seq.id] = []
+        for seq, rnd in batch.step():
+            tokens[seq.id] += rnd.tokens
+            proposed += rnd.proposed
+            accepted += rnd.accepted
+            if rnd.finish:
+                counts[tuple(tokens.pop(seq.id)[:3])] += 1
+    return counts, proposed, accepted
+
+
+SLOW = pytest.mark.slow
+
+
+@pytest.mark.parametrize("method,steps", [pytest.param("off", 0, marks=SLOW), pytest.param("ngram", 1, marks=SLOW),
+                                          ("ngram", 3), pytest.param("draft", 1, marks=SLOW), ("draft", 3)])
+def test_each_sequence_follows_the_target_law(tiny, exact, method, steps):  # noqa: F811
+    counts, proposed, accepted = batch_counts(tiny, SpecConfig(method, steps))
+    if method != "off":
+        assert proposed > 0.5 * N and 0.03 * proposed < accepted < 0.95 * proposed
+    assert sum(counts.values()) == N
+    assert chi_square_pvalue(counts, exact, N) > ALPHA
+
+
+def test_one_rng_stream_for_every_sequence_is_caught(tiny, exact):  # noqa: F811
+    counts, _, _ = batch_counts(tiny, SpecConfig("draft", 3), seed_of=lambda i: 7)
+    assert chi_square_pvalue(counts, exact, N) < ALPHA
+
+
+@pytest.mark.slow
+def test_a_broken_verifier_is_caught_in_the_batch(tiny, exact, monkeypatch):  # noqa: F811
+    BROKEN["resample_from_p"](monkeypatch)
+    counts, _, _ = batch_counts(tiny, SpecConfig("draft", 3))
+    assert chi_square_pvalue(counts, exact, N) < ALPHA
