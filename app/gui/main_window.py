@@ -209,6 +209,8 @@ class MainWindow(QMainWindow):
 
     def resizeEvent(self, event) -> None:  # noqa: N802 (Qt's name)
         super().resizeEvent(event)
+        # the model line elides before the run's status line does: at most half the status bar
+        self.model_label.setMaximumWidth(max(self.model_label.minimumSizeHint().width(), event.size().width() // 2))
         self.reflow_panes()
 
     def reflow_panes(self) -> None:
