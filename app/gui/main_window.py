@@ -21,7 +21,6 @@ from dataclasses import asdict
 from pathlib import Path
 
 from PySide6.QtCore import QByteArray, Qt, QTimer, Signal
-from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (
     QApplication, QFileDialog, QFrame, QLabel, QMainWindow, QMessageBox, QScrollArea, QSizePolicy, QSplitter,
     QStackedWidget, QVBoxLayout, QWidget,
@@ -36,6 +35,7 @@ from app.records.sessions import (
     load_session, mark_interrupted, new_autosave_path, sessions_dir,
 )
 from app.settings import AppSettings, data_dir, save_settings
+from app.gui.menus import build_menus
 from app.gui.model_jobs import ModelJobs
 from app.gui.views.chat_pane import ChatPane
 from app.gui.views.controls import ControlsPanel
@@ -186,7 +186,8 @@ class MainWindow(QMainWindow):
         self.controls.draft_edit.textChanged.connect(self.update_model_offer)
         for event in (self.model_jobs.finished, self.model_jobs.cancelled, self.model_jobs.errored):
             event.connect(self.update_model_offer)
-        self._build_menus()
+        actions = build_menus(self)
+        self.run_action, self.stop_action, self.clear_action, self.models_action = actions
         self._check_autosave()
         self.controls.apply_settings(self.settings)
         self.mode = self.controls.engine
@@ -262,60 +263,12 @@ class MainWindow(QMainWindow):
         self.pane.last_compare = result
 
     # --- window furniture -----------------------------------------------------------------
-    def _build_menus(self) -> None:
-        def action(menu, text, slot, shortcut=None):
-            a = QAction(text, self)
-            if shortcut is not None:
-                a.setShortcut(QKeySequence(shortcut))
-            a.triggered.connect(slot)
-            menu.addAction(a)
-            return a
-
-        file = self.menuBar().addMenu("&File")
-        action(file, "Open Images or PDFs\u2026", self.document.open_dialog, QKeySequence.StandardKey.Open)
-        action(file, "Paste Image", self.paste, QKeySequence.StandardKey.Paste)
-        file.addSeparator()
-        action(file, "Sessions\u2026", self.open_sessions_dialog, "Ctrl+Shift+O")
-        action(file, "Connect to Server\u2026", self.connect_to_server)
-        text = file.addMenu("Save Text As")
-        action(text, "Markdown\u2026", lambda: self._save_text_dialog("md"), "Ctrl+Shift+S")
-        action(text, "Plain Text\u2026", lambda: self._save_text_dialog("txt"))
-        action(text, "JSON (per page)\u2026", lambda: self._save_text_dialog("json"))
-        export = file.addMenu("Export Session")
-        action(export, "JSON\u2026", lambda: self._export_dialog("json"))
-        action(export, "CSV\u2026", lambda: self._export_dialog("csv"))
-        action(export, "PNG of the Plots\u2026", lambda: self._export_dialog("png"))
-        file.addSeparator()
-        action(file, "Quit", self.close, QKeySequence.StandardKey.Quit)
-        edit = self.menuBar().addMenu("&Edit")
-        action(edit, "Copy Output", lambda: self.transcript.copy_output(), "Ctrl+Shift+C")
-        action(edit, "Copy as Markdown", self.copy_markdown, "Ctrl+Alt+C")
-        edit.addSeparator()
-        self.clear_action = action(edit, "Clear Conversation", self.clear_conversation, "Ctrl+L")
-        view = self.menuBar().addMenu("&View")
-        action(view, "Zoom In", lambda: self.document.view.zoom_by(1.25), QKeySequence.StandardKey.ZoomIn)
-        action(view, "Zoom Out", lambda: self.document.view.zoom_by(0.8), QKeySequence.StandardKey.ZoomOut)
-        action(view, "Fit Page", self.document.view.fit, "Ctrl+0")
-        run = self.menuBar().addMenu("&Run")
-        self.run_action = action(run, "Send", self.run, "Ctrl+R")
-        self.stop_action = action(run, "Stop", self.stop, "Esc")
-        action(run, "A/B Compare", self.start_compare, "Ctrl+Shift+R")
-        models = self.menuBar().addMenu("&Models")
-        self.models_action = action(models, "Models\u2026", self.open_models_dialog, "Ctrl+Shift+M")
-        toolbar = self.addToolBar("Models")
-        toolbar.setObjectName("modelsToolbar")
-        toolbar.setMovable(False)
-        toolbar.addAction(self.models_action)
-        help_menu = self.menuBar().addMenu("&Help")
-        action(help_menu, f"About {APP_NAME}", self.show_about)
-        action(help_menu, "README", lambda: self._open_readme())
-
     def show_about(self) -> None:
         from app.gui.views.about import show_about
 
         show_about(self, self.session.model if self.session else None)
 
-    def _open_readme(self) -> None:
+    def open_readme(self) -> None:
         from app.gui.views.about import open_readme
 
         open_readme(self)
@@ -918,7 +871,7 @@ class MainWindow(QMainWindow):
     def save_text(self, fmt: str, path: str | Path) -> None:
         export_text_file(self.export_text(fmt), path)
 
-    def _save_text_dialog(self, fmt: str) -> None:
+    def save_text_dialog(self, fmt: str) -> None:
         if not self.document_results():
             self.transcript.show_message("Nothing to save yet: run something first", "info")
             return
@@ -932,7 +885,7 @@ class MainWindow(QMainWindow):
             except OSError as e:
                 QMessageBox.warning(self, APP_NAME, f"Saving failed: {e}")
 
-    def _export_dialog(self, kind: str) -> None:
+    def export_dialog(self, kind: str) -> None:
         if self.session is None:
             self.transcript.show_message("Nothing to export yet: run something first", "info")
             return
