@@ -20,7 +20,7 @@ from collections import deque
 from dataclasses import asdict
 from pathlib import Path
 
-from PySide6.QtCore import QByteArray, Qt, QTimer, Signal
+from PySide6.QtCore import QByteArray, QEvent, Qt, QTimer, Signal
 from PySide6.QtWidgets import (
     QApplication, QFileDialog, QFrame, QLabel, QMainWindow, QMessageBox, QScrollArea, QSizePolicy, QSplitter,
     QStackedWidget, QVBoxLayout, QWidget,
@@ -166,6 +166,7 @@ class MainWindow(QMainWindow):
         self.side_split.addWidget(self.sidebar)
         self.side_split.addWidget(self.main_split)
         self.side_split.setStretchFactor(1, 1)
+        self.main_split.installEventFilter(self)
         for split in (self.top_split, self.main_split, self.side_split):
             split.setChildrenCollapsible(False)
             split.setHandleWidth(1)
@@ -212,13 +213,19 @@ class MainWindow(QMainWindow):
         super().resizeEvent(event)
         # the model line elides before the run's status line does: at most half the status bar
         self.model_label.setMaximumWidth(max(self.model_label.minimumSizeHint().width(), event.size().width() // 2))
-        self.reflow_panes()
+
+    def eventFilter(self, watched, event) -> bool:  # noqa: N802 (Qt's name)
+        # the panes' own width, not the window's: the layouts size them after the window's resize
+        # (and a window sized before it is shown gets its panes' sizes only when it shows)
+        if watched is self.main_split and event.type() == QEvent.Type.Resize:
+            self.reflow_panes()
+        return False
 
     def reflow_panes(self) -> None:
         """OCR: the document beside its text when both fit side by side, else above it."""
         need = (self.document.minimumSizeHint().width() + self.pane_stack.minimumSizeHint().width()
                 + self.top_split.handleWidth())
-        beside = not self.document.isVisible() or self.main_split.width() >= need
+        beside = self.mode != "ocr" or self.main_split.width() >= need
         orientation = Qt.Orientation.Horizontal if beside else Qt.Orientation.Vertical
         if self.top_split.orientation() != orientation:
             self.top_split.setOrientation(orientation)

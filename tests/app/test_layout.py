@@ -125,6 +125,27 @@ def test_ocr_at_any_size(qtbot, styled, tiny_ocr):
     window.shutdown()
 
 
+@pytest.mark.parametrize("mode", ["chat", "ocr"])
+def test_a_window_opened_at_each_size(qtbot, styled, tiny_ocr, mode):
+    """As `--window-size` opens it: sized before it is shown."""
+    from app.gui.main_window import MainWindow
+    from app.settings import AppSettings
+
+    model, images = tiny_ocr
+    for width, height in SIZES:
+        window = MainWindow(AppSettings(engine=mode, ocr_model=str(model)), persist=False, autosave=False)
+        qtbot.addWidget(window)
+        window.resize(width, height)
+        window.open_documents([str(p) for p in images]) if mode == "ocr" else None
+        window.show()
+        window.ensure_telemetry()
+        for _ in range(3):
+            QApplication.processEvents()
+        problems = layout_problems(window)
+        assert problems == [], f"{mode} opened at {width}x{height}:\n" + "\n".join(problems)
+        window.shutdown()
+
+
 def test_the_minimum_is_what_the_content_needs(qtbot, make_window, styled):
     window = make_window()
     for mode in ("chat", "ocr"):
