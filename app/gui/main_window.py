@@ -9,7 +9,11 @@ Each mode's pane keeps its own state (app.gui.views.chat_pane, ocr_pane: transcr
 A/B result, status line; the conversation; the pages read): switching modes shows the other
 mode as it was left. One run, top to bottom, is the "runs" section below: run -> _start ->
 _on_engine_loaded -> _on_round -> _show_pending -> _on_finished | _on_cancelled | _on_errored,
-and for OCR the next page from _on_finished until the reading ends."""
+and for OCR the next page from _on_finished until the reading ends.
+
+At any size (docs/architecture.md): the window's minimum is what the panes need in their
+narrowest arrangement; reflow_panes puts OCR's document above its text when the two do not fit
+side by side, the speculation strip reflows itself (app.gui.views.telemetry)."""
 
 from __future__ import annotations
 
@@ -565,8 +569,7 @@ class MainWindow(QMainWindow):
         m = session.model
         self.model_label.setText(f"{m.get('name', '?')} \u00b7 {runtime_text(session.request.get('kind'), m)} "
                                  f"\u00b7 {m.get('hash', '')}")
-        self.status.setText(self.ocr.progress_text() if self.mode == "ocr" and self.ocr.progress_text()
-                            else "Running\u2026")
+        self.status.setText(self.ocr.progress_text() or "Running\u2026")  # "Reading page 2 (2 of 5)…"
 
     def _on_prefill_progressed(self, progress) -> None:
         self.status.setText(progress.describe().capitalize() + " \u2014 Esc stops")
