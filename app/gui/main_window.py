@@ -48,7 +48,9 @@ from app.gui.views.elided_label import ElidedLabel
 from app.gui.views.models_dialog import ModelOffer, ModelsDialog, missing_model
 from app.gui.views.notice import Notice
 from app.gui.views.ocr_pane import OcrPane
+from app.gui.server_watch import ServerWatch
 from app.gui.views.server_dialog import ServerDialog
+from app.gui.views.server_load import ServerLoadView
 from app.gui.views.sessions_dialog import SessionsDialog
 from app.gui.views.transcript import TranscriptView
 from app.gui.worker import EngineCache, EngineLoader, EnginePreload, RunSpec, RunWorker, start_worker
@@ -156,6 +158,11 @@ class MainWindow(QMainWindow):
         output_col.addWidget(self.model_offer)
         self.recovery = Notice()  # offers a run a crash cut short
         output_col.addWidget(self.recovery)
+        self.server_load = ServerLoadView()  # the server's batch, while the model is a server's
+        self.server_watch = ServerWatch(self)
+        self.server_watch.load_measured.connect(self.server_load.show_load)
+        self.server_watch.load_failed.connect(self.server_load.show_error)
+        output_col.addWidget(self.server_load)
         output_col.addWidget(self.pane_stack, 1)
 
         self.top_split = QSplitter(Qt.Orientation.Horizontal)
@@ -188,6 +195,7 @@ class MainWindow(QMainWindow):
         self.controls.engine_changed.connect(self._on_engine_changed)
         self.controls.method_combo.currentIndexChanged.connect(self.update_model_offer)
         self.controls.model_combo.currentTextChanged.connect(self.update_model_offer)
+        self.controls.model_combo.currentTextChanged.connect(self.watch_server)
         self.controls.draft_edit.textChanged.connect(self.update_model_offer)
         for event in (self.model_jobs.finished, self.model_jobs.cancelled, self.model_jobs.errored):
             event.connect(self.update_model_offer)
@@ -376,6 +384,8 @@ class MainWindow(QMainWindow):
         self.model_label.setText(state.model_label)
         if self.telemetry is not None:
             self._show_in_telemetry(state.session, state.last_compare)
+        if hasattr(self, "server_watch"):  # (the first call comes before the views are built)
+            self.watch_server()
         self.update_model_offer()
 
     def _show_in_telemetry(self, session: Session | None, compare: CompareResult | None = None) -> None:
@@ -406,6 +416,19 @@ class MainWindow(QMainWindow):
 
             offer = Offer(str(e), "Open Models\u2026", None)
         self.model_offer.show_offer(offer)
+
+    def watch_server(self, *_event) -> None:
+        """While the model is a server's, show what its batch is doing (ServerWatch)."""
+        from engines.remote.engine import base_url, is_server_url
+
+        path = self.controls.model_path()
+        if self.mode == "chat" and is_server_url(path):
+            self.server_load.reset()
+            self.server_load.show()
+            self.server_watch.watch(base_url(path.partition("#")[0]), self.controls.engine_options().get("api_key"))
+        else:
+            self.server_watch.stop()
+            self.server_load.hide()
 
     def open_models_dialog(self) -> ModelsDialog:
         """The Models dialog (not modal: downloads go on while the window is used)."""
@@ -932,5 +955,6 @@ class MainWindow(QMainWindow):
     def closeEvent(self, event) -> None:
         if self.persist:
             self.save_settings()
+        self.server_watch.stop()
         self.shutdown()
         super().closeEvent(event)

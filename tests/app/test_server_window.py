@@ -63,3 +63,38 @@ def test_an_unreachable_server_is_a_message_not_a_dead_end(qtbot, make_window):
     assert ended.args == ["errored"]
     assert "cannot reach" in window.transcript.message_text
     assert window.controls.run_button.isEnabled() and not window.running
+
+
+def test_the_window_shows_the_servers_batch_while_connected(qtbot, make_window, server):
+    """Connected to a server, the window shows its batch beside the request: requests running,
+    step latency, tokens per second -- read from the server's /metrics once a second by a
+    background thread; back on a local model the strip goes away."""
+    import openai
+
+    running, _ = server
+    window = make_window(max_tokens=8, chat_method="ngram")
+    assert window.server_load.isHidden()
+    window.server_watch.timer.setInterval(200)
+    window.controls.use_server(f"{running.url}#tiny", None)
+    assert not window.server_load.isHidden()
+    client = openai.OpenAI(base_url=f"{running.url}/v1", api_key="unused", max_retries=0)
+    streams = [client.chat.completions.create(model="tiny", stream=True, max_tokens=3000,
+                                              messages=[{"role": "user", "content": f"the cat {i}"}]) for i in range(2)]
+    for s in streams:
+        next(iter(s))
+    try:
+        def two_running(load):
+            return load.running == 2 and (load.tokens_per_s or 0) > 0
+
+        with qtbot.waitSignal(window.server_watch.load_measured, timeout=30_000, check_params_cb=two_running):
+            pass
+        for _ in range(3):  # the label shows the newest figures once the signal is delivered
+            qtbot.waitSignal(window.server_watch.load_measured, timeout=10_000).wait()
+        text = window.server_load.label.text()
+        assert "2 running" in text and "tok/s" in text and "step" in text
+        assert len(window.server_load.history) >= 1
+    finally:
+        for s in streams:
+            s.close()
+    window.controls.set_model_path("")
+    assert window.server_load.isHidden() and not window.server_watch.timer.isActive()
