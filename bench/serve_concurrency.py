@@ -66,7 +66,10 @@ def wait_up(url: str, proc: subprocess.Popen, seconds: float = 300) -> None:
 def blas_env() -> dict:
     from app.launch import system_openblas
 
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    # mlx_lm.server's /v1/models scans the hub cache and fails when there is none: an empty one
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+               HF_HUB_CACHE=str(Path("/tmp/specscope-bench/hub-cache")))
+    Path(env["HF_HUB_CACHE"]).mkdir(parents=True, exist_ok=True)
     blas = system_openblas()
     if blas:
         env["LD_PRELOAD"] = blas

@@ -44,7 +44,7 @@ def record(name: str, rounds: Iterable[Round], started: float) -> RequestRecord:
     the in-process batch are timed by the same clock."""
     ttft, tokens, proposed, accepted, finish, text, ids = None, 0, 0, 0, None, [], []
     for rnd in rounds:
-        if rnd.tokens and ttft is None:
+        if (rnd.tokens or rnd.text) and ttft is None:  # a server that sends no token ids still sends text
             ttft = time.perf_counter() - started
         tokens += len(rnd.tokens)
         ids += rnd.tokens
@@ -67,7 +67,11 @@ def run_clients(make_engine: Callable[[], Engine], requests: list[tuple[str, Req
     lock = threading.Lock()
 
     def client() -> None:
-        engine = make_engine()
+        try:
+            engine = make_engine()
+        except BaseException as e:  # said after the others stop
+            errors.append(e)
+            return
         while True:
             with lock:
                 i = next(cursor, None)
@@ -76,6 +80,9 @@ def run_clients(make_engine: Callable[[], Engine], requests: list[tuple[str, Req
             name, request = requests[i]
             try:
                 records[i] = record(name, engine.generate(request), time.perf_counter())
+                report = getattr(engine, "last_report", None)
+                if not records[i].tokens and report is not None and report.predicted_n:
+                    records[i].tokens = report.predicted_n  # the server's usage: it sends no token ids
             except BaseException as e:  # said after the others stop
                 errors.append(e)
                 return

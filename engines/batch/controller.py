@@ -10,8 +10,8 @@ for the batch as it is now:
 
 with E[tokens | k, a] = 1 + a + ... + a^k (a = the row's acceptance so far, each drafted
 position accepted with probability a given the previous ones -- the MtPC paper's throughput
-model, tokens per round over round latency) and cost(B, w) = c0 + c1 * B * w fitted online to
-the measured step times (least squares with forgetting, so it follows the machine). Until two
+model, tokens per round over round latency) and cost(B, w) the measured step time of a forward
+of B x w tokens (StepCosts: per size, interpolated, following the machine). Until two
 different forward sizes have been seen it does not cap (it has nothing to go on), and a
 sequence alone in the batch drafts what its own settings ask (the controller answers for
 what the batch costs, not for the user's choice of k). Speculation stays lossless whatever the
@@ -20,45 +20,48 @@ cap: it only changes how many drafts are offered.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import bisect
+import itertools
+from dataclasses import dataclass, field
 
 from engines.speculative.schedule import MAX_STEPS
 
 
 @dataclass
 class StepCosts:
-    """Online least-squares fit of step seconds = c0 + c1 * tokens (B x width)."""
+    """Measured seconds of a step per forward size (tokens = rows x width): an average per size
+    seen, linear between sizes, the slope of the largest two beyond them, and never cheaper for
+    more tokens. Why not one straight line through all: on a CPU a forward of a few tokens costs
+    about what one token does (reading the weights dominates) and grows linearly once compute
+    dominates; a line would price small forwards too dear and large ones too cheap."""
 
-    forget: float = 0.98  # weight kept by older observations at each new one
-    n: float = 0.0
-    sx: float = 0.0
-    sy: float = 0.0
-    sxx: float = 0.0
-    sxy: float = 0.0
-    lo: int | None = None  # smallest and largest forward sizes seen
-    hi: int | None = None
+    ema: float = 0.2  # weight of the newest step at its size
+    seconds: dict[int, float] = field(default_factory=dict)
 
     def observe(self, tokens: int, seconds: float) -> None:
-        f = self.forget
-        self.n, self.sx, self.sy = f * self.n + 1, f * self.sx + tokens, f * self.sy + seconds
-        self.sxx, self.sxy = f * self.sxx + tokens * tokens, f * self.sxy + tokens * seconds
-        self.lo = tokens if self.lo is None else min(self.lo, tokens)
-        self.hi = tokens if self.hi is None else max(self.hi, tokens)
+        old = self.seconds.get(tokens)
+        self.seconds[tokens] = seconds if old is None else (1 - self.ema) * old + self.ema * seconds
 
     @property
     def ready(self) -> bool:
-        return self.lo is not None and self.hi > self.lo
+        return len(self.seconds) >= 2
 
-    def fit(self) -> tuple[float, float]:
-        """(c0, c1), with c1 >= 0 (a forward never gets cheaper with more tokens)."""
-        var = self.n * self.sxx - self.sx * self.sx
-        c1 = max(0.0, (self.n * self.sxy - self.sx * self.sy) / var) if var > 0 else 0.0
-        c0 = max(1e-9, (self.sy - c1 * self.sx) / self.n)
-        return c0, c1
+    def at(self, tokens: int) -> float:
+        sizes = sorted(self.seconds)
+        costs = list(itertools.accumulate((self.seconds[t] for t in sizes), max))  # non-decreasing
+        if tokens <= sizes[0]:
+            return costs[0]
+        if tokens >= sizes[-1]:
+            slope = max(0.0, (costs[-1] - costs[-2]) / (sizes[-1] - sizes[-2])) if len(sizes) > 1 else 0.0
+            return costs[-1] + slope * (tokens - sizes[-1])
+        j = bisect.bisect_left(sizes, tokens)
+        if sizes[j] == tokens:
+            return costs[j]
+        w = (tokens - sizes[j - 1]) / (sizes[j] - sizes[j - 1])
+        return costs[j - 1] + w * (costs[j] - costs[j - 1])
 
     def cost(self, batch: int, width: int) -> float:
-        c0, c1 = self.fit()
-        return c0 + c1 * batch * width
+        return self.at(batch * width)
 
 
 def expected_tokens(k: int, acceptance: float) -> float:

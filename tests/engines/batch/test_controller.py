@@ -8,7 +8,7 @@ import itertools
 
 import pytest
 
-from engines.batch.controller import DraftBudget, expected_tokens, row_acceptance
+from engines.batch.controller import DraftBudget, StepCosts, expected_tokens, row_acceptance
 from engines.speculative.schedule import MAX_STEPS
 
 
@@ -19,9 +19,20 @@ def budget_for(c0: float, c1: float) -> DraftBudget:
     return b
 
 
-def test_the_cost_fit_recovers_the_machine():
-    c0, c1 = budget_for(0.05, 0.004).costs.fit()
-    assert c0 == pytest.approx(0.05, rel=1e-6) and c1 == pytest.approx(0.004, rel=1e-6)
+def test_the_costs_recover_the_machine_between_and_beyond_the_sizes_measured():
+    costs = budget_for(0.05, 0.004).costs
+    for tokens in (1, 5, 7, 24, 48, 64, 100):
+        assert costs.at(tokens) == pytest.approx(0.05 + 0.004 * tokens, rel=1e-9)
+
+
+def test_a_flat_then_linear_machine_is_priced_as_it_is():
+    """A CPU: a forward costs the same up to 8 tokens (the weights' read), then grows."""
+    costs = StepCosts()
+    machine = lambda t: 0.06 if t <= 8 else 0.06 + 0.01 * (t - 8)  # noqa: E731
+    for t in (1, 4, 8, 16, 32):
+        costs.observe(t, machine(t))
+    assert costs.at(6) == pytest.approx(0.06) and costs.at(24) == pytest.approx(machine(24))
+    assert costs.at(48) == pytest.approx(machine(48))
 
 
 @pytest.mark.parametrize("c0,c1", [(0.05, 0.0), (0.05, 0.002), (0.05, 0.02), (0.01, 0.05)])
