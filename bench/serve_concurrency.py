@@ -63,6 +63,18 @@ def wait_up(url: str, proc: subprocess.Popen, seconds: float = 300) -> None:
     raise RuntimeError("the server did not come up")
 
 
+def peak_rss_mb(pid: int) -> int | None:
+    """The server's peak resident memory so far (Linux: VmHWM of it and its children's main
+    process; `specscope` re-executes itself, so the pid is the serving process)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) // 1024
+    except OSError:
+        return None
+    return None
+
+
 def blas_env() -> dict:
     from app.launch import system_openblas
 
@@ -104,6 +116,10 @@ def measure(name: str, cmd: list[str], spec: SpecConfig, port: int, levels: list
                   f"{s['per_request_decode_tok_s_median'] or 0:5.1f}, TTFT p50 {s['ttft_p50_s']:.2f} s, "
                   f"latency p50 {s['latency_p50_s']:.2f} / p95 {s['latency_p95_s']:.2f} s, "
                   f"acceptance {s['acceptance'] if s['acceptance'] is not None else '-'}", file=sys.stderr, flush=True)
+        peak = peak_rss_mb(proc.pid)
+        for row in rows:
+            row["server_peak_rss_mb"] = peak
+        print(f"{name:<32} peak RSS {peak} MB", file=sys.stderr)
         return rows
     finally:
         proc.terminate()

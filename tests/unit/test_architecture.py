@@ -19,6 +19,10 @@ QT_MODULES = {"PySide6", "PyQt5", "PyQt6", "pyqtgraph", "qtpy", "shiboken6"}
 # top, is the one module that may open the window)
 FORBIDDEN = {
     "engines": ["app"],
+    # the batch is built on the single-stream chat engine, never the other way round; the
+    # backend-agnostic speculation code knows no engine
+    "engines.mlx_chat": ["engines.batch"],
+    "engines.speculative": ["engines.batch", "engines.mlx_chat", "engines.glm_ocr", "engines.remote"],
     "resources": ["app", "engines"],
     "app.models": ["app.cli", "app.gui", "app.serve", "app.records"],
     "app.records": ["app.cli", "app.gui", "app.serve", "app.models"],
