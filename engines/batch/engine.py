@@ -6,8 +6,9 @@ One step:
     admit     sequences waiting for a slot start reading their prompt; one prefill chunk of
               one joining sequence runs per step (so a long prompt never stalls the running
               streams); a sequence whose prompt is read reports its first token and joins.
-    draft     every running sequence asks its own schedule for k (0..7) and its own proposer
-              for k drafts (n-gram index, draft model) -- rows may differ in k.
+    draft     every running sequence asks its own schedule for k (0..7), within the batch-aware
+              controller's cap (controller.py), and drafts: its own n-gram index, or its row of
+              a draft model shared by the batch (drafter.py) -- rows may differ in k.
     verify    one target forward over [pending token, drafts, padding] of every row; each
               row's verdict from its own slice: greedy at T=0, rejection sampling at T>0 on
               the sequence's own RNG key, so what a request receives never depends on who
