@@ -81,21 +81,35 @@ class DraftBudget:
     def observe(self, batch: int, width: int, seconds: float) -> None:
         self.costs.observe(batch * width, seconds)
 
-    def choose(self, acceptances: list[float | None]) -> int:
-        """The cap for the next step. `acceptances`: each running row's acceptance so far, or
-        None for a row that does not draft (it still pays for the padded width)."""
-        drafting = [a for a in acceptances if a is not None]
-        if not drafting or len(acceptances) < 2 or not self.costs.ready:
+    def choose(self, rows: list["RowOdds | float | None"]) -> int:
+        """The cap for the next step. `rows`: each running row's odds (a bare float is an
+        acceptance with drafts always offered), or None for a row that does not draft (it still
+        pays for the padded width)."""
+        drafting = [r if isinstance(r, RowOdds) else RowOdds(r) for r in rows if r is not None]
+        if not drafting or len(rows) < 2 or not self.costs.ready:
             self.cap = MAX_STEPS
             return self.cap
-        batch = len(acceptances)
+        batch = len(rows)
 
         def rate(k: int) -> float:
-            tokens = sum(expected_tokens(k, a) for a in drafting) + (batch - len(drafting))
+            tokens = sum(r.expected_tokens(k) for r in drafting) + (batch - len(drafting))
             return tokens / self.costs.cost(batch, 1 + k)
 
         self.cap = max(range(MAX_STEPS + 1), key=rate)
         return self.cap
+
+
+@dataclass(frozen=True)
+class RowOdds:
+    """A drafting row as the controller sees it: its per-position acceptance, and how often it
+    offers drafts at all when asked (n-gram lookup finds no match on some rounds, and such a
+    round still pays for the batch's padded width)."""
+
+    acceptance: float
+    offers: float = 1.0
+
+    def expected_tokens(self, k: int) -> float:
+        return 1.0 + self.offers * (expected_tokens(k, self.acceptance) - 1.0)
 
 
 def row_acceptance(accepted: int, rejections: int) -> float:
@@ -103,3 +117,9 @@ def row_acceptance(accepted: int, rejections: int) -> float:
     until the first rejection, so a round yields its accepted drafts and at most one rejection;
     the estimate is accepted / (accepted + rejections), with a uniform prior (1/2 at first)."""
     return (accepted + 1) / (accepted + rejections + 2)
+
+
+def row_odds(accepted: int, rejections: int, asked: int, offered: int) -> RowOdds:
+    """A row's odds from its counts: rounds asked to draft and rounds that offered drafts (with
+    the same uniform prior)."""
+    return RowOdds(row_acceptance(accepted, rejections), (offered + 1) / (asked + 2))

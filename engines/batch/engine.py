@@ -37,7 +37,7 @@ import mlx.core as mx
 
 from engines.types import EngineError, OnPrefill, PrefillProgress, Request, Sampling, ShouldStop
 from engines.batch.cache import BatchCache, check_batchable
-from engines.batch.controller import DraftBudget, row_acceptance
+from engines.batch.controller import DraftBudget, row_odds
 from engines.batch.drafter import BatchDrafter, DraftRow
 from engines.mlx_chat import sampling as mxs
 from engines.mlx_chat.context import check_fits
@@ -70,6 +70,8 @@ class Sequence:
     finished: bool = False
     accepted: int = 0  # drafts accepted so far, and rounds that ended in a rejection: the
     rejections: int = 0  # controller's estimate of this row's per-position acceptance
+    asked: int = 0  # rounds it was asked for drafts, and rounds it offered some: how often
+    offered: int = 0  # its proposer has anything to offer (an n-gram miss offers nothing)
     capped_at: int | None = None  # the controller's cap last said to this sequence
     twin_of: "Sequence | None" = None  # another choice of the same request: its prefill is shared
 
@@ -277,7 +279,8 @@ class BatchEngine:
         if self.budget is None:
             return MAX_STEPS
         drafting = lambda s: s.run.proposer is not None and s.run.schedule.enabled  # noqa: E731
-        return self.budget.choose([row_acceptance(s.accepted, s.rejections) if drafting(s) else None for s in rows])
+        return self.budget.choose([row_odds(s.accepted, s.rejections, s.asked, s.offered) if drafting(s) else None
+                                   for s in rows])
 
     def _draft(self, rows: list[Sequence], cap: int = MAX_STEPS) -> list[RowStep]:
         """Each row's k (its schedule's, within the controller's cap) and drafts: rows of a
@@ -369,6 +372,8 @@ class BatchEngine:
         run.schedule.record(step.k, verdict.accepted)
         seq.accepted += verdict.accepted
         seq.rejections += 1 if verdict.accepted < step.k else 0
+        seq.asked += 1 if step.steps else 0
+        seq.offered += 1 if step.k else 0
         if run.proposer is not None and run.schedule.enabled and not finish:
             try:
                 run.proposer.commit(run.ctx)

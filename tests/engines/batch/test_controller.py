@@ -8,7 +8,7 @@ import itertools
 
 import pytest
 
-from engines.batch.controller import DraftBudget, StepCosts, expected_tokens, row_acceptance
+from engines.batch.controller import DraftBudget, RowOdds, StepCosts, expected_tokens, row_acceptance, row_odds
 from engines.speculative.schedule import MAX_STEPS
 
 
@@ -75,3 +75,18 @@ def test_row_acceptance_is_the_per_position_rate():
 
 def test_a_sequence_alone_drafts_what_it_asks():
     assert budget_for(0.001, 0.05).choose([0.2]) == MAX_STEPS
+
+
+def test_rows_that_rarely_offer_drafts_make_drafting_pay_less():
+    """n-gram rows that find no match half the time still pay for the padded width: with the
+    same acceptance, such a batch drafts no more than one whose rows always offer."""
+    b = budget_for(0.02, 0.003)
+    always = b.choose([RowOdds(0.6, 1.0)] * 6)
+    half = b.choose([RowOdds(0.6, 0.5)] * 6)
+    rare = b.choose([RowOdds(0.6, 0.05)] * 6)
+    assert always >= half >= rare and always > rare
+
+
+def test_row_odds_count_offers_among_the_rounds_asked():
+    odds = row_odds(accepted=3, rejections=3, asked=8, offered=2)
+    assert odds.acceptance == pytest.approx(0.5) and odds.offers == pytest.approx(3 / 10)
