@@ -4,3 +4,4 @@ sliding window; perturbed copies of each as draft models), built once per sessio
 from tests.engines.mlx_chat.conftest import (  # noqa: F401  (pytest fixtures)
     ckpt_dir, engines, gemma3_dir, gemma3_draft_dir, llama_dir, llama_draft_dir,
 )
+from tests.engines.gemma4.conftest import dense_pair  # noqa: E402,F401  (the tiny Gemma 4 pair)

@@ -192,3 +192,38 @@ def test_choices_of_one_request_share_its_prefill(engines, monkeypatch):
         for seq, rnd in batch.step():
             out[seq.id] += rnd.tokens
     assert out[a.id] != out[b.id] and b.twin_of is a
+
+
+def test_a_drafter_fault_falls_back_for_that_sequence_only(engines, llama_draft_dir, monkeypatch):
+    """An n-gram drafter that breaks on its third proposal (tests/faults.py): the one sequence
+    whose drafter broke decodes plainly from then on and its round says so; the others keep
+    drafting; every request still gets its lone tokens."""
+    from tests.faults import break_ngram_drafter_on_third_call
+
+    engine = engines["llama"]
+    reqs = requests(llama_draft_dir)[:3]  # n-gram, plain, draft model: one n-gram drafter in all
+    alone = [lone(engine, r)[0] for r in reqs]
+    break_ngram_drafter_on_third_call(monkeypatch)
+    got, _ = run_batch(BatchEngine(engine, max_batch=3, budget=None), reqs, join_late=0)
+    for i in range(3):
+        assert [t for rnd in got[i] for t in rnd.tokens] == alone[i], i
+    notes = [rnd.note for rnd in got[0] if rnd.note]
+    assert any("speculation stopped" in n and "drafter broke" in n for n in notes)
+    broke_at = next(j for j, rnd in enumerate(got[0]) if rnd.note and "drafter broke" in rnd.note)
+    assert all(rnd.proposed == 0 for rnd in got[0][broke_at + 1:])  # plain from then on
+    assert not any(rnd.note for rnd in got[2]) and sum(rnd.accepted for rnd in got[2]) > 0  # the other drafts on
+
+
+def test_an_mtp_request_in_a_batch_decodes_plainly_and_says_so(dense_pair):
+    """The Gemma 4 assistant is not batched yet: an MTP request in the batch (the tiny Gemma 4
+    pair) decodes plainly, its first round says why, and its tokens are its lone MTP run's."""
+    from engines.mlx_chat.engine import ChatEngine
+
+    engine = ChatEngine.load(str(dense_pair.target))
+    mtp = Request(prompt="the cat and the dog", max_tokens=24,
+                  spec=SpecConfig("mtp", 3, draft_model=str(dense_pair.assistant)))
+    plain = Request(prompt="a red bird", max_tokens=20)
+    alone = [lone(engine, r)[0] for r in (mtp, plain)]
+    got, _ = run_batch(BatchEngine(engine, max_batch=2, budget=None), [mtp, plain], join_late=0)
+    assert [[t for rnd in got[i] for t in rnd.tokens] for i in range(2)] == alone
+    assert "not batched yet" in (got[0][0].note or "") and all(rnd.proposed == 0 for rnd in got[0])
