@@ -5,9 +5,10 @@ Where things happen (read `OcrEngine.generate` top to bottom):
   draft          MtpDrafter.propose: catch up the MTP cache, then chain k MTP steps
   verify         one target forward over [token, draft_1 .. draft_k] -> verify_greedy /
                  rejection sampling -> accepted drafts + exactly one target token
-  roll back      nothing to undo in the main cache: the next chunk is written right after
-                 the accepted rows (stale rows are masked, then overwritten); the MTP layer
-                 is told which rows were verified (MtpDrafter.accept)
+  roll back      nothing to undo here: the next forward is written right after the accepted
+                 rows (runtime_fast crops its cache there; Core ML and its twin mask the stale
+                 rows, then overwrite them); the MTP layer is told which rows were verified
+                 (MtpDrafter.accept)
 
 Each round feeds [token, drafts...] at main cache rows length.. and keeps 1 + accepted rows
 (`Sequence`); `Output` turns each verdict into the Round the app shows.

@@ -36,9 +36,35 @@ from engines.glm_ocr.config import GlmOcrConfig
 from engines.glm_ocr.weights import MTP_PARTS, build_mtp_reference, mtp_missing_reason, read_mtp_tensors
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-# The compute dtype when the caller does not choose one (see docs/benchmarks.md for the
-# measurements behind it): float32 keeps the tokens equal to transformers' float32 generate.
-DEFAULT_DTYPE = "float32"
+DTYPE_ENV = "SPECSCOPE_OCR_DTYPE"  # overrides the default choice (e.g. float32 for parity checks)
+
+
+def default_dtype(model_dir: Path) -> str:
+    """The compute dtype when the caller chooses none: the environment's SPECSCOPE_OCR_DTYPE,
+    else bfloat16 for a checkpoint stored in bfloat16 (GLM-OCR is published so) on a CPU whose
+    oneDNN computes bfloat16 natively (AVX512-BF16 / AMX) -- half the bytes per decoded token
+    and no float32 copy of the weights (docs/benchmarks.md has the measurements) -- else
+    float32, which keeps the tokens equal to transformers' float32 generate."""
+    chosen = os.environ.get(DTYPE_ENV)
+    if chosen:
+        return chosen
+    if stored_dtype(model_dir) == "bfloat16" and torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return "bfloat16"
+    return "float32"
+
+
+def stored_dtype(model_dir: Path) -> str | None:
+    """The dtype of the checkpoint's LM head as stored (bfloat16 | float16 | float32)."""
+    from safetensors import safe_open
+
+    from engines.glm_ocr.weights import safetensors_files
+
+    names = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
+    for path in safetensors_files(model_dir):
+        with safe_open(path, "pt") as f:
+            if "lm_head.weight" in f.keys():
+                return names.get(f.get_slice("lm_head.weight").get_dtype())
+    return None
 
 
 class KVCache:
@@ -151,7 +177,7 @@ class FastRuntime:
     @classmethod
     def load(cls, model_dir: str | os.PathLike, cache_length: int = 8192, dtype: str | None = None,
              decode_threads: int | None = None, vision_threads: int | None = None, **_twin_options) -> "FastRuntime":
-        """`dtype`: float32 | bfloat16 | float16 (default DEFAULT_DTYPE). `seq_len`, a Core ML
+        """`dtype`: float32 | bfloat16 | float16 (default: default_dtype). `seq_len`, a Core ML
         twin option, is accepted and ignored: this runtime has no fixed window."""
         from transformers import GlmOcrForConditionalGeneration
         from transformers.utils import logging as hf_logging
@@ -159,7 +185,7 @@ class FastRuntime:
         model_dir = Path(model_dir)
         if not any(model_dir.glob("*.safetensors")):
             raise EngineError(f"the torch runtime needs a Hugging Face GLM-OCR checkpoint; {model_dir} has no safetensors")
-        dtype = dtype or DEFAULT_DTYPE
+        dtype = dtype or default_dtype(model_dir)
         if dtype not in DTYPES:
             raise EngineError(f"unknown dtype {dtype!r} (expected {', '.join(DTYPES)})")
         config = GlmOcrConfig.load(model_dir)

@@ -20,21 +20,12 @@ from PIL import Image
 from engines.types import Request, SpecConfig
 from engines.glm_ocr.engine import OcrEngine
 from engines.glm_ocr.positions import text_positions, text_rope
-from engines.glm_ocr.runtime_fast import FastRuntime
+from engines.glm_ocr.runtime_fast import DTYPE_ENV, FastRuntime, default_dtype, stored_dtype
 from engines.glm_ocr.weights import load_reference, read_mtp_tensors
 from tests.engines.glm_ocr.checkpoints import hf_greedy, reference_prompt
 
 MAX_TOKENS = 48
 IMAGES = 2
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny ops: one intra-op thread, or thread hand-offs cost more than the work."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 @pytest.fixture(scope="module")
@@ -133,3 +124,18 @@ def test_bfloat16_runs_mtp_and_stays_lossless_against_its_own_plain_decoding(tra
     for steps in (1, 3):
         tokens, by_depth = run(engine, image, steps)
         assert tokens == plain and by_depth[1].sum() > 0
+
+
+def test_the_default_dtype_follows_the_checkpoint_and_the_cpu(tmp_path, monkeypatch, trained_glm_ocr):
+    """bfloat16 for a checkpoint stored in bfloat16 (as GLM-OCR is published) where oneDNN
+    computes it natively, float32 otherwise; SPECSCOPE_OCR_DTYPE overrides."""
+    from tests.engines.glm_ocr.checkpoints import make_published_glm_ocr
+
+    monkeypatch.delenv(DTYPE_ENV, raising=False)
+    published = make_published_glm_ocr(tmp_path / "published")
+    assert stored_dtype(published) == "bfloat16" and stored_dtype(trained_glm_ocr[0]) == "float32"
+    native = torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    assert default_dtype(published) == ("bfloat16" if native else "float32")
+    assert default_dtype(trained_glm_ocr[0]) == "float32"
+    monkeypatch.setenv(DTYPE_ENV, "float32")
+    assert default_dtype(published) == "float32"
