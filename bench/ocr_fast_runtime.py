@@ -5,11 +5,13 @@ transformers' own generate, same checkpoint, same page, each run in its own proc
 
 The checkpoint (random bfloat16 weights, zai-org/GLM-OCR's config.json and
 preprocessor_config.json as published; tests/engines/glm_ocr/published_shape.py) is built
-once into --checkpoint (about 2.6 GB). The page is a 448 x 448 text page (256 image tokens).
-Random weights emit no meaningful text; end-of-sequence is switched off so that every run
-decodes exactly --tokens tokens.
+once into --checkpoint (about 2.6 GB). The page is the tests' fixture page (the 160 x 90 image
+of tests/engines/test_published_layouts.py, read at the published processor's minimum size:
+24 image tokens), or with a run's "@448" suffix a 448 x 448 page of text lines (256 image
+tokens). Random weights emit no meaningful text; end-of-sequence is switched off so that every
+run decodes exactly --tokens tokens.
 
-A run is KIND:DTYPE:THREADS[:STEPS]:
+A run is KIND:DTYPE:THREADS[:STEPS][@448]:
   ours      the engine on runtime "torch" (runtime_fast.py); STEPS given: after the plain run,
             MTP rounds at those steps (e.g. 2+3) with a replay drafter -- the plain run's own
             tokens, each draft replaced by a wrong token with probability --error-rate (0.25:
@@ -17,6 +19,8 @@ A run is KIND:DTYPE:THREADS[:STEPS]:
             vLLM / SGLang report for GLM-OCR's MTP) -- and with the checkpoint's own random MTP
             layer (nothing accepted: what drafting costs)
   hf        transformers' GlmOcrForConditionalGeneration.generate (greedy, sdpa)
+  parts     (KIND parts:DTYPE) the runtime's stages alone at 1 and 2 intra-op threads: vision
+            tower, prefill, one decode step, one 4-row verify forward
   pdf       `specscope ocr` on a 2-page PDF of the page, plain, --max-tokens --pdf-tokens, as a
             user runs it (its own process, the model loaded once): KIND pdf:RUNTIME, where
             RUNTIME is torch (this runtime, its default dtype) or coreml-twin (before it)
@@ -41,8 +45,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-DEFAULT_RUNS = ("ours:bfloat16:2:2+3,ours:bfloat16:1,ours:float32:2,ours:float16:2,hf:float32:2,hf:bfloat16:2,"
-                "pdf:torch,pdf:coreml-twin")
+DEFAULT_RUNS = ("ours:bfloat16:2:2+3,ours:float32:2,hf:float32:2,hf:bfloat16:2,ours:bfloat16:2@448,hf:float32:2@448,"
+                "parts:bfloat16@448,parts:float32@448,parts:float16@448,pdf:torch,pdf:coreml-twin")
 
 
 def peak_rss_gb() -> float:
@@ -158,11 +162,65 @@ def run_pdf(args, page: Path, runtime: str) -> dict:
     return result
 
 
+def run_parts(checkpoint: Path, page: Path, dtype: str) -> dict:
+    """The runtime's stages alone, at 1 and 2 intra-op threads: the vision tower on the page,
+    the prompt's prefill, one decode step (1 row) and one verify forward of 4 rows (median of 9)."""
+    import numpy as np
+    import torch
+    import transformers  # noqa: F401
+
+    from engines.types import Request
+    from engines.glm_ocr.engine import OcrEngine
+    from engines.glm_ocr.image import load_image, preprocess
+    from engines.glm_ocr.positions import text_positions, text_rope
+
+    engine = OcrEngine.load(checkpoint, runtime="torch", dtype=dtype)
+    rt = engine.runtime
+    pixel_values, grid = preprocess(load_image(str(page)), engine.image_config)
+    grid_thw = tuple(int(x) for x in grid[0])
+    prompt = engine._prompt(Request(kind="ocr", image=str(page), max_tokens=8))
+    out = {"image_tokens": int(np.prod(grid_thw)) // 4, "prompt_tokens": len(prompt.ids)}
+
+    def timed(fn, repeat=1):
+        times = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return float(np.median(times))
+
+    p = len(prompt.ids)
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        vision = timed(lambda: rt.encode_image(pixel_values, grid_thw))
+        rt.reset()
+        cos, sin = text_rope(prompt.positions.rows(0, p), rt.config.text)
+        prefill = timed(lambda: rt.decode(prompt.embeds, 0, cos, sin))
+        rows = {}
+        for n in (1, 4):
+            c, s_ = text_rope(text_positions(p, n, prompt.positions.delta), rt.config.text)
+            emb = rt.embeddings[np.arange(n) + 100]
+
+            def step():
+                rt.logits(rt.decode(emb, p, c, s_))
+            step()  # warm
+            rows[n] = timed(step, 9)
+        out[f"threads{threads}"] = {"vision_s": vision, "prefill_s": prefill, "decode_1_row_s": rows[1],
+                                    "verify_4_rows_s": rows[4]}
+        print(f"  {dtype} {threads} thread(s): vision {vision:.2f} s, prefill {prefill:.2f} s ({p} rows), "
+              f"1 row {1000 * rows[1]:.0f} ms, 4 rows {1000 * rows[4]:.0f} ms", file=sys.stderr, flush=True)
+    return out
+
+
 def child(args) -> None:
-    kind, dtype, threads, *rest = args.child.split(":")
-    steps = [int(s) for s in rest[0].split("+")] if rest else []
+    fields = args.child.split(":")
+    kind, dtype = fields[:2]
+    threads = fields[2] if len(fields) > 2 else "0"
+    steps = [int(s) for s in fields[3].split("+")] if len(fields) > 3 else []
     load = os.getloadavg()
-    if kind == "ours":
+    if kind == "parts":
+        result = run_parts(args.checkpoint, args.page, dtype)
+    elif kind == "ours":
         result = run_ours(args.checkpoint, args.page, dtype, int(threads), args.tokens, steps, args.error_rate)
     else:
         result = run_hf(args.checkpoint, args.page, dtype, int(threads), args.tokens)
@@ -195,15 +253,25 @@ def main() -> None:
         t0 = time.perf_counter()
         make_published_shape_glm_ocr(args.checkpoint)
         print(f"checkpoint {args.checkpoint} ({time.perf_counter() - t0:.0f} s)", flush=True)
-    page = args.page or fixture_page(Path(tempfile.mkdtemp(prefix="ocr-bench-")) / "page-448.png")
+    scratch = Path(tempfile.mkdtemp(prefix="ocr-bench-"))
+    text_page = fixture_page(scratch / "page-448.png")
+    if args.page:
+        page = args.page
+    else:  # the tests' fixture page (tests/engines/test_published_layouts.py): a 160 x 90 image
+        from tests.engines.glm_ocr.checkpoints import test_images
+
+        page = scratch / "fixture-page.png"
+        test_images(1)[0].save(page)
     if args.build_only:
         return
     results = []
     for run in [r for r in args.runs.split(",") if r]:
+        run, _, page_name = run.partition("@")
+        run_page = text_page if page_name == "448" else page
         if run.startswith("pdf:"):
-            results.append(run_pdf(args, page, run.split(":")[1]))
+            results.append(run_pdf(args, text_page, run.split(":")[1]))
             continue
-        cmd = [sys.executable, __file__, "--child", run, "--checkpoint", str(args.checkpoint), "--page", str(page),
+        cmd = [sys.executable, __file__, "--child", run, "--checkpoint", str(args.checkpoint), "--page", str(run_page),
                "--tokens", str(args.tokens), "--error-rate", str(args.error_rate)]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
@@ -215,12 +283,16 @@ def main() -> None:
             print(f"{run}: failed\n{proc.stderr[-2000:]}", flush=True)
             continue
         result = json.loads(line[0][len("RESULT "):])
+        result["page"] = run_page.name
+        run = f"{run}@{page_name}" if page_name else run
         results.append(result)
+        if run.startswith("parts"):
+            print(proc.stderr.strip(), flush=True)
         for name, r in result.items():
-            if isinstance(r, dict):
+            if isinstance(r, dict) and "ttft_s" in r:
                 extra = f", {r['tokens_per_forward']:.2f} tok/forward" if "tokens_per_forward" in r else ""
                 print(f"{run:24} {name:18} ttft {r['ttft_s']:5.2f} s  decode {r['decode_tok_s']:5.2f} tok/s{extra}", flush=True)
-        print(f"{run:24} load {result['load_s']:.1f} s  peak RSS {result['peak_rss_gb']:.2f} GB  "
+        print(f"{run:24} load {result.get('load_s', 0):.1f} s  peak RSS {result['peak_rss_gb']:.2f} GB  "
               f"load avg before {result['loadavg_before'][0]:.2f}", flush=True)
     out = ROOT / "bench" / "results" / f"ocr-fast-runtime-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.parent.mkdir(exist_ok=True)
