@@ -45,8 +45,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-DEFAULT_RUNS = ("ours:bfloat16:2:2+3,ours:float32:2,hf:float32:2,hf:bfloat16:2,ours:bfloat16:2@448,hf:float32:2@448,"
-                "parts:bfloat16@448,parts:float32@448,parts:float16@448,pdf:torch,pdf:coreml-twin")
+DEFAULT_RUNS = ("ours:bfloat16:2:2+3,hf:float32:2,ours:float32:2,hf:bfloat16:2,ours:bfloat16:2@448,hf:float32:2@448,"
+                "parts:bfloat16@448,parts:float32@448,pdf:torch,pdf:coreml-twin,ours:bfloat16:1,parts:float16@448")
 
 
 def peak_rss_gb() -> float:
@@ -150,7 +150,7 @@ def run_pdf(args, page: Path, runtime: str) -> dict:
            "--spec", "off", "--max-tokens", str(args.pdf_tokens), "--max-repeat", "0", "--format", "json"]
     load = os.getloadavg()
     start = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=args.timeout * 3,
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=args.timeout * 3, stdin=subprocess.DEVNULL,
                           env=dict(os.environ, PYTHONPATH=str(ROOT)))
     wall = time.perf_counter() - start
     pages = json.loads(proc.stdout)["pages"] if proc.returncode == 0 else []
@@ -238,7 +238,7 @@ def main() -> None:
     parser.add_argument("--error-rate", type=float, default=0.25)
     parser.add_argument("--runs", default=DEFAULT_RUNS)
     parser.add_argument("--pdf-tokens", type=int, default=32)
-    parser.add_argument("--timeout", type=int, default=300, help="seconds per run")
+    parser.add_argument("--timeout", type=int, default=240, help="seconds per run (a PDF run: 3x)")
     parser.add_argument("--build-only", action="store_true")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -274,7 +274,7 @@ def main() -> None:
         cmd = [sys.executable, __file__, "--child", run, "--checkpoint", str(args.checkpoint), "--page", str(run_page),
                "--tokens", str(args.tokens), "--error-rate", str(args.error_rate)]
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired:
             print(f"{run}: no result within {args.timeout} s", flush=True)
             continue
