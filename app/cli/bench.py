@@ -30,7 +30,7 @@ def bench_parser() -> Parser:
     ocr = sub.add_parser("ocr", help="GLM-OCR over images")
     ocr.add_argument("images", nargs="+")
     ocr.add_argument("--model", required=True)
-    ocr.add_argument("--runtime", choices=["coreml", "torch"], default=None)
+    ocr.add_argument("--runtime", choices=["torch", "coreml", "coreml-twin"], default=None)
     ocr.add_argument("--task", choices=["text", "table", "formula"], default="text")
     add_spec_arguments(ocr, ["mtp"], "mtp")
     add_serve_parser(sub)

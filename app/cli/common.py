@@ -138,7 +138,7 @@ def run_and_report(engine, request: Request, args: argparse.Namespace, trace: Tr
     else:
         if stream:
             write_stdout("\n")  # flushed: a piped stdout never takes the stats line in mid-text
-        print((f"[{label}] " if label else "") + stats_line(session), file=sys.stderr, flush=True)
+        print((f"[{label}] " if label else "") + stats_line(session, runtime_label(engine)), file=sys.stderr, flush=True)
     return session
 
 
@@ -146,12 +146,27 @@ def exit_code(session) -> int:
     return EXIT_INTERRUPTED if session.finish == "cancelled" else 0
 
 
-def stats_line(session) -> str:
+def stats_line(session, runtime: str | None = None) -> str:
     s = session.stats()
     fallback = f"; {s.fallback}" if s.fallback else ""  # the drafter failed; decoding went on plainly
+    ran_on = f", runtime {runtime}" if runtime else ""
     return (f"[{s.decode_rounds} rounds, {s.tokens} tokens, {s.decode_tok_s:.1f} tok/s decode, "
             f"tau {s.tau:.2f}, acceptance {100 * s.acceptance_rate:.0f}%, ttft {1000 * s.ttft_s:.0f} ms, "
-            f"finish {session.finish}{fallback}]")
+            f"finish {session.finish}{ran_on}{fallback}]")
+
+
+def runtime_label(engine) -> str | None:
+    """The OCR runtime a run used, for the stats line: "torch (bfloat16)", "coreml (all)",
+    "coreml-twin"; None for engines that do not name one."""
+    try:
+        info = engine.model_info()
+    except Exception:  # noqa: BLE001 -- the stats line never fails a finished run
+        return None
+    runtime = info.get("runtime") if isinstance(info, dict) else None
+    if not runtime:
+        return None
+    detail = info.get("dtype") if runtime == "torch" else info.get("compute_units") if runtime == "coreml" else None
+    return f"{runtime} ({detail})" if detail else runtime
 
 
 class StdoutFailed(Exception):

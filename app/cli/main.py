@@ -38,7 +38,7 @@ TOP_HELP = f"""usage: specscope [--screenshot PATH --chat PROMPT | --ocr FILE...
        specscope {{{','.join(COMMANDS)}}} ...                              (command line)
 
   chat      chat with an mlx-lm model, speculation off | ngram | draft | mtp
-  ocr       read a document image with GLM-OCR (torch or Core ML runtime), MTP speculation
+  ocr       read a document image with GLM-OCR (PyTorch or Core ML runtime), MTP speculation
   bench     speculation off vs on over a prompt set: tau, acceptance, tok/s, speedup
   convert   convert GLM-OCR to Core ML packages
   models    list | get ID | rm ID | add PATH | path ID: the model catalog and downloads

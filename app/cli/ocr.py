@@ -18,7 +18,9 @@ def ocr_parser() -> Parser:
     p = Parser(prog="specscope ocr", description="Read document images and PDFs with GLM-OCR, page by page.")
     p.add_argument("files", nargs="+", metavar="FILE", help="images, multi-page TIFFs or PDFs, read in order")
     p.add_argument("--model", default="glm-ocr", help="catalog id, hub repo id, GLM-OCR HF checkpoint (torch runtime) or converted directory (default: glm-ocr)")
-    p.add_argument("--runtime", choices=["coreml", "torch"], default=None, help="default: coreml for a converted directory on macOS, else torch")
+    p.add_argument("--runtime", choices=["torch", "coreml", "coreml-twin"], default=None,
+                   help="default: coreml for a converted directory on macOS, else torch (the fast PyTorch runtime); "
+                        "coreml-twin runs the modules converted for Core ML in PyTorch (parity checks; slow)")
     p.add_argument("--task", choices=["text", "table", "formula"], default="text")
     p.add_argument("--pages", default=None, metavar="LIST", help="pages of each PDF / TIFF to read, e.g. 1-3,7 (default: all)")
     p.add_argument("--format", choices=EXPORT_FORMATS, default=None,

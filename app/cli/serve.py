@@ -23,7 +23,7 @@ def serve_parser(parser_class) -> argparse.ArgumentParser:
     p.add_argument("--model-name", default=None, help="the id clients ask for (default: the model's file name)")
     p.add_argument("--draft-model", default=None, help="draft model (--spec draft) or Gemma 4 assistant (--spec mtp)")
     p.add_argument("--ocr-model", default=None, help="also serve GLM-OCR (catalog id or checkpoint; image content parts)")
-    p.add_argument("--ocr-runtime", choices=["coreml", "torch"], default=None)
+    p.add_argument("--ocr-runtime", choices=["torch", "coreml", "coreml-twin"], default=None)
     p.add_argument("--no-chat", action="store_true", help="serve only the OCR model")
     p.add_argument("--host", default="127.0.0.1", help="default loopback; another address needs --api-key or --insecure")
     p.add_argument("--port", type=int, default=8000)

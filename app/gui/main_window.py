@@ -77,7 +77,10 @@ def runtime_text(kind: str | None, model: dict) -> str:
     if kind == "ocr":
         if model.get("runtime") == "coreml":
             return f"Core ML \u00b7 compute units: {model.get('compute_units') or 'all'}"
-        return "PyTorch reference runtime \u00b7 CPU"
+        if model.get("runtime") == "coreml-twin":
+            return "Core ML twin (PyTorch) \u00b7 CPU"
+        dtype = f" \u00b7 {model['dtype']}" if model.get("dtype") else ""
+        return f"PyTorch \u00b7 CPU{dtype}"
     import mlx.core as mx
 
     device = "Metal GPU" if mx.metal.is_available() else "CPU"

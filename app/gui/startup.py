@@ -36,7 +36,7 @@ def add_gui_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--chat", dest="gui_chat", metavar="PROMPT", help="send PROMPT to the chat engine")
     g.add_argument("--model", dest="gui_model", metavar="PATH",
                    help="model file or folder (default for chat: the embedded SmolLM2-135M-Instruct)")
-    g.add_argument("--runtime", dest="gui_runtime", choices=["torch", "coreml"], help="OCR runtime")
+    g.add_argument("--runtime", dest="gui_runtime", choices=["torch", "coreml", "coreml-twin"], help="OCR runtime")
     g.add_argument("--task", dest="gui_task", choices=["text", "table", "formula"], help="OCR task")
     g.add_argument("--spec", dest="gui_method", choices=METHODS,
                    help="speculation method (default: ngram for chat, mtp for OCR)")

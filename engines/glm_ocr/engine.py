@@ -1,13 +1,14 @@
 """The OCR engine: GLM-OCR decoding with chained MTP drafts, one Round per target forward.
 
 Where things happen (read `OcrEngine.generate` top to bottom):
-  prefill        the prompt (image tokens included) in seq_len chunks -> the first token
+  prefill        the prompt (image tokens included) in prefill_len chunks -> the first token
   draft          MtpDrafter.propose: catch up the MTP cache, then chain k MTP steps
   verify         one target forward over [token, draft_1 .. draft_k] -> verify_greedy /
                  rejection sampling -> accepted drafts + exactly one target token
-  roll back      nothing to undo in the main cache: the next chunk is written right after
-                 the accepted rows (stale rows are masked, then overwritten); the MTP layer
-                 is told which rows were verified (MtpDrafter.accept)
+  roll back      nothing to undo here: the next forward is written right after the accepted
+                 rows (runtime_fast crops its cache there; Core ML and its twin mask the stale
+                 rows, then overwrite them); the MTP layer is told which rows were verified
+                 (MtpDrafter.accept)
 
 Each round feeds [token, drafts...] at main cache rows length.. and keeps 1 + accepted rows
 (`Sequence`); `Output` turns each verdict into the Round the app shows.
@@ -248,6 +249,9 @@ class Output:
 # ----------------------------------------------------------------------------- the engine
 
 
+RUNTIMES = ("torch", "coreml", "coreml-twin")  # what OcrEngine.load and the CLI's --runtime accept
+
+
 class OcrEngine:
     def __init__(self, runtime: Runtime, tokenizer: GlmTokenizer, model_path: str, image_config=None):
         self.runtime = runtime
@@ -260,6 +264,9 @@ class OcrEngine:
 
     @classmethod
     def load(cls, model_path: str | os.PathLike, runtime: str | None = "torch", **options) -> "OcrEngine":
+        """`runtime`: "torch" (the fast PyTorch runtime, runtime_fast.py), "coreml" (converted
+        packages, macOS), "coreml-twin" (the converted modules run in PyTorch: parity checks),
+        or None: by what the directory holds (runtime_coreml.default_runtime)."""
         from engines.glm_ocr.image import ImageProcessorConfig
 
         if not os.path.isdir(model_path):
@@ -269,6 +276,10 @@ class OcrEngine:
 
             runtime = default_runtime(model_path)
         if runtime == "torch":
+            from engines.glm_ocr.runtime_fast import FastRuntime
+
+            rt = FastRuntime.load(model_path, **options)
+        elif runtime == "coreml-twin":
             from engines.glm_ocr.runtime_torch import TorchRuntime
 
             rt = TorchRuntime.load(model_path, **options)
@@ -277,7 +288,7 @@ class OcrEngine:
 
             rt = CoreMLRuntime.load(model_path, **options)
         else:
-            raise EngineError(f"unknown runtime {runtime!r} (expected 'torch' or 'coreml')")
+            raise EngineError(f"unknown runtime {runtime!r} (expected one of {', '.join(RUNTIMES)})")
         return cls(rt, GlmTokenizer(model_path), str(model_path), ImageProcessorConfig.from_dir(model_path))
 
     def decode(self, token_ids: list[int]) -> str:
@@ -288,6 +299,7 @@ class OcrEngine:
         return {
             "kind": "ocr", "path": self.model_path, "runtime": self.runtime.name,
             "compute_units": getattr(self.runtime, "compute_units", "cpu"),  # Core ML: all | cpu_and_ne | ...; torch: the CPU
+            "dtype": getattr(self.runtime, "dtype_name", None),  # the fast runtime's compute dtype
             "layers": t.num_hidden_layers, "hidden": t.hidden_size, "vocab": t.vocab_size,
             "seq_len": self.runtime.seq_len, "cache_length": self.runtime.cache_length,
             "mtp": self.runtime.mtp_unavailable is None, "mtp_note": self.runtime.mtp_unavailable,
@@ -305,7 +317,7 @@ class OcrEngine:
         sampler = Sampler(request.sampling)
         out = Output(self.tokenizer, self.config.eos_token_ids, request.max_tokens, self._guard(request))
 
-        # prefill: the prompt in seq_len chunks; the last row's logits give the first token
+        # prefill: the prompt in prefill_len chunks; the last row's logits give the first token
         t0 = time.perf_counter()
         self.runtime.reset()
         hiddens = self._prefill(prompt)
@@ -432,7 +444,7 @@ class OcrEngine:
         return RepetitionDetector(copies=request.max_repeat, min_span=r.min_span, max_period=r.max_period)
 
     def _prefill(self, prompt: Prompt) -> np.ndarray:
-        s = self.runtime.seq_len
+        s = self.runtime.prefill_len
         out = []
         for start in range(0, len(prompt.embeds), s):
             n = min(s, len(prompt.embeds) - start)

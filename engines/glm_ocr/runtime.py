@@ -1,11 +1,11 @@
 """The interface both GLM-OCR runtimes implement (Core ML on macOS, PyTorch everywhere).
 
 All arrays are NumPy, row-major (sequence, channels), float32; a runtime converts to its
-own layout (channels-first) and dtype. The round loop in engine.py only talks to this.
+own layout (channels-first for Core ML and its twin) and dtype. The round loop in engine.py only talks to this.
 
 A runtime holds two KV caches: the main decoder's and the MTP layer's. `decode` writes rows
-cache_position .. cache_position + n - 1 of the main cache (n <= seq_len; the runtime pads
-to its fixed chunk size) and returns the final-normed hidden states of the n rows; `mtp`
+cache_position .. cache_position + n - 1 of the main cache (n <= prefill_len; Core ML and its
+twin pad to their fixed chunk size) and returns the final-normed hidden states of the n rows; `mtp`
 does the same for the MTP cache. Rows past what the caller considers valid are stale and
 invisible: the causal mask hides them and later writes overwrite them.
 """
@@ -20,11 +20,12 @@ from engines.glm_ocr.config import GlmOcrConfig
 
 
 class Runtime(Protocol):
-    name: str  # "torch" | "coreml"
+    name: str  # "torch" (runtime_fast) | "coreml" | "coreml-twin" (runtime_torch)
     config: GlmOcrConfig
-    seq_len: int  # rows per decoder call (the converted chunk size)
+    seq_len: int  # rows per round forward (1 + drafts); the converted chunk size for Core ML
+    prefill_len: int  # rows per prefill call: seq_len for Core ML and its twin, the whole prompt otherwise
     cache_length: int  # KV cache rows (main and MTP)
-    embeddings: np.ndarray  # (vocab, hidden) float32
+    embeddings: np.ndarray  # (vocab, hidden): indexed by token ids it gives float32 rows (runtime_fast: EmbeddingRows)
     mtp_unavailable: str | None  # None when the MTP layer is loaded, else why not
 
     def encode_image(self, pixel_values: np.ndarray, grid_thw: tuple[int, int, int]) -> np.ndarray:

@@ -154,6 +154,7 @@ class CoreMLRuntime:
         self.compute_units = compute_units
         self.config = GlmOcrConfig.load(model_dir)
         self.seq_len = int(manifest["seq_len"])
+        self.prefill_len = self.seq_len  # the converted decoder takes seq_len rows per call
         self.cache_length = int(manifest["cache_length"])
         self.embeddings = np.load(model_dir / manifest["embeddings"]["path"], allow_pickle=False).astype(np.float32)
         self.models = models

@@ -1,5 +1,8 @@
-"""The PyTorch reference runtime: executes the very channels-first modules that the converter
-turns into Core ML packages (modules.py), loaded from a Hugging Face checkpoint directory."""
+"""The Core ML twin (`--runtime coreml-twin`): executes, in PyTorch, the very channels-first
+modules that the converter turns into Core ML packages (modules.py), loaded from a Hugging
+Face checkpoint directory. It proves the Core ML pipeline where Core ML cannot run (parity
+tests, the conversion check); it is slow on a CPU by design -- fixed 8-row window,
+convolutions for linears, chunked LM head. Machines without Core ML run runtime_fast.py."""
 
 from __future__ import annotations
 
@@ -23,21 +26,22 @@ def _rows(x: torch.Tensor) -> np.ndarray:  # (1, C, 1, S) -> (S, C)
 
 
 class TorchRuntime:
-    name = "torch"
+    name = "coreml-twin"
 
     def __init__(self, modules: GlmOcrModules, seq_len: int = 8):
         self.modules = modules
         self.config = modules.config
         self.seq_len = seq_len
+        self.prefill_len = seq_len  # the converted decoder takes seq_len rows per call
         self.cache_length = modules.decoder.cache_length
         self.embeddings = modules.embeddings
         self.mtp_unavailable = modules.mtp_missing_reason
 
     @classmethod
-    def load(cls, model_dir: str | os.PathLike, seq_len: int = 8, cache_length: int = 2048) -> "TorchRuntime":
+    def load(cls, model_dir: str | os.PathLike, seq_len: int = 8, cache_length: int = 2048, **_fast_options) -> "TorchRuntime":
         model_dir = Path(model_dir)
         if not any(model_dir.glob("*.safetensors")):
-            raise EngineError(f"the torch runtime needs a Hugging Face GLM-OCR checkpoint; {model_dir} has no safetensors")
+            raise EngineError(f"the Core ML twin needs a Hugging Face GLM-OCR checkpoint; {model_dir} has no safetensors")
         if not 1 <= seq_len <= cache_length:
             raise EngineError(f"seq_len must be between 1 and cache_length ({cache_length}), got {seq_len}")
         return cls(load_modules(model_dir, cache_length), seq_len)

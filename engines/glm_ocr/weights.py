@@ -51,8 +51,14 @@ def safetensors_files(model_dir: Path) -> list[Path]:
     return sorted(model_dir.glob("*.safetensors"))
 
 
+# The MTP layer's copies of the embedding table and the LM head (vocab x hidden each): equal
+# to the main model's, never used from here, and not read -- they would double the peak.
+MTP_SHARED_COPIES = ("embed_tokens.", "shared_head.head.")
+
+
 def read_mtp_tensors(model_dir: str | os.PathLike, layer_index: int) -> dict[str, torch.Tensor]:
-    """All tensors under model.language_model.layers.{layer_index}., with the prefix removed."""
+    """The tensors under model.language_model.layers.{layer_index}., with the prefix removed,
+    except the embedding / LM head copies (MTP_SHARED_COPIES)."""
     from safetensors import safe_open
 
     prefix = f"model.language_model.layers.{layer_index}."
@@ -60,7 +66,7 @@ def read_mtp_tensors(model_dir: str | os.PathLike, layer_index: int) -> dict[str
     for path in safetensors_files(Path(model_dir)):
         with safe_open(path, "pt") as f:
             for key in f.keys():
-                if key.startswith(prefix):
+                if key.startswith(prefix) and not key[len(prefix):].startswith(MTP_SHARED_COPIES):
                     tensors[key[len(prefix):]] = f.get_tensor(key)
     return tensors
 

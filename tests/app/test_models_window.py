@@ -146,7 +146,9 @@ def test_status_bar_names_the_runtime_and_compute_units():
 
     assert runtime_text("ocr", {"runtime": "coreml", "compute_units": "cpu_and_ne"}) == \
         "Core ML \u00b7 compute units: cpu_and_ne"
-    assert runtime_text("ocr", {"runtime": "torch", "compute_units": "cpu"}) == "PyTorch reference runtime \u00b7 CPU"
+    assert runtime_text("ocr", {"runtime": "torch", "compute_units": "cpu", "dtype": "bfloat16"}) == \
+        "PyTorch \u00b7 CPU \u00b7 bfloat16"
+    assert runtime_text("ocr", {"runtime": "coreml-twin", "compute_units": "cpu"}) == "Core ML twin (PyTorch) \u00b7 CPU"
     device = "Metal GPU" if mx.metal.is_available() else "CPU"
     assert runtime_text("chat", {"weights": "as stored"}) == f"MLX \u00b7 {device}"
     assert runtime_text("chat", {"weights": "float32 (dequantized for MLX's CPU backend)"}).endswith("float32 (dequantized)")

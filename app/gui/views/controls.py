@@ -94,8 +94,9 @@ class ControlsPanel(QWidget):
         self.model_hint = QLabel(wordWrap=True, objectName="hint")
         self.model_hint.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.runtime_combo = QComboBox()
-        self.runtime_combo.addItem("PyTorch reference", "torch")
+        self.runtime_combo.addItem("PyTorch", "torch")
         self.runtime_combo.addItem("Core ML (macOS)", "coreml")
+        self.runtime_combo.addItem("Core ML twin (PyTorch, for checks)", "coreml-twin")
         self.task_combo = QComboBox()
         for key, label in OCR_TASKS:
             self.task_combo.addItem(label, key)

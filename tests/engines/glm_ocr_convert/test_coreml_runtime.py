@@ -181,13 +181,14 @@ def trained_conversion(tmp_path_factory):
 @pytest.mark.parametrize("steps", [1, 3, 7])
 def test_coreml_engine_mtp_is_lossless_and_agrees_with_torch(trained_conversion, steps):
     """On Core ML (CPU compute units, so float32 compute): MTP speculation emits exactly the
-    tokens of plain decoding, drafts are accepted, and plain decoding equals the torch runtime's."""
+    tokens of plain decoding, drafts are accepted, and plain decoding equals the Core ML twin's
+    (the same modules, run in PyTorch)."""
     from engines.types import Request, SpecConfig
     from engines.glm_ocr.engine import OcrEngine
 
     checkpoint, out, images = trained_conversion
     coreml = OcrEngine.load(out, runtime="coreml", compute_units="cpu_only")
-    torch_engine = OcrEngine.load(checkpoint, runtime="torch", cache_length=CACHE_LENGTH)
+    torch_engine = OcrEngine.load(checkpoint, runtime="coreml-twin", cache_length=CACHE_LENGTH)
     coreml.repetition = torch_engine.repetition = None
 
     def tokens(engine, image, k):

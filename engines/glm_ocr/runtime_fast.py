@@ -1,0 +1,275 @@
+"""The fast PyTorch runtime: GLM-OCR on transformers' own modules, in their standard layouts,
+for machines without Core ML (Linux, and a Mac before conversion).
+
+What it runs, and why it is faster than the Core ML twin (runtime_torch.py) on a CPU:
+  vision    transformers' GlmOcrVisionModel as it is (one SDPA attention over the page).
+  decoder   transformers' GlmOcrTextDecoderLayer stack over exactly the rows a call is given
+            (the prompt in one call, then 1 + drafts per round): no fixed 8-row window, no
+            channels-first convolutions, no chunked LM head.
+  KV cache  `KVCache` below: transformers' Cache.update protocol over buffers that grow;
+            every call first crops the cache to `cache_position`, which is the rollback --
+            rows written for rejected drafts are dropped before anything reads them.
+  MTP       transformers' decoder layer plus enorm / hnorm / eh_proj / shared_head.norm,
+            with its own KVCache under the same convention (docs/glm-ocr-mtp-convention.md;
+            the convention itself lives in engine.MtpDrafter).
+  weights   loaded once, in the compute dtype, by transformers' from_pretrained; the MTP
+            layer's tensors are read without the embedding / head copies the checkpoint
+            repeats under layer N. The engine's embedding lookups read the model's own table
+            (`EmbeddingRows`), so there is no float32 copy of it on the host.
+
+The engine's interface (runtime.py) stays NumPy float32 rows; cos / sin come from the host
+(positions.text_rope, split-half) and are re-laid out here to transformers' interleaved form.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from engines.types import EngineError
+from engines.glm_ocr.config import GlmOcrConfig
+from engines.glm_ocr.weights import MTP_PARTS, build_mtp_reference, mtp_missing_reason, read_mtp_tensors
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPE_ENV = "SPECSCOPE_OCR_DTYPE"  # overrides the default choice (e.g. float32 for parity checks)
+
+
+def default_dtype(model_dir: Path) -> str:
+    """The compute dtype when the caller chooses none: the environment's SPECSCOPE_OCR_DTYPE,
+    else bfloat16 for a checkpoint stored in bfloat16 (GLM-OCR is published so) on a CPU whose
+    oneDNN computes bfloat16 natively (AVX512-BF16 / AMX) -- half the bytes per decoded token
+    and no float32 copy of the weights (docs/benchmarks.md has the measurements) -- else
+    float32, which keeps the tokens equal to transformers' float32 generate."""
+    chosen = os.environ.get(DTYPE_ENV)
+    if chosen:
+        return chosen
+    if stored_dtype(model_dir) == "bfloat16" and torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return "bfloat16"
+    return "float32"
+
+
+def stored_dtype(model_dir: Path) -> str | None:
+    """The dtype of the checkpoint's LM head as stored (bfloat16 | float16 | float32)."""
+    from safetensors import safe_open
+
+    from engines.glm_ocr.weights import safetensors_files
+
+    names = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
+    for path in safetensors_files(model_dir):
+        with safe_open(path, "pt") as f:
+            if "lm_head.weight" in f.keys():
+                return names.get(f.get_slice("lm_head.weight").get_dtype())
+    return None
+
+
+class KVCache:
+    """A rollback-safe KV cache in transformers' Cache protocol (the attention layers only call
+    `update`). The runtime sets `position` before each forward; every layer writes its new
+    rows there and attends to rows [0, position + n). Rows past that are never read and are
+    overwritten by the next write: cropping is setting `position`."""
+
+    def __init__(self, step: int = 256):
+        self.step = step
+        self.keys: dict[int, torch.Tensor] = {}
+        self.values: dict[int, torch.Tensor] = {}
+        self.position = 0
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        start, end = self.position, self.position + key_states.shape[2]
+        keys, values = self.keys.get(layer_idx), self.values.get(layer_idx)
+        if keys is None or keys.shape[2] < end:  # grow: amortised, and only the valid rows move
+            capacity = max(end, 2 * (keys.shape[2] if keys is not None else 0), self.step)
+            shape = key_states.shape[:2] + (capacity, key_states.shape[3])
+            new_k, new_v = key_states.new_empty(shape), value_states.new_empty(shape)
+            if keys is not None:
+                new_k[:, :, :start] = keys[:, :, :start]
+                new_v[:, :, :start] = values[:, :, :start]
+            keys, values = self.keys[layer_idx], self.values[layer_idx] = new_k, new_v
+        keys[:, :, start:end] = key_states
+        values[:, :, start:end] = value_states
+        return keys[:, :, :end], values[:, :, :end]
+
+    def reset(self) -> None:
+        self.keys.clear()
+        self.values.clear()
+        self.position = 0
+
+
+class EmbeddingRows:
+    """The model's embedding table seen as the engine's (vocab, hidden) float32 array: rows
+    come out as float32 NumPy, the table itself stays the model's (one copy, compute dtype)."""
+
+    def __init__(self, weight: torch.Tensor):
+        self.weight = weight
+        self.shape = tuple(weight.shape)
+
+    def __getitem__(self, ids) -> np.ndarray:
+        return self.weight[torch.as_tensor(np.asarray(ids), dtype=torch.long)].float().numpy()
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+
+class MtpModule(nn.Module):
+    """GLM-OCR's MTP layer on transformers' modules (weights.build_mtp_reference): row i takes
+    the previous hidden state and the next token's embedding; embeddings at cache row 0 are
+    zeroed (vLLM's position-0 masking). Returns (block output, shared_head-normed output)."""
+
+    def __init__(self, parts: dict):
+        super().__init__()
+        self.layer = parts["layer"]
+        self.enorm, self.hnorm = parts["enorm"], parts["hnorm"]
+        self.eh_proj = parts["eh_proj"]
+        self.shared_head_norm = parts["shared_head_norm"]
+
+    def forward(self, previous_hidden, embeds, cache_position: int, position_embeddings, mask, cache):
+        if cache_position == 0:
+            embeds = embeds.clone()
+            embeds[:, 0] = 0.0
+        x = self.eh_proj(torch.cat([self.enorm(embeds), self.hnorm(previous_hidden)], dim=-1))
+        hidden = self.layer(x, position_embeddings=position_embeddings, attention_mask=mask, cache=cache)
+        return hidden, self.shared_head_norm(hidden)
+
+
+@contextlib.contextmanager
+def intra_op_threads(n: int | None):
+    """torch's intra-op threads for one stage (None: leave them as they are)."""
+    if not n or n == torch.get_num_threads():
+        yield
+        return
+    previous = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+class FastRuntime:
+    name = "torch"
+    compute_units = "cpu"
+
+    def __init__(self, model: nn.Module, config: GlmOcrConfig, mtp: MtpModule | None, mtp_reason: str | None,
+                 cache_length: int, dtype: torch.dtype, decode_threads: int | None, vision_threads: int | None):
+        self.model = model
+        self.visual = model.model.visual
+        self.lm = model.model.language_model
+        self.lm_head = model.lm_head
+        self.mtp_module = mtp
+        self.config = config
+        self.dtype = dtype
+        self.dtype_name = str(dtype).removeprefix("torch.")
+        # rows per round forward: 1 + up to 7 drafts (the engine caps k at seq_len - 1)
+        self.seq_len = 8
+        # the prompt goes through in one forward: a growing cache has no chunk size to respect
+        self.prefill_len = cache_length
+        self.cache_length = cache_length
+        self.embeddings = EmbeddingRows(self.lm.embed_tokens.weight)
+        self.mtp_unavailable = mtp_reason
+        self.decode_threads, self.vision_threads = decode_threads, vision_threads
+        self.cache, self.mtp_cache = KVCache(), KVCache()
+
+    @classmethod
+    def load(cls, model_dir: str | os.PathLike, cache_length: int = 8192, dtype: str | None = None,
+             decode_threads: int | None = None, vision_threads: int | None = None, **_twin_options) -> "FastRuntime":
+        """`dtype`: float32 | bfloat16 | float16 (default: default_dtype). `seq_len`, a Core ML
+        twin option, is accepted and ignored: this runtime has no fixed window."""
+        from transformers import GlmOcrForConditionalGeneration
+        from transformers.utils import logging as hf_logging
+
+        model_dir = Path(model_dir)
+        if not any(model_dir.glob("*.safetensors")):
+            raise EngineError(f"the torch runtime needs a Hugging Face GLM-OCR checkpoint; {model_dir} has no safetensors")
+        dtype = dtype or default_dtype(model_dir)
+        if dtype not in DTYPES:
+            raise EngineError(f"unknown dtype {dtype!r} (expected {', '.join(DTYPES)})")
+        config = GlmOcrConfig.load(model_dir)
+        verbosity = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()  # the MTP keys are "unexpected" to transformers, by design
+        try:
+            model = GlmOcrForConditionalGeneration.from_pretrained(
+                model_dir, dtype=DTYPES[dtype], attn_implementation="sdpa").eval()
+        except Exception as e:  # noqa: BLE001 -- any load failure is a user-facing one-liner
+            raise EngineError(f"cannot load GLM-OCR weights from {model_dir}: {e}") from e
+        finally:
+            hf_logging.set_verbosity(verbosity)
+        model.requires_grad_(False)
+        tensors = read_mtp_tensors(model_dir, config.text.mtp_layer_index)
+        mtp = None
+        if all(f"{p}.weight" in tensors for p in MTP_PARTS):
+            mtp = MtpModule(build_mtp_reference(model.config.text_config, tensors)).to(DTYPES[dtype]).eval()
+            mtp.requires_grad_(False)
+        del tensors
+        return cls(model, config, mtp, mtp_missing_reason(model_dir, config, mtp is not None), cache_length,
+                   DTYPES[dtype], decode_threads, vision_threads)
+
+    # -- the Runtime interface ------------------------------------------------------------------
+
+    @torch.no_grad()
+    def encode_image(self, pixel_values, grid_thw):
+        grid = torch.tensor([[int(x) for x in grid_thw]])
+        with intra_op_threads(self.vision_threads):
+            out = self.visual(torch.from_numpy(np.asarray(pixel_values, dtype=np.float32)).to(self.dtype), grid_thw=grid)
+        return out.pooler_output.float().numpy()
+
+    def reset(self) -> None:
+        self.cache.reset()
+        self.mtp_cache.reset()
+
+    @torch.no_grad()
+    def decode(self, embeds, cache_position, cos, sin):
+        n = embeds.shape[0]
+        assert 1 <= n and cache_position + n <= self.cache_length, (n, cache_position)
+        x = self._rows(embeds)
+        rope, mask = self._rope(cos, sin), self._mask(cache_position, n)
+        self.cache.position = cache_position  # the rollback: rows from here on are rewritten
+        with intra_op_threads(self.decode_threads):
+            for layer in self.lm.layers:
+                x = layer(x, position_embeddings=rope, attention_mask=mask, cache=self.cache)
+            return self.lm.norm(x)[0].float().numpy()
+
+    @torch.no_grad()
+    def logits(self, hidden):
+        with intra_op_threads(self.decode_threads):
+            return self.lm_head(self._rows(hidden))[0].float().numpy()
+
+    @torch.no_grad()
+    def mtp(self, previous_hidden, embeds, cache_position, cos, sin):
+        if self.mtp_module is None:
+            raise EngineError(self.mtp_unavailable or "MTP unavailable")
+        n = embeds.shape[0]
+        assert cache_position + n <= self.cache_length
+        self.mtp_cache.position = cache_position
+        with intra_op_threads(self.decode_threads):
+            raw, head = self.mtp_module(self._rows(previous_hidden), self._rows(embeds), cache_position,
+                                        self._rope(cos, sin), self._mask(cache_position, n), self.mtp_cache)
+        return raw[0].float().numpy(), head[0].float().numpy()
+
+    # -- helpers --------------------------------------------------------------------------------
+
+    def _rows(self, x: np.ndarray) -> torch.Tensor:  # (n, C) float32 -> (1, n, C) compute dtype
+        return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).to(self.dtype)[None]
+
+    def _rope(self, cos: np.ndarray, sin: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """The host's split-half tables [c_0 .. c_{R/2-1}, c_0 .. c_{R/2-1}] in transformers'
+        interleaved form [c_0, c_0, c_1, c_1, ...] (GlmOcrTextRotaryEmbedding's layout)."""
+        half = cos.shape[-1] // 2
+
+        def interleaved(t):
+            return torch.from_numpy(np.ascontiguousarray(t[:, :half])).repeat_interleave(2, dim=-1)[None].to(self.dtype)
+
+        return interleaved(cos), interleaved(sin)
+
+    @staticmethod
+    def _mask(start: int, n: int) -> torch.Tensor | None:
+        """Row i sees cache rows 0 .. start + i. One row sees every row it is given (no mask),
+        which lets SDPA take its grouped-query path."""
+        if n == 1:
+            return None
+        rows = torch.arange(n)[:, None] + start
+        return (torch.arange(start + n)[None, :] <= rows)[None, None]

@@ -1,0 +1,141 @@
+"""The fast PyTorch runtime (engines/glm_ocr/runtime_fast.py) against the Core ML twin
+(runtime_torch.py, the converted modules run in PyTorch) and transformers' own generate, on
+the tiny checkpoint whose MTP layer is trained for chains:
+
+- plain decoding equals transformers' greedy generate on both runtimes;
+- at every depth 1..7 both runtimes emit the same tokens and accept exactly the same drafts at
+  every draft position (the MTP layer, its cache and its rollback behave the same);
+- the KV cache rollback: rows rewritten after a crop equal a run that never wrote the rejected rows;
+- the weights are held once, in the compute dtype.
+
+The other engine tests (test_engine.py, test_mtp_chains.py, test_mtp_sampled.py: lossless at
+T = 0, acceptance against the reference loop, the exact law at T > 0) run on `runtime="torch"`,
+which is this runtime."""
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from engines.types import Request, SpecConfig
+from engines.glm_ocr.engine import OcrEngine
+from engines.glm_ocr.positions import text_positions, text_rope
+from engines.glm_ocr.runtime_fast import DTYPE_ENV, FastRuntime, default_dtype, stored_dtype
+from engines.glm_ocr.weights import load_reference, read_mtp_tensors
+from tests.engines.glm_ocr.checkpoints import hf_greedy, reference_prompt
+
+MAX_TOKENS = 48
+IMAGES = 2
+
+
+@pytest.fixture(scope="module")
+def engines(trained_glm_ocr):
+    path = trained_glm_ocr[0]
+    loaded = {name: OcrEngine.load(path, runtime=name, cache_length=320) for name in ("torch", "coreml-twin")}
+    for engine in loaded.values():
+        engine.repetition = None  # the tiny model loops; the guard has its own tests
+    assert loaded["torch"].runtime.name == "torch" and isinstance(loaded["torch"].runtime, FastRuntime)
+    return loaded
+
+
+def run(engine, image, steps):
+    spec = SpecConfig(method="mtp" if steps else "off", steps=steps)
+    rounds = list(engine.generate(Request(kind="ocr", image=str(image), max_tokens=MAX_TOKENS, spec=spec)))
+    by_depth = np.zeros((2, 7), int)  # proposed, accepted at draft position 1..7
+    for r in rounds:
+        for position, flag in enumerate(r.accept_flags):
+            by_depth[0, position] += 1
+            by_depth[1, position] += flag
+    return [t for r in rounds for t in r.tokens], by_depth
+
+
+def test_plain_decoding_equals_transformers_generate_on_both_runtimes(engines, trained_glm_ocr):
+    path, images = trained_glm_ocr
+    model = load_reference(path).model
+    for image in images[:IMAGES]:
+        expected = hf_greedy(model, reference_prompt(path, Image.open(image)), MAX_TOKENS)
+        assert len(expected) >= 8
+        for engine in engines.values():
+            assert run(engine, image, 0)[0] == expected
+
+
+@pytest.mark.parametrize("steps", range(1, 8))
+def test_tokens_and_acceptance_by_depth_equal_the_twin(engines, trained_glm_ocr, steps):
+    fast_total, twin_total = np.zeros((2, 7), int), np.zeros((2, 7), int)
+    for image in trained_glm_ocr[1][:IMAGES]:
+        plain, _ = run(engines["torch"], image, 0)
+        fast, fast_depth = run(engines["torch"], image, steps)
+        twin, twin_depth = run(engines["coreml-twin"], image, steps)
+        assert fast == twin == plain
+        fast_total += fast_depth
+        twin_total += twin_depth
+    print(f"steps {steps}: accepted/proposed by depth {fast_total[1, :steps]}/{fast_total[0, :steps]}")
+    assert fast_total[1].sum() > 0  # the trained layer is accepted: the comparison says something
+    assert (fast_total == twin_total).all(), (fast_total, twin_total)
+
+
+def test_rows_rewritten_after_a_crop_equal_a_run_without_the_rejected_rows(engines):
+    """decode(rows A+B at p), then decode(C at p + len(A)) must give what decode(A), then
+    decode(C) gives: B (rejected drafts) leaves nothing behind."""
+    rt = engines["torch"].runtime
+    cfg = rt.config.text
+    rng = np.random.default_rng(0)
+    prompt, rejected, fresh = (rng.standard_normal((n, cfg.hidden_size)).astype(np.float32) for n in (5, 3, 2))
+
+    def rope(start, n):
+        return text_rope(text_positions(start, n, 0), cfg)
+
+    rt.reset()
+    rt.decode(np.concatenate([prompt, rejected]), 0, *rope(0, 8))
+    after_rollback = rt.decode(fresh, 5, *rope(5, 2))
+    rt.reset()
+    rt.decode(prompt, 0, *rope(0, 5))
+    clean = rt.decode(fresh, 5, *rope(5, 2))
+    np.testing.assert_allclose(after_rollback, clean, rtol=1e-5, atol=1e-5)
+    rt.reset()
+    rt.decode(prompt, 0, *rope(0, 5))
+    np.testing.assert_raises(AssertionError, np.testing.assert_allclose,  # the check can fail
+                             rt.decode(rejected[:2], 5, *rope(5, 2)), clean, rtol=1e-5, atol=1e-5)
+
+
+def test_weights_are_held_once_in_the_compute_dtype(trained_glm_ocr):
+    rt = FastRuntime.load(trained_glm_ocr[0], cache_length=320, dtype="bfloat16")
+    params = list(rt.model.parameters()) + list(rt.mtp_module.parameters())
+    assert {p.dtype for p in params} == {torch.bfloat16}
+    # the engine's embedding lookups read the model's own table, not a float32 copy
+    assert rt.embeddings.weight.data_ptr() == rt.lm.embed_tokens.weight.data_ptr()
+    assert rt.embeddings[[3, 4]].dtype == np.float32 and rt.embeddings[[3, 4]].shape == (2, rt.config.text.hidden_size)
+    # the checkpoint repeats the embedding table and the LM head under the MTP layer; they are not read
+    from safetensors import safe_open
+
+    prefix = f"model.language_model.layers.{rt.config.text.mtp_layer_index}."
+    with safe_open(trained_glm_ocr[0] / "model.safetensors", "pt") as f:
+        assert {prefix + "embed_tokens.weight", prefix + "shared_head.head.weight"} <= set(f.keys())
+    assert not {"embed_tokens.weight", "shared_head.head.weight"} & set(
+        read_mtp_tensors(trained_glm_ocr[0], rt.config.text.mtp_layer_index))
+
+
+def test_bfloat16_runs_mtp_and_stays_lossless_against_its_own_plain_decoding(trained_glm_ocr):
+    engine = OcrEngine.load(trained_glm_ocr[0], runtime="torch", cache_length=320, dtype="bfloat16")
+    engine.repetition = None
+    assert engine.model_info()["dtype"] == "bfloat16"
+    image = trained_glm_ocr[1][0]
+    plain, _ = run(engine, image, 0)
+    for steps in (1, 3):
+        tokens, by_depth = run(engine, image, steps)
+        assert tokens == plain and by_depth[1].sum() > 0
+
+
+def test_the_default_dtype_follows_the_checkpoint_and_the_cpu(tmp_path, monkeypatch, trained_glm_ocr):
+    """bfloat16 for a checkpoint stored in bfloat16 (as GLM-OCR is published) where oneDNN
+    computes it natively, float32 otherwise; SPECSCOPE_OCR_DTYPE overrides."""
+    from tests.engines.glm_ocr.checkpoints import make_published_glm_ocr
+
+    monkeypatch.delenv(DTYPE_ENV, raising=False)
+    published = make_published_glm_ocr(tmp_path / "published")
+    assert stored_dtype(published) == "bfloat16" and stored_dtype(trained_glm_ocr[0]) == "float32"
+    native = torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    assert default_dtype(published) == ("bfloat16" if native else "float32")
+    assert default_dtype(trained_glm_ocr[0]) == "float32"
+    monkeypatch.setenv(DTYPE_ENV, "float32")
+    assert default_dtype(published) == "float32"
