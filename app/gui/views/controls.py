@@ -96,7 +96,9 @@ class ControlsPanel(QWidget):
         self.runtime_combo = QComboBox()
         self.runtime_combo.addItem("PyTorch", "torch")
         self.runtime_combo.addItem("Core ML (macOS)", "coreml")
-        self.runtime_combo.addItem("Core ML twin (PyTorch, for checks)", "coreml-twin")
+        self.runtime_combo.addItem("Core ML twin", "coreml-twin")
+        self.runtime_combo.setItemData(2, "the modules converted for Core ML, run in PyTorch: for checks, slow",
+                                       Qt.ItemDataRole.ToolTipRole)
         self.task_combo = QComboBox()
         for key, label in OCR_TASKS:
             self.task_combo.addItem(label, key)
