@@ -2,7 +2,7 @@
 
 Sequences come from two places, and nothing leaves the machine:
   - the target's own greedy answers to a prompt set (the default set ships in
-    resources/drafter/train_prompts.json): self-distillation on the target's own outputs, as
+    resources/prompts/drafter_train.json): self-distillation on the target's own outputs, as
     Medusa-2 (Cai et al. 2024, sec. 3.2.2) does when no training set matches the model;
     generated in batches with mlx-lm's batch_generate;
   - the user's text files, cut into segments of `seq_len` tokens.

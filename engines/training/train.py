@@ -166,7 +166,9 @@ def eta(config: TrainConfig, step: int, train_s: float) -> float | None:
 
 
 def default_prompts_file() -> Path:
-    return Path(__file__).resolve().parents[2] / "resources" / "drafter" / "train_prompts.json"
+    import resources
+
+    return resources.path("prompts", "drafter_train.json")
 
 
 def prepare(target: TargetView, tokenizer, target_path: str, config: TrainConfig, on_progress, should_stop):
