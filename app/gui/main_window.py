@@ -9,7 +9,11 @@ Each mode's pane keeps its own state (app.gui.views.chat_pane, ocr_pane: transcr
 A/B result, status line; the conversation; the pages read): switching modes shows the other
 mode as it was left. One run, top to bottom, is the "runs" section below: run -> _start ->
 _on_engine_loaded -> _on_round -> _show_pending -> _on_finished | _on_cancelled | _on_errored,
-and for OCR the next page from _on_finished until the reading ends."""
+and for OCR the next page from _on_finished until the reading ends.
+
+At any size (docs/architecture.md): the window's minimum is what the panes need in their
+narrowest arrangement; reflow_panes puts OCR's document above its text when the two do not fit
+side by side, the speculation strip reflows itself (app.gui.views.telemetry)."""
 
 from __future__ import annotations
 
@@ -20,8 +24,7 @@ from collections import deque
 from dataclasses import asdict
 from pathlib import Path
 
-from PySide6.QtCore import QByteArray, Qt, QTimer, Signal
-from PySide6.QtGui import QAction, QKeySequence
+from PySide6.QtCore import QByteArray, QEvent, Qt, QTimer, Signal
 from PySide6.QtWidgets import (
     QApplication, QFileDialog, QFrame, QLabel, QMainWindow, QMessageBox, QScrollArea, QSizePolicy, QSplitter,
     QStackedWidget, QVBoxLayout, QWidget,
@@ -36,6 +39,7 @@ from app.records.sessions import (
     load_session, mark_interrupted, new_autosave_path, sessions_dir,
 )
 from app.settings import AppSettings, data_dir, save_settings
+from app.gui.menus import build_menus
 from app.gui.model_jobs import ModelJobs
 from app.gui.views.chat_pane import ChatPane
 from app.gui.views.controls import ControlsPanel
@@ -166,6 +170,7 @@ class MainWindow(QMainWindow):
         self.side_split.addWidget(self.sidebar)
         self.side_split.addWidget(self.main_split)
         self.side_split.setStretchFactor(1, 1)
+        self.main_split.installEventFilter(self)
         for split in (self.top_split, self.main_split, self.side_split):
             split.setChildrenCollapsible(False)
             split.setHandleWidth(1)
@@ -186,7 +191,8 @@ class MainWindow(QMainWindow):
         self.controls.draft_edit.textChanged.connect(self.update_model_offer)
         for event in (self.model_jobs.finished, self.model_jobs.cancelled, self.model_jobs.errored):
             event.connect(self.update_model_offer)
-        self._build_menus()
+        actions = build_menus(self)
+        self.run_action, self.stop_action, self.clear_action, self.models_action = actions
         self._check_autosave()
         self.controls.apply_settings(self.settings)
         self.mode = self.controls.engine
@@ -209,13 +215,21 @@ class MainWindow(QMainWindow):
 
     def resizeEvent(self, event) -> None:  # noqa: N802 (Qt's name)
         super().resizeEvent(event)
-        self.reflow_panes()
+        # the model line elides before the run's status line does: at most half the status bar
+        self.model_label.setMaximumWidth(max(self.model_label.minimumSizeHint().width(), event.size().width() // 2))
+
+    def eventFilter(self, watched, event) -> bool:  # noqa: N802 (Qt's name)
+        # the panes' own width, not the window's: the layouts size them after the window's resize
+        # (and a window sized before it is shown gets its panes' sizes only when it shows)
+        if watched is self.main_split and event.type() == QEvent.Type.Resize:
+            self.reflow_panes()
+        return False
 
     def reflow_panes(self) -> None:
         """OCR: the document beside its text when both fit side by side, else above it."""
         need = (self.document.minimumSizeHint().width() + self.pane_stack.minimumSizeHint().width()
                 + self.top_split.handleWidth())
-        beside = not self.document.isVisible() or self.main_split.width() >= need
+        beside = self.mode != "ocr" or self.main_split.width() >= need
         orientation = Qt.Orientation.Horizontal if beside else Qt.Orientation.Vertical
         if self.top_split.orientation() != orientation:
             self.top_split.setOrientation(orientation)
@@ -260,60 +274,12 @@ class MainWindow(QMainWindow):
         self.pane.last_compare = result
 
     # --- window furniture -----------------------------------------------------------------
-    def _build_menus(self) -> None:
-        def action(menu, text, slot, shortcut=None):
-            a = QAction(text, self)
-            if shortcut is not None:
-                a.setShortcut(QKeySequence(shortcut))
-            a.triggered.connect(slot)
-            menu.addAction(a)
-            return a
-
-        file = self.menuBar().addMenu("&File")
-        action(file, "Open Images or PDFs\u2026", self.document.open_dialog, QKeySequence.StandardKey.Open)
-        action(file, "Paste Image", self.paste, QKeySequence.StandardKey.Paste)
-        file.addSeparator()
-        action(file, "Sessions\u2026", self.open_sessions_dialog, "Ctrl+Shift+O")
-        action(file, "Connect to Server\u2026", self.connect_to_server)
-        text = file.addMenu("Save Text As")
-        action(text, "Markdown\u2026", lambda: self._save_text_dialog("md"), "Ctrl+Shift+S")
-        action(text, "Plain Text\u2026", lambda: self._save_text_dialog("txt"))
-        action(text, "JSON (per page)\u2026", lambda: self._save_text_dialog("json"))
-        export = file.addMenu("Export Session")
-        action(export, "JSON\u2026", lambda: self._export_dialog("json"))
-        action(export, "CSV\u2026", lambda: self._export_dialog("csv"))
-        action(export, "PNG of the Plots\u2026", lambda: self._export_dialog("png"))
-        file.addSeparator()
-        action(file, "Quit", self.close, QKeySequence.StandardKey.Quit)
-        edit = self.menuBar().addMenu("&Edit")
-        action(edit, "Copy Output", lambda: self.transcript.copy_output(), "Ctrl+Shift+C")
-        action(edit, "Copy as Markdown", self.copy_markdown, "Ctrl+Alt+C")
-        edit.addSeparator()
-        self.clear_action = action(edit, "Clear Conversation", self.clear_conversation, "Ctrl+L")
-        view = self.menuBar().addMenu("&View")
-        action(view, "Zoom In", lambda: self.document.view.zoom_by(1.25), QKeySequence.StandardKey.ZoomIn)
-        action(view, "Zoom Out", lambda: self.document.view.zoom_by(0.8), QKeySequence.StandardKey.ZoomOut)
-        action(view, "Fit Page", self.document.view.fit, "Ctrl+0")
-        run = self.menuBar().addMenu("&Run")
-        self.run_action = action(run, "Send", self.run, "Ctrl+R")
-        self.stop_action = action(run, "Stop", self.stop, "Esc")
-        action(run, "A/B Compare", self.start_compare, "Ctrl+Shift+R")
-        models = self.menuBar().addMenu("&Models")
-        self.models_action = action(models, "Models\u2026", self.open_models_dialog, "Ctrl+Shift+M")
-        toolbar = self.addToolBar("Models")
-        toolbar.setObjectName("modelsToolbar")
-        toolbar.setMovable(False)
-        toolbar.addAction(self.models_action)
-        help_menu = self.menuBar().addMenu("&Help")
-        action(help_menu, f"About {APP_NAME}", self.show_about)
-        action(help_menu, "README", lambda: self._open_readme())
-
     def show_about(self) -> None:
         from app.gui.views.about import show_about
 
         show_about(self, self.session.model if self.session else None)
 
-    def _open_readme(self) -> None:
+    def open_readme(self) -> None:
         from app.gui.views.about import open_readme
 
         open_readme(self)
@@ -603,8 +569,7 @@ class MainWindow(QMainWindow):
         m = session.model
         self.model_label.setText(f"{m.get('name', '?')} \u00b7 {runtime_text(session.request.get('kind'), m)} "
                                  f"\u00b7 {m.get('hash', '')}")
-        self.status.setText(self.ocr.progress_text() if self.mode == "ocr" and self.ocr.progress_text()
-                            else "Running\u2026")
+        self.status.setText(self.ocr.progress_text() or "Running\u2026")  # "Reading page 2 (2 of 5)…"
 
     def _on_prefill_progressed(self, progress) -> None:
         self.status.setText(progress.describe().capitalize() + " \u2014 Esc stops")
@@ -916,7 +881,7 @@ class MainWindow(QMainWindow):
     def save_text(self, fmt: str, path: str | Path) -> None:
         export_text_file(self.export_text(fmt), path)
 
-    def _save_text_dialog(self, fmt: str) -> None:
+    def save_text_dialog(self, fmt: str) -> None:
         if not self.document_results():
             self.transcript.show_message("Nothing to save yet: run something first", "info")
             return
@@ -930,7 +895,7 @@ class MainWindow(QMainWindow):
             except OSError as e:
                 QMessageBox.warning(self, APP_NAME, f"Saving failed: {e}")
 
-    def _export_dialog(self, kind: str) -> None:
+    def export_dialog(self, kind: str) -> None:
         if self.session is None:
             self.transcript.show_message("Nothing to export yet: run something first", "info")
             return

@@ -95,12 +95,14 @@ class EngineQueue:
                                kind="server_error", headers={"Retry-After": str(RETRY_AFTER_S)})
             self.admitted += 1
             self.metrics.requests_deferred.inc()
+            self.metrics.requests_waiting.inc()
 
     def _start(self, parsed: ParsedRequest) -> None:
         with self.lock:
             if id(parsed) not in self.choices_left:  # the request's first choice to run
                 self.choices_left[id(parsed)] = parsed.n
                 self.metrics.requests_deferred.dec()
+                self.metrics.requests_waiting.dec()
 
     def _leave(self, parsed: ParsedRequest) -> None:
         with self.lock:
@@ -125,6 +127,7 @@ class EngineQueue:
         def job() -> None:
             self._start(request)
             self.metrics.requests_processing.inc()
+            self.metrics.requests_running.inc()
             try:
                 if stop.is_set():  # its client left while it waited
                     return
@@ -136,6 +139,7 @@ class EngineQueue:
                 push(e)
             finally:
                 self.metrics.requests_processing.dec()
+                self.metrics.requests_running.dec()
                 self._leave(request)
                 push(done)
 

@@ -60,3 +60,61 @@ def parse_spec_counters(text: str) -> SpecCounters:
 def _add(total: float | None, value: float) -> float:
     # vLLM labels its counters per engine / model: a server's total is their sum.
     return value if total is None else total + value
+
+
+@dataclass
+class ServerLoad:
+    """What a server is doing, from two scrapes of its /metrics `seconds` apart: requests in its
+    batch and waiting now, the mean latency of its steps and the tokens it generated per second
+    in between. None where the server does not export the counter (llama.cpp has no step
+    histogram; only `specscope serve` has all four)."""
+
+    running: float | None
+    waiting: float | None
+    step_latency_s: float | None
+    tokens_per_s: float | None
+    mean_batch: float | None
+
+
+@dataclass
+class LoadCounters:
+    running: float | None = None
+    waiting: float | None = None
+    steps: float | None = None  # step latency histogram: count and sum
+    step_seconds: float | None = None
+    batch_rows: float | None = None  # batch size histogram: sum (rows over all steps)
+    tokens: float | None = None  # tokens predicted, in total
+
+
+LOAD_NAMES = {  # sample name without its prefix -> LoadCounters field (vLLM / llama.cpp / ours)
+    "num_requests_running": "running", "requests_processing": "running",
+    "num_requests_waiting": "waiting", "requests_deferred": "waiting",
+    "step_latency_seconds_count": "steps", "step_latency_seconds_sum": "step_seconds",
+    "batch_size_sum": "batch_rows", "tokens_predicted_total": "tokens", "generation_tokens_total": "tokens",
+}
+
+
+def parse_load_counters(text: str) -> LoadCounters:
+    counters = LoadCounters()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            prefix = next((p for p in SPEC_PREFIXES if sample.name.startswith(p)), None)
+            name = LOAD_NAMES.get(sample.name[len(prefix):]) if prefix else None
+            if name is not None and getattr(counters, name) is None:  # the first name found wins
+                setattr(counters, name, sample.value)
+    return counters
+
+
+def server_load(before: LoadCounters, after: LoadCounters, seconds: float) -> ServerLoad:
+    def delta(field_name: str) -> float | None:
+        a, b = getattr(after, field_name), getattr(before, field_name)
+        return None if a is None or b is None else a - b
+
+    steps = delta("steps")
+    return ServerLoad(
+        running=after.running,
+        waiting=after.waiting,
+        step_latency_s=delta("step_seconds") / steps if steps else None,
+        tokens_per_s=delta("tokens") / seconds if delta("tokens") is not None and seconds > 0 else None,
+        mean_batch=delta("batch_rows") / steps if steps and delta("batch_rows") is not None else None,
+    )

@@ -7,7 +7,7 @@ Offscreen, with the app's own style sheet and fonts (app.gui.startup.apply_style
 
 import pytest
 from PySide6.QtCore import QRect, Qt
-from PySide6.QtWidgets import QAbstractScrollArea, QApplication, QLabel, QSplitterHandle, QWidget
+from PySide6.QtWidgets import QAbstractScrollArea, QApplication, QLabel, QSplitterHandle, QVBoxLayout, QWidget
 
 from app.gui.main_window import TELEMETRY_MIN_HEIGHT
 from app.gui.views.elided_label import ElidedLabel
@@ -125,6 +125,27 @@ def test_ocr_at_any_size(qtbot, styled, tiny_ocr):
     window.shutdown()
 
 
+@pytest.mark.parametrize("mode", ["chat", "ocr"])
+def test_a_window_opened_at_each_size(qtbot, styled, tiny_ocr, mode):
+    """As `--window-size` opens it: sized before it is shown."""
+    from app.gui.main_window import MainWindow
+    from app.settings import AppSettings
+
+    model, images = tiny_ocr
+    for width, height in SIZES:
+        window = MainWindow(AppSettings(engine=mode, ocr_model=str(model)), persist=False, autosave=False)
+        qtbot.addWidget(window)
+        window.resize(width, height)
+        window.open_documents([str(p) for p in images]) if mode == "ocr" else None
+        window.show()
+        window.ensure_telemetry()
+        for _ in range(3):
+            QApplication.processEvents()
+        problems = layout_problems(window)
+        assert problems == [], f"{mode} opened at {width}x{height}:\n" + "\n".join(problems)
+        window.shutdown()
+
+
 def test_the_minimum_is_what_the_content_needs(qtbot, make_window, styled):
     window = make_window()
     for mode in ("chat", "ocr"):
@@ -135,3 +156,30 @@ def test_the_minimum_is_what_the_content_needs(qtbot, make_window, styled):
     assert window.minimumWidth() <= 735 and window.minimumHeight() <= 700
     # the strip's height is reserved before pyqtgraph is imported: the plots fit in it
     assert window.telemetry.minimumSizeHint().height() <= TELEMETRY_MIN_HEIGHT
+
+
+def test_the_speculation_strip_reflows(qtbot, styled):
+    """Beside the plots when both fit; above them (6, then 3 columns) when narrower and tall
+    enough; beside and scrolling sideways when too low: in each, nothing overlaps or is cut."""
+    from app.gui.views.telemetry import SPACING, TelemetryView
+
+    holder = QWidget()  # as in the window: a child, whose minimum is its minimumSizeHint
+    QVBoxLayout(holder).setContentsMargins(0, 0, 0, 0)
+    view = TelemetryView()
+    holder.layout().addWidget(view)
+    qtbot.addWidget(holder)
+    holder.show()
+    for key in view.cards:
+        view.cards[key].setText("888.8 s")  # about the widest a card shows
+    beside = view.cards_width(2) + SPACING + view.plots_width() + view.margins
+    six, three = view.cards_width(6) + view.margins, view.cards_width(3) + view.margins
+    tall = view.strip_height(3) + view.chrome_height()
+    low = view.minimumSizeHint().height()
+    cases = [((beside, low), 2), ((beside - 1, tall), 6 if six < beside else 3), ((three, tall), 3),
+             ((three, low), 2), ((view.minimumSizeHint().width(), low), 2)]
+    for (width, height), columns in cases:
+        settled_at(holder, width, height)
+        assert (view.width(), view.height()) == (width, height)
+        assert view.columns == columns, (width, height)
+        problems = layout_problems(view)
+        assert problems == [], f"{width}x{height}:\n" + "\n".join(problems)

@@ -80,7 +80,7 @@ def test_chat_window_screenshot_on_the_embedded_default(built, tmp_path):
         [str(EXECUTABLE), "--screenshot", str(shot), "--chat", PROMPT, "--spec", "ngram", "--steps", "5",
          "--max-tokens", "48", "--window-size", "1480x920"],
         cwd=tmp_path, env=clean_env(tmp_path / "home"), capture_output=True, text=True, timeout=600)
-    # exit 0 only when the run ended "finished" (app.gui.ScreenshotRun), with no window message
+    # exit 0 only when the run ended "finished" (app.gui.startup.ScreenshotRun), with no window message
     assert out.returncode == 0, out.stderr[-3000:]
     assert f"screenshot saved to {shot}" in out.stdout
     assert "Traceback" not in out.stderr

@@ -146,3 +146,26 @@ def test_bench_serve_and_bench_chat_concurrency_report_every_level(batch_server,
         assert any(r["proposed"] > 0 for r in rows if r["mode"] == "spec")
         assert (tmp_path / folder).glob("bench-concurrency-*.csv")
     assert "agg tok/s" in capsys.readouterr().err
+
+
+def test_the_server_load_read_from_metrics(client, batch_server):
+    """What the window shows when connected (engines.remote.counters.server_load): requests
+    running while two streams are held open, then the steps' latency, mean batch size and
+    tokens per second between two scrapes."""
+    import time
+
+    from engines.remote.counters import parse_load_counters, server_load
+    from engines.remote.engine import fetch_metrics
+
+    _wait_for(batch_server, lambda t: gauge(t, "num_requests_running") == 0)
+    before, t0 = parse_load_counters(fetch_metrics(batch_server.url)), time.monotonic()
+    streams = [client.chat.completions.create(stream=True, **body(PROMPTS[i], SPECS[i], LONG)) for i in range(2)]
+    for s in streams:
+        for _, _chunk in zip(range(20), s):
+            pass
+    after = parse_load_counters(fetch_metrics(batch_server.url))
+    load = server_load(before, after, time.monotonic() - t0)
+    for s in streams:
+        s.close()
+    assert load.running == 2 and load.waiting == 0
+    assert load.step_latency_s > 0 and load.tokens_per_s > 0 and 1 < load.mean_batch <= 2

@@ -289,7 +289,7 @@ class TelemetryView(QWidget):
         self.plots = plots
         self.strip = QWidget(objectName="strip")
         self.body = QBoxLayout(QBoxLayout.Direction.LeftToRight, self.strip)
-        self.body.setContentsMargins(0, 0, 0, 0)
+        self.body.setContentsMargins(8, 0, 0, 0)  # the cards' distance from the sidebar
         self.body.setSpacing(SPACING)
         self.body.addWidget(self.figure_box)
         self.body.addWidget(self.plots, 1)
@@ -311,7 +311,7 @@ class TelemetryView(QWidget):
         col.setSpacing(4)
         col.addLayout(title_row)
         col.addLayout(row, 1)
-        self.margins = 8 + 6  # the view's right margin and the row's
+        self.margins = 8 + 6 + 8  # the view's right margin, the row's, the strip's left one
         self.arrange(2)
 
         self.timer = QTimer(self)
@@ -403,7 +403,9 @@ class TelemetryView(QWidget):
         else:
             self.figure_box.setMinimumWidth(self.cards_width(columns))
             self.figure_box.setMaximumWidth(16777215)
-        self.strip.setMinimumSize((self.cards_width(2) + SPACING if beside else 0) + self.plots_width(),
+        width = self.cards_width(2) + SPACING + self.plots_width() if beside else max(self.cards_width(columns),
+                                                                                     self.plots_width())
+        self.strip.setMinimumSize(8 + width,
                                   self.strip_height(columns))
         self.scroll.setMinimumHeight(self.strip_height(columns) + self.scrollbar_h)
 
