@@ -12,10 +12,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from app.cli.common import EXIT_BAD_INPUT, Parser, UsageError
+from app.cli.common import DEFAULT_CHAT_ID, EXIT_BAD_INPUT, Parser, UsageError
 from app.cli.io import EXIT_INTERRUPTED, Interrupt
 
-DEFAULT_MODEL = "smollm2-135m-instruct"  # the embedded default (engines/mlx_chat/models.py)
+DEFAULT_MODEL = DEFAULT_CHAT_ID  # the embedded default (engines/mlx_chat/models.py)
 DEFAULT_MINUTES = 15.0
 
 
@@ -127,7 +127,8 @@ class Meter:
         acc = " ".join(f"d{i + 1} {a:.0%}" for i, a in enumerate(p.acceptance)) if p.acceptance else "-"
         total = f"/{p.steps}" if p.steps else ""
         eta = f"ETA {int(p.eta_s // 60)}m{int(p.eta_s % 60):02d}s" if p.eta_s is not None else ""
-        line = f"specscope: step {p.step}{total}  loss {p.loss:.3f}  held-out acceptance {acc}  {eta}"
+        line = (f"specscope: step {p.step}{total}  {p.elapsed_s / 60:.1f} min  loss {p.loss:.3f}  "
+                f"held-out acceptance {acc}  {eta}")
         if self.tty:
             self.stream.write("\r\033[K" + line)
         elif p.acceptance != self.last_acc:

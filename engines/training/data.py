@@ -94,7 +94,7 @@ def chat_ids(tokenizer, prompt: str) -> list[int]:
 
 
 def own_answers(model, tokenizer, prompts: list[str], max_tokens: int, seq_len: int,
-                batch: int = 8, should_stop: Callable[[], bool] = lambda: False) -> list[list[int]]:
+                batch: int = 16, should_stop: Callable[[], bool] = lambda: False) -> list[list[int]]:
     """prompt ids + the target's greedy answer, per prompt (cut at seq_len)."""
     from mlx_lm.generate import batch_generate
 
