@@ -320,15 +320,15 @@ def make_mtp_proposer(engine, request) -> MTPProposer:
     drafters = engine.__dict__.setdefault("mtp_drafters", {})
     if path not in drafters:
         drafters[path] = load_drafter(path)
-    drafter = drafters[path]
-    if isinstance(drafter, Assistant):
-        target = Gemma4Target.of(engine.model)
-    else:  # a drafter trained here reads the target through drafter.TargetView
-        from engines.mlx_chat.drafter import TargetView
+    from engines.mlx_chat.drafter import Drafter, TargetView
 
+    drafter = drafters[path]
+    if isinstance(drafter, Drafter):  # a drafter trained here reads the target through TargetView
         target = TargetView.of(engine.model)
         if drafter.target is None or drafter.target.model is not engine.model:
             drafter.attach(target)
+    else:  # the Gemma 4 assistant (or a test's wrapper of one)
+        target = Gemma4Target.of(engine.model)
     # Depth-2 overlap is on by default; SPECSCOPE_MTP_OVERLAP=0 turns it off for A/B runs
     # (the reference's LLAMA_PIPELINE_DEPTH2=0).
     overlap = os.environ.get("SPECSCOPE_MTP_OVERLAP", "1") != "0"
