@@ -94,8 +94,10 @@ def chat_ids(tokenizer, prompt: str) -> list[int]:
 
 
 def own_answers(model, tokenizer, prompts: list[str], max_tokens: int, seq_len: int,
-                batch: int = 16, should_stop: Callable[[], bool] = lambda: False) -> list[list[int]]:
-    """prompt ids + the target's greedy answer, per prompt (cut at seq_len)."""
+                batch: int = 16, should_stop: Callable[[], bool] = lambda: False,
+                on_batch: Callable[[int], None] = lambda done: None) -> list[list[int]]:
+    """prompt ids + the target's greedy answer, per prompt (cut at seq_len); on_batch(prompts
+    answered so far) after each batch."""
     from mlx_lm.generate import batch_generate
 
     out = []
@@ -106,6 +108,7 @@ def own_answers(model, tokenizer, prompts: list[str], max_tokens: int, seq_len: 
         answer = batch_generate(model, tokenizer, ids, max_tokens=max_tokens, return_token_ids=True)
         for prompt_ids, answer_ids in zip(ids, answer.token_ids):
             out.append((prompt_ids + list(answer_ids))[:seq_len])
+        on_batch(len(out))
     return out
 
 

@@ -188,8 +188,13 @@ def prepare(target: TargetView, tokenizer, target_path: str, config: TrainConfig
     sequences = []
     if prompts:
         on_progress(Progress(0, config.steps, 0.0, None, 0.0, None, "answers", f"the target answers {len(prompts)} prompts"))
+        def answered(n: int) -> None:
+            elapsed = time.perf_counter() - t0
+            on_progress(Progress(0, config.steps, 0.0, None, elapsed, elapsed * (len(prompts) - n) / n, "answers",
+                                 f"the target answered {n} of {len(prompts)} prompts ({elapsed / 60:.1f} min)"))
+
         sequences += D.own_answers(target.model, tokenizer, prompts, config.answer_tokens, config.seq_len,
-                                   should_stop=should_stop)
+                                   should_stop=should_stop, on_batch=answered)
     sequences += D.text_segments(tokenizer, texts, config.seq_len)
     if should_stop():
         raise KeyboardInterrupt  # nothing to resume yet
