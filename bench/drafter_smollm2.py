@@ -64,6 +64,8 @@ def main() -> int:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--prompts", default=str(resources.path("prompts", "open_chat.json")))
     p.add_argument("--json", default=None)
+    p.add_argument("--limit", type=int, default=None, help="only the first N prompts")
+    p.add_argument("--cases", default="mtp-5,mtp-3,ngram-4", help="beside plain: mtp-5, mtp-3, mtp-1, ngram-4")
     args = p.parse_args()
     prompts = [(q["name"], q["prompt"]) for q in json.loads(open(args.prompts).read())["prompts"]]
     engine = ChatEngine.load(str(default_chat_model()))
@@ -72,18 +74,25 @@ def main() -> int:
     run(engine, "Hello", SpecConfig(method="mtp", steps=3, draft_model=args.drafter), 8)
     results = {}
     t0 = time.time()
-    results["plain"] = measure(engine, prompts, SpecConfig(), args.max_tokens)
-    plain = results["plain"]["outputs"]
-    results["mtp-5"] = measure(engine, prompts, SpecConfig(method="mtp", steps=5, draft_model=args.drafter), args.max_tokens, plain)
-    results["mtp-3"] = measure(engine, prompts, SpecConfig(method="mtp", steps=3, draft_model=args.drafter), args.max_tokens, plain)
-    results["ngram-4"] = measure(engine, prompts, SpecConfig(method="ngram", steps=4), args.max_tokens, plain)
-    base = results["plain"]["tok_s"]
-    print(f"SmolLM2-135M, {len(prompts)} open chat prompts, T=0, {args.max_tokens} tokens; "
-          f"load average {load0:.2f} at start, {os.getloadavg()[0]:.2f} at end; {time.time() - t0:.0f} s")
-    print(f"{'case':<9} {'tok/s':>7} {'speedup':>8} {'accept':>7} {'same':>5}  acceptance by depth")
-    for name, r in results.items():
+    print(f"{'case':<9} {'tok/s':>7} {'speedup':>8} {'accept':>7} {'same':>5}  acceptance by depth", flush=True)
+
+    def report(name: str, r: dict) -> None:  # each case as it ends: a cut-short run still says something
         depth = " ".join(f"{a:.0%}" for a in r["by_depth"])
-        print(f"{name:<9} {r['tok_s']:>7.1f} {r['tok_s'] / base:>7.2f}x {r['acceptance']:>7.1%} {str(r['same']):>5}  {depth}")
+        speedup = r["tok_s"] / results["plain"]["tok_s"]
+        print(f"{name:<9} {r['tok_s']:>7.1f} {speedup:>7.2f}x {r['acceptance']:>7.1%} {str(r['same']):>5}  {depth}", flush=True)
+
+    results["plain"] = measure(engine, prompts[: args.limit], SpecConfig(), args.max_tokens)
+    report("plain", results["plain"])
+    plain = results["plain"]["outputs"]
+    cases = {"mtp-5": SpecConfig(method="mtp", steps=5, draft_model=args.drafter),
+             "mtp-3": SpecConfig(method="mtp", steps=3, draft_model=args.drafter),
+             "mtp-1": SpecConfig(method="mtp", steps=1, draft_model=args.drafter),
+             "ngram-4": SpecConfig(method="ngram", steps=4)}
+    for name in args.cases.split(","):
+        results[name] = measure(engine, prompts[: args.limit], cases[name], args.max_tokens, plain)
+        report(name, results[name])
+    print(f"SmolLM2-135M, {len(prompts[: args.limit])} open chat prompts, T=0, {args.max_tokens} tokens; "
+          f"load average {load0:.2f} at start, {os.getloadavg()[0]:.2f} at end; {time.time() - t0:.0f} s")
     if args.json:
         for r in results.values():
             r.pop("outputs")
