@@ -195,12 +195,16 @@ def load_chat_engine(model: str | None, draft_model: str | None):
     return load_engine("chat", model, draft_model=draft_model)
 
 
+DEFAULT_CHAT_ID = "smollm2-135m-instruct"  # the catalog id of the embedded default (no --model)
+
+
 def pick_drafter(args: argparse.Namespace) -> None:
-    """--spec mtp without --draft-model: the target's paired assistant in the catalog, if any."""
+    """--spec mtp without --draft-model: the target's paired drafter in the catalog (a Gemma 4
+    assistant, or one trained by `specscope drafter train`), if any."""
     from app.models.lookup import paired_drafter
 
-    if args.spec == "mtp" and not args.draft_model and args.model:
-        args.draft_model = paired_drafter(args.model)
+    if args.spec == "mtp" and not args.draft_model:
+        args.draft_model = paired_drafter(args.model or DEFAULT_CHAT_ID)
 
 
 def resolve_models(args: argparse.Namespace, spec: SpecConfig, role: str) -> None:

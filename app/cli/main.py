@@ -1,4 +1,4 @@
-"""The command line's top: `specscope chat | ocr | bench | convert | models | serve` to the
+"""The command line's top: `specscope chat | ocr | bench | convert | models | serve | drafter` to the
 command's module, no command to the window (app.gui.startup); every error the commands raise
 becomes one line on stderr and an exit code here. No Qt is imported unless the window opens.
 """
@@ -31,8 +31,14 @@ def cmd_serve(argv: list[str]) -> int:
     return serve(argv)
 
 
+def cmd_drafter(argv: list[str]) -> int:
+    from app.cli.drafter import cmd_drafter as drafter  # imported when used: the trainer
+
+    return drafter(argv)
+
+
 COMMANDS = {"chat": cmd_chat, "ocr": cmd_ocr, "bench": cmd_bench, "convert": cmd_convert, "models": cmd_models,
-            "serve": cmd_serve}
+            "serve": cmd_serve, "drafter": cmd_drafter}
 
 TOP_HELP = f"""usage: specscope [--screenshot PATH --chat PROMPT | --ocr FILE...] [options]   (opens the window)
        specscope {{{','.join(COMMANDS)}}} ...                              (command line)
@@ -43,6 +49,7 @@ TOP_HELP = f"""usage: specscope [--screenshot PATH --chat PROMPT | --ocr FILE...
   convert   convert GLM-OCR to Core ML packages
   models    list | get ID | rm ID | add PATH | path ID: the model catalog and downloads
   serve     an OpenAI-compatible server over the engines, with speculation counters
+  drafter   train ...: train an MTP drafter for a chat model on this machine (--spec mtp uses it)
 
 `specscope COMMAND --help` for a command's options."""
 

@@ -1,5 +1,6 @@
 """Getting a model from the window: app.models' download (and, for GLM-OCR on macOS, its Core
 ML conversion) on a worker QThread, reported as Qt signals (past-tense events, as app.gui.worker's).
+Training a drafter for a chat model (DrafterJob: engines/training) runs the same way.
 
 `ModelJobs` is the window's one place for them: at most one job at a time, started from the
 Models dialog or from a pane's "Download …" offer, watched by both. Cancel is cooperative:
@@ -94,6 +95,77 @@ class ModelJob(QObject):
         self.progressed.emit(JobProgress(self.model_id, "convert", p.fraction, conversion_text(p)))
 
 
+def training_text(p) -> str:
+    """`step 120 · 3.2 min · loss 2.41 · held-out acceptance d1 41% d2 18% … · ETA 11:48`"""
+    if p.phase in ("answers", "features"):
+        return p.note
+    acc = " ".join(f"d{i + 1} {a:.0%}" for i, a in enumerate(p.acceptance)) if p.acceptance else "not measured yet"
+    eta = f" \u00b7 ETA {clock(p.eta_s)}" if p.eta_s is not None else ""
+    return f"step {p.step} \u00b7 {p.elapsed_s / 60:.1f} min \u00b7 loss {p.loss:.2f} \u00b7 held-out acceptance {acc}{eta}"
+
+
+class DrafterJob(QObject):
+    """Trains an MTP drafter for one chat model (engines/training, as `specscope drafter
+    train`), then pairs it with the model in the user's catalog. Cancel stops at the next step
+    with a checkpoint: training the same model again resumes. Same signals as ModelJob."""
+
+    progressed = Signal(object)  # JobProgress, phase "train"
+    finished = Signal(str, str)  # model id, the drafter's directory
+    cancelled = Signal(str)
+    errored = Signal(str, str)
+    done = Signal()
+
+    def __init__(self, model_id: str, out: str, minutes: float | None = 15.0, **settings):
+        super().__init__()
+        self.model_id, self.out, self.minutes, self.settings = model_id, out, minutes, settings
+        self._cancel = False
+
+    def request_cancel(self) -> None:
+        self._cancel = True
+
+    def cancel_requested(self) -> bool:
+        return self._cancel
+
+    @Slot()
+    def run(self) -> None:
+        from pathlib import Path
+
+        from app.models.lookup import model_path, register_drafter
+        from engines.mlx_chat.loading import load_model
+        from engines.training.train import TrainConfig, train
+
+        try:
+            target = model_path(self.model_id, "chat")
+            loaded = load_model(target)
+            config = TrainConfig(out=Path(self.out), minutes=self.minutes, **self.settings)
+            result = train(loaded.model, loaded.tokenizer, target, config, self._trained, self.cancel_requested)
+            if result.finished:
+                register_drafter(self.model_id, Path(self.out))
+        except KeyboardInterrupt:  # cancelled before the first step: nothing to resume
+            self.cancelled.emit(self.model_id)
+        except EngineError as e:
+            self.errored.emit(self.model_id, str(e))
+        except Exception as e:  # a bug must not take the window down
+            traceback.print_exc()
+            self.errored.emit(self.model_id, f"{type(e).__name__}: {e}")
+        else:
+            if result.finished:
+                self.finished.emit(self.model_id, str(self.out))
+            else:
+                self.cancelled.emit(self.model_id)
+        finally:
+            self.done.emit()
+
+    def _trained(self, p) -> None:
+        if p.steps:
+            fraction = p.step / p.steps
+        elif self.minutes:
+            fraction = p.elapsed_s / (60 * self.minutes)
+        else:
+            fraction = 0.0
+        self.progressed.emit(JobProgress(self.model_id, "train", min(1.0, fraction), training_text(p)))
+
+
 class ModelJobs(QObject):
     """The window's model jobs: one at a time; its signals repeat the running job's."""
 
@@ -108,16 +180,18 @@ class ModelJobs(QObject):
         self.job: ModelJob | None = None
         self.thread: QThread | None = None
         self.threads: list[tuple[QThread, ModelJob]] = []  # kept alive until each thread ends
+        self.kind = "download"  # of the job running or last run: "download" | "train"
 
     @property
     def running_id(self) -> str | None:
         return self.job.model_id if self.job is not None else None
 
-    def start(self, model_id: str) -> bool:
-        """Starts getting `model_id`; False if another job runs (one download at a time)."""
+    def start(self, model_id: str, job: "ModelJob | DrafterJob | None" = None) -> bool:
+        """Starts getting `model_id` (or `job`); False if another job runs (one at a time)."""
         if self.job is not None:
             return False
-        job = ModelJob(model_id)
+        self.kind = "train" if isinstance(job, DrafterJob) else "download"
+        job = job or ModelJob(model_id)
         thread = QThread()
         thread.setObjectName("specscope-model-job")
         job.moveToThread(thread)
@@ -134,6 +208,12 @@ class ModelJobs(QObject):
         thread.start()
         self.started.emit(model_id)
         return True
+
+    def train_drafter(self, model_id: str, out: str | None = None, minutes: float | None = 15.0, **settings) -> bool:
+        """Starts training a drafter for the chat model `model_id` (into the models folder's
+        drafters/ unless `out`); False if another job runs."""
+        out = out or str(store.models_dir() / "drafters" / store.safe_name(model_id))
+        return self.start(model_id, DrafterJob(model_id, out, minutes, **settings))
 
     def cancel(self) -> None:
         if self.job is not None:

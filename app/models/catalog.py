@@ -201,7 +201,7 @@ def _has_gguf_magic(p: Path) -> bool:
 
 def role_of_dir(p: Path) -> Role:
     """What a model folder is for, from its files: a GLM-OCR checkpoint or Core ML conversion ->
-    ocr, a Gemma 4 assistant -> drafter, anything else -> chat."""
+    ocr, a Gemma 4 assistant or a drafter trained here -> drafter, anything else -> chat."""
     if (p / "manifest.json").is_file():  # a GLM-OCR Core ML conversion
         return "ocr"
     try:
@@ -211,7 +211,7 @@ def role_of_dir(p: Path) -> Role:
     except (OSError, ValueError) as e:
         raise EngineError(f"not a model: {p}/config.json is unreadable ({e})") from None
     model_type = cfg.get("model_type", "") if isinstance(cfg, dict) else ""
-    if model_type == "gemma4_assistant":
+    if model_type in ("gemma4_assistant", "specscope_drafter"):  # specscope_drafter: `specscope drafter train`
         return "drafter"
     if model_type == "glm_ocr":
         return "ocr"

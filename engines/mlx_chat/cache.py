@@ -179,3 +179,13 @@ def cache_arrays(cache: list[Any]) -> list[mx.array]:
             if getattr(x, "keys", None) is not None:
                 out.extend([x.keys, x.values] if not isinstance(x.keys, (tuple, list)) else [*x.keys, *x.values])
     return out
+
+
+def cache_buffer(c) -> tuple[mx.array, mx.array, int]:
+    """A rollback cache's whole K/V buffers, as written (rejected drafts and unused capacity
+    included), and the position held by their first entry."""
+    if isinstance(c, WindowKVCache):  # entry j holds position start + j
+        return c.keys, c.values, c.start
+    if isinstance(c, KVCache):
+        return c.keys, c.values, 0
+    raise UnsupportedCache(f"MTP cannot read K/V from a {type(c).__name__} (quantized KV is not supported)")

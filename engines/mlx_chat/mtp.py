@@ -16,10 +16,9 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 from mlx_lm.models import gemma4_text
-from mlx_lm.models.cache import KVCache
 
 from engines.types import EngineError
-from engines.mlx_chat.cache import WindowKVCache
+from engines.mlx_chat.cache import cache_buffer  # noqa: F401  (its home was here; tests import it from mtp)
 from engines.mlx_chat.gemma4_assistant import Model as Assistant
 from engines.mlx_chat.proposers import Draft, LazyVerdict
 
@@ -82,6 +81,9 @@ class Gemma4Target:
             logits = gemma4_text.logit_softcap(text.final_logit_softcapping, logits)
         return logits, hidden
 
+    def check_compatible(self, drafter: Assistant) -> None:
+        check_compatible(self, drafter)
+
     def drafter_view(self, cache: list, last_kept: mx.array):
         """The drafter's K/V as (kv, masks): per attention type the whole K/V buffer of the
         layer it reads, and a boolean mask of the entries it sees once everything after
@@ -109,16 +111,6 @@ class Gemma4Target:
                 visible = visible & (positions > last_kept - self.sliding_window)
             kv[kind], masks[kind] = (keys, values), visible
         return kv, masks
-
-
-def cache_buffer(c) -> tuple[mx.array, mx.array, int]:
-    """A rollback cache's whole K/V buffers, as written (rejected drafts and unused capacity
-    included), and the position held by their first entry."""
-    if isinstance(c, WindowKVCache):  # entry j holds position start + j
-        return c.keys, c.values, c.start
-    if isinstance(c, KVCache):
-        return c.keys, c.values, 0
-    raise EngineError(f"MTP cannot read K/V from a {type(c).__name__} (quantized KV is not supported)")
 
 
 def check_compatible(target: Gemma4Target, drafter: Assistant) -> None:
@@ -170,7 +162,9 @@ class Chain:
 
 
 class MTPProposer:
-    """Gemma 4 MTP drafting for the round loop (see proposers.py for the protocol).
+    """MTP drafting for the round loop (see proposers.py for the protocol): the Gemma 4
+    assistant on a Gemma 4 target, or a drafter trained here (drafter.py) on its target --
+    both are stepped from (token embedding, h_prev, position, K/V view).
 
     propose(ctx, k)     chains the drafter k times from the target's state: the last accepted
                         token, the target's hidden state at the position before it (ctx.hidden,
@@ -192,7 +186,7 @@ class MTPProposer:
     needs_hidden = True
 
     def __init__(self, drafter: Assistant, target: Gemma4Target, overlap: bool = True, compiled: bool = True):
-        check_compatible(target, drafter)
+        target.check_compatible(drafter)  # Gemma4Target + assistant, or drafter.TargetView + Drafter
         self.drafter = drafter
         self.target = target
         self.drafts_ahead = overlap  # depth-2 overlap: the loop calls anticipate()
@@ -277,12 +271,16 @@ class MTPProposer:
         return self.drafter_step(embedding, chain.h, chain.position, chain.kv, chain.masks)
 
 
-def load_drafter(path: str) -> Assistant:
-    """The assistant at `path`, with one-line EngineErrors for what a user can get wrong."""
+def load_drafter(path: str):
+    """The MTP drafter at `path` -- a drafter trained here (drafter.py) or a Gemma 4
+    assistant -- with one-line EngineErrors for what a user can get wrong."""
     from pathlib import Path
 
+    from engines.mlx_chat import drafter as trained
     from engines.mlx_chat.gemma4_assistant import load_assistant
 
+    if trained.is_drafter_dir(path):
+        return trained.load_drafter(path)
     p = Path(path).expanduser()
     if not (p / "config.json").is_file():
         raise EngineError(f"MTP drafter not found: {path} (expected a Gemma 4 assistant directory)")
@@ -294,13 +292,16 @@ def load_drafter(path: str) -> Assistant:
 
 
 def is_assistant_dir(path: str) -> bool:
-    """Whether `path` holds a Gemma 4 assistant (config.json model_type gemma4_assistant)."""
+    """Whether `path` holds an MTP drafter rather than a language model: a Gemma 4 assistant
+    (config.json model_type gemma4_assistant) or a drafter trained here (specscope_drafter)."""
     import json
     from pathlib import Path
 
+    from engines.mlx_chat.drafter import MODEL_TYPE
+
     cfg = Path(path).expanduser() / "config.json"
     try:
-        return json.loads(cfg.read_text()).get("model_type") == "gemma4_assistant"
+        return json.loads(cfg.read_text()).get("model_type") in ("gemma4_assistant", MODEL_TYPE)
     except (OSError, ValueError, AttributeError):
         return False
 
@@ -315,11 +316,19 @@ def make_mtp_proposer(engine, request) -> MTPProposer:
     in `engine.mtp_drafters` (path -> drafter; tests may put a drafter of their own there)."""
     path = request.spec.draft_model or engine.draft_path
     if not path:
-        raise EngineError("--spec mtp needs the Gemma 4 assistant (--draft-model ASSISTANT_DIR)")
+        raise EngineError("--spec mtp needs an MTP drafter: the Gemma 4 assistant or a drafter trained with `specscope drafter train` (--draft-model DIR)")
     drafters = engine.__dict__.setdefault("mtp_drafters", {})
     if path not in drafters:
         drafters[path] = load_drafter(path)
-    target = Gemma4Target.of(engine.model)
+    from engines.mlx_chat.drafter import Drafter, TargetView
+
+    drafter = drafters[path]
+    if isinstance(drafter, Drafter):  # a drafter trained here reads the target through TargetView
+        target = TargetView.of(engine.model)
+        if drafter.target is None or drafter.target.model is not engine.model:
+            drafter.attach(target)
+    else:  # the Gemma 4 assistant (or a test's wrapper of one)
+        target = Gemma4Target.of(engine.model)
     # Depth-2 overlap is on by default; SPECSCOPE_MTP_OVERLAP=0 turns it off for A/B runs
     # (the reference's LLAMA_PIPELINE_DEPTH2=0).
     overlap = os.environ.get("SPECSCOPE_MTP_OVERLAP", "1") != "0"
@@ -328,4 +337,4 @@ def make_mtp_proposer(engine, request) -> MTPProposer:
     # `engine.mtp_proposer` (a class or factory with MTPProposer's signature) lets the benchmark
     # and the tests run a replaying drafter through the real loop.
     factory = engine.__dict__.get("mtp_proposer", MTPProposer)
-    return factory(drafters[path], target, overlap=overlap, compiled=compiled)
+    return factory(drafter, target, overlap=overlap, compiled=compiled)

@@ -43,6 +43,7 @@ class ModelsDialog(QDialog):
         self.setObjectName("modelsDialog")
         self.resize(900, 420)
         self.jobs = jobs
+        self.train_settings: dict = {}  # TrainConfig fields for "Train a drafter…" (the defaults: 15 minutes)
         self.table = QTreeWidget(rootIsDecorated=False, uniformRowHeights=False, alternatingRowColors=True)
         self.table.setHeaderLabels(COLUMNS)
         self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
@@ -54,7 +55,11 @@ class ModelsDialog(QDialog):
         self.download_button = QPushButton("Download", objectName="primary")
         self.cancel_button = QPushButton("Cancel Download")
         self.remove_button = QPushButton("Remove")
+        self.train_button = QPushButton("Train a drafter\u2026")
+        self.train_button.setToolTip("Train an MTP drafter for this chat model on this machine (about 15 minutes; "
+                                     "Cancel keeps a checkpoint and training again resumes)")
         self.download_button.clicked.connect(self.download_selected)
+        self.train_button.clicked.connect(self.train_selected)
         self.cancel_button.clicked.connect(self.jobs.cancel)
         self.remove_button.clicked.connect(self.remove_selected)
         self.progress = QProgressBar(maximum=PROGRESS_STEPS, textVisible=True)
@@ -66,7 +71,7 @@ class ModelsDialog(QDialog):
         close.rejected.connect(self.close)
 
         buttons = QHBoxLayout()
-        for b in (self.download_button, self.cancel_button, self.remove_button):
+        for b in (self.download_button, self.cancel_button, self.remove_button, self.train_button):
             buttons.addWidget(b)
         buttons.addStretch(1)
         col = QVBoxLayout(self)
@@ -135,6 +140,7 @@ class ModelsDialog(QDialog):
         self.remove_button.setEnabled(bool(entry) and entry.source != "pypi" and (st.installed or bool(st.size_on_disk))
                                       and self.jobs.running_id != entry.id)
         self.cancel_button.setEnabled(busy)
+        self.train_button.setEnabled(bool(entry) and self.can_train(entry, st) and not busy)
         if entry is None:
             self.details.setText("Choose a model to see what it needs.")
             return
@@ -156,6 +162,20 @@ class ModelsDialog(QDialog):
             return False
         return True
 
+    def can_train(self, entry: catalog.CatalogEntry, st: store.ModelStatus) -> bool:
+        """A chat model that is installed and has no drafter of its own (built-in pair)."""
+        return entry.role == "chat" and st.installed and not entry.pairs_with
+
+    def train_selected(self) -> bool:
+        model_id = self.selected_id()
+        if not model_id:
+            return False
+        self.message.setText("")
+        if not self.jobs.train_drafter(model_id, **self.train_settings):
+            self.message.setText(f"{self.jobs.running_id} is busy: one job at a time")
+            return False
+        return True
+
     def remove_selected(self) -> None:
         model_id = self.selected_id()
         if not model_id:
@@ -173,21 +193,28 @@ class ModelsDialog(QDialog):
     def _on_job_started(self, model_id: str) -> None:
         self.progress.setValue(0)
         self.progress.setFormat(f"{model_id}: %p%")
-        self.progress_text.setText("Asking the hub for the file list\u2026")
+        self.progress_text.setText("Loading the model\u2026" if self.jobs.kind == "train" else "Asking the hub for the file list\u2026")
         self.progress.setVisible(True)
         self.progress_text.setVisible(True)
         self.refresh()
 
     def _on_job_progressed(self, p: JobProgress) -> None:
         self.progress.setValue(int(round(p.fraction * PROGRESS_STEPS)))
-        self.progress.setFormat(f"{p.model_id} \u00b7 {'Core ML conversion' if p.phase == 'convert' else 'download'}: %p%")
+        what = {"convert": "Core ML conversion", "train": "drafter training"}.get(p.phase, "download")
+        self.progress.setFormat(f"{p.model_id} \u00b7 {what}: %p%")
         self.progress_text.setText(p.text)
 
     def _on_job_finished(self, model_id: str, path: str) -> None:
-        self._job_ended(f"{model_id} is ready: {path}")
+        if self.jobs.kind == "train":
+            self._job_ended(f"A drafter for {model_id} is ready ({path}); MTP on {model_id} uses it")
+        else:
+            self._job_ended(f"{model_id} is ready: {path}")
 
     def _on_job_cancelled(self, model_id: str) -> None:
-        self._job_ended(f"Download of {model_id} cancelled; nothing was kept")
+        if self.jobs.kind == "train":
+            self._job_ended(f"Training a drafter for {model_id} stopped; its checkpoint is kept: train again to resume")
+        else:
+            self._job_ended(f"Download of {model_id} cancelled; nothing was kept")
 
     def _on_job_errored(self, model_id: str, message: str) -> None:
         self._job_ended(f"{model_id}: {message}")
@@ -261,7 +288,7 @@ class ModelOffer(QFrame):
     def _on_job_started(self, model_id: str) -> None:
         if model_id == self.model_id:
             self.progress.setValue(0)
-            self.progress_text.setText("Asking the hub for the file list\u2026")
+            self.progress_text.setText("Loading the model\u2026" if self.jobs.kind == "train" else "Asking the hub for the file list\u2026")
             self._show_progress(True)
 
     def _on_job_progressed(self, p: JobProgress) -> None:

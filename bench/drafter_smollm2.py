@@ -1,0 +1,106 @@
+"""A drafter trained here for SmolLM2 (the embedded default), on the held-out open chat prompts
+(resources/prompts/open_chat.json, none of them in the training prompts), T=0:
+
+    acceptance by depth 1..5   rounds of 5 drafts: the share of rounds whose drafts 1..d were
+                               all accepted (the chat engine's own per-position acceptance)
+    tok/s                      plain, --spec mtp with the drafter (3 drafts per round), and
+                               n-gram lookup (the default 4), decode tok/s over all prompts;
+                               every output checked equal to plain greedy
+
+Train first (`specscope drafter train --minutes M --out DIR`), then:
+
+    python bench/drafter_smollm2.py DIR [--max-tokens 128] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import resources
+from engines.types import Request, SpecConfig
+from engines.mlx_chat.engine import ChatEngine
+from engines.mlx_chat.models import default_chat_model
+
+
+def run(engine, prompt: str, spec: SpecConfig, max_tokens: int):
+    rounds = list(engine.generate(Request(prompt=prompt, max_tokens=max_tokens, spec=spec)))
+    decode = [r for r in rounds if not r.prefill]
+    tokens = [t for r in rounds for t in r.tokens]
+    return tokens, decode
+
+
+def measure(engine, prompts, spec, max_tokens, plain=None):
+    """Totals over the prompts: decode tokens and seconds, proposed / accepted, per-depth
+    acceptance, and whether every output equals plain greedy."""
+    out = {"tokens": 0, "seconds": 0.0, "proposed": 0, "accepted": 0, "rounds": 0, "same": True, "outputs": []}
+    depth_hits, depth_rounds = [0] * 7, [0] * 7
+    for i, (_, prompt) in enumerate(prompts):
+        tokens, decode = run(engine, prompt, spec, max_tokens)
+        out["outputs"].append(tokens)
+        if plain is not None and tokens != plain[i]:
+            out["same"] = False
+        out["tokens"] += sum(len(r.tokens) for r in decode)
+        out["seconds"] += sum(r.wall_s for r in decode)
+        out["proposed"] += sum(r.proposed for r in decode)
+        out["accepted"] += sum(r.accepted for r in decode)
+        out["rounds"] += len(decode)
+        for r in decode:
+            for d in range(r.proposed):
+                depth_rounds[d] += 1
+                depth_hits[d] += r.accepted > d
+    out["tok_s"] = out["tokens"] / out["seconds"] if out["seconds"] else 0.0
+    out["acceptance"] = out["accepted"] / out["proposed"] if out["proposed"] else 0.0
+    out["by_depth"] = [h / n for h, n in zip(depth_hits, depth_rounds) if n]
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("drafter")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--prompts", default=str(resources.path("prompts", "open_chat.json")))
+    p.add_argument("--json", default=None)
+    p.add_argument("--limit", type=int, default=None, help="only the first N prompts")
+    p.add_argument("--cases", default="mtp-5,mtp-3,ngram-4", help="beside plain: mtp-5, mtp-3, mtp-1, ngram-4")
+    args = p.parse_args()
+    prompts = [(q["name"], q["prompt"]) for q in json.loads(open(args.prompts).read())["prompts"]]
+    engine = ChatEngine.load(str(default_chat_model()))
+    load0 = os.getloadavg()[0]
+    run(engine, "Hello", SpecConfig(), 8)  # warm up (first-call costs)
+    run(engine, "Hello", SpecConfig(method="mtp", steps=3, draft_model=args.drafter), 8)
+    results = {}
+    t0 = time.time()
+    print(f"{'case':<9} {'tok/s':>7} {'speedup':>8} {'accept':>7} {'same':>5}  acceptance by depth", flush=True)
+
+    def report(name: str, r: dict) -> None:  # each case as it ends: a cut-short run still says something
+        depth = " ".join(f"{a:.0%}" for a in r["by_depth"])
+        speedup = r["tok_s"] / results["plain"]["tok_s"]
+        print(f"{name:<9} {r['tok_s']:>7.1f} {speedup:>7.2f}x {r['acceptance']:>7.1%} {str(r['same']):>5}  {depth}", flush=True)
+
+    results["plain"] = measure(engine, prompts[: args.limit], SpecConfig(), args.max_tokens)
+    report("plain", results["plain"])
+    plain = results["plain"]["outputs"]
+    cases = {"mtp-5": SpecConfig(method="mtp", steps=5, draft_model=args.drafter),
+             "mtp-3": SpecConfig(method="mtp", steps=3, draft_model=args.drafter),
+             "mtp-1": SpecConfig(method="mtp", steps=1, draft_model=args.drafter),
+             "ngram-4": SpecConfig(method="ngram", steps=4)}
+    for name in args.cases.split(","):
+        results[name] = measure(engine, prompts[: args.limit], cases[name], args.max_tokens, plain)
+        report(name, results[name])
+    print(f"SmolLM2-135M, {len(prompts[: args.limit])} open chat prompts, T=0, {args.max_tokens} tokens; "
+          f"load average {load0:.2f} at start, {os.getloadavg()[0]:.2f} at end; {time.time() - t0:.0f} s")
+    if args.json:
+        for r in results.values():
+            r.pop("outputs")
+        with open(args.json, "w") as f:
+            json.dump({"drafter": args.drafter, "max_tokens": args.max_tokens, "results": results,
+                       "loadavg_start": load0, "loadavg_end": os.getloadavg()[0]}, f, indent=1)
+    return 0 if all(r["same"] for r in results.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

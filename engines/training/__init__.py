@@ -1,0 +1,1 @@
+"""Drafter training by self-distillation (MLX): data, the loop, checkpoints, model cards."""

@@ -1,0 +1,161 @@
+"""What a drafter learns from: token sequences, and the target's own state over them.
+
+Sequences come from two places, and nothing leaves the machine:
+  - the target's own greedy answers to a prompt set (the default set ships in
+    resources/prompts/drafter_train.json): self-distillation on the target's own outputs, as
+    Medusa-2 (Cai et al. 2024, sec. 3.2.2) does when no training set matches the model;
+    generated in batches with mlx-lm's batch_generate;
+  - the user's text files, cut into segments of `seq_len` tokens.
+
+Teacher forcing (`features`) runs the target once over each padded batch of sequences: that
+one forward gives, for every position, the final-norm hidden state (the drafter's input), the
+K/V of the layer the drafter reads, and the label -- the target's own greedy next token
+(self-distillation with hard labels, which is what acceptance at T=0 measures; DistillSpec,
+Zhou et al. 2024, finds the target's own outputs the data that matters). No generation is
+needed for text files, so it is fast.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import mlx.core as mx
+
+from engines.types import EngineError
+from engines.mlx_chat.cache import cache_buffer
+from engines.mlx_chat.drafter import TargetView
+
+
+class DataError(EngineError):
+    """An unusable data file: one line, naming it."""
+
+
+@dataclass
+class Features:
+    """The teacher-forced target state over N sequences of (padded) length L."""
+
+    tokens: mx.array  # [N, L] int32
+    lengths: mx.array  # [N] int32: real tokens per row (the rest is padding)
+    hidden: mx.array  # [N, L, D] final-norm hidden states
+    labels: mx.array  # [N, L] int32: the target's greedy token after position t
+    keys: mx.array  # [N, kv_heads, L, head_dim] of the layer the drafter reads
+    values: mx.array
+
+    @property
+    def size(self) -> int:
+        return int(self.tokens.shape[0])
+
+    def rows(self, index) -> "Features":
+        idx = mx.array(index, dtype=mx.int32)
+        return Features(*(a[idx] for a in (self.tokens, self.lengths, self.hidden, self.labels, self.keys, self.values)))
+
+    def arrays(self) -> dict[str, mx.array]:
+        return {k: getattr(self, k) for k in ("tokens", "lengths", "hidden", "labels", "keys", "values")}
+
+
+def read_text_files(paths: list[str]) -> list[tuple[str, str]]:
+    """(path, text) of each file; an empty or unreadable one is a DataError (one line)."""
+    out = []
+    for path in paths:
+        p = Path(path).expanduser()
+        try:
+            text = p.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise DataError(f"cannot read data file {path}: {getattr(e, 'strerror', None) or e}") from None
+        if not text.strip():
+            raise DataError(f"data file {path} is empty")
+        out.append((str(p), text))
+    return out
+
+
+def text_segments(tokenizer, texts: list[tuple[str, str]], seq_len: int) -> list[list[int]]:
+    """Each file's tokens cut into segments of seq_len (the last one kept if >= 8 tokens)."""
+    segments = []
+    for _, text in texts:
+        ids = list(tokenizer.encode(text))
+        segments += [ids[i:i + seq_len] for i in range(0, len(ids), seq_len) if len(ids[i:i + seq_len]) >= 8]
+    return segments
+
+
+def load_prompts(path: str | Path) -> list[str]:
+    data = json.loads(Path(path).read_text())
+    return [p if isinstance(p, str) else p["prompt"] for p in (data["prompts"] if isinstance(data, dict) else data)]
+
+
+def chat_ids(tokenizer, prompt: str) -> list[int]:
+    """The prompt as the chat engine sends it (chat template when the tokenizer has one)."""
+    if getattr(tokenizer, "has_chat_template", False):
+        return list(tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True))
+    return list(tokenizer.encode(prompt))
+
+
+def own_answers(model, tokenizer, prompts: list[str], max_tokens: int, seq_len: int,
+                batch: int = 16, should_stop: Callable[[], bool] = lambda: False,
+                on_batch: Callable[[int], None] = lambda done: None) -> list[list[int]]:
+    """prompt ids + the target's greedy answer, per prompt (cut at seq_len); on_batch(prompts
+    answered so far) after each batch."""
+    from mlx_lm.generate import batch_generate
+
+    out = []
+    for i in range(0, len(prompts), batch):
+        if should_stop():
+            break
+        ids = [chat_ids(tokenizer, p)[: seq_len - 8] for p in prompts[i:i + batch]]
+        answer = batch_generate(model, tokenizer, ids, max_tokens=max_tokens, return_token_ids=True)
+        for prompt_ids, answer_ids in zip(ids, answer.token_ids):
+            out.append((prompt_ids + list(answer_ids))[:seq_len])
+        on_batch(len(out))
+    return out
+
+
+def features(target: TargetView, sequences: list[list[int]], seq_len: int, batch: int = 4,
+             should_stop: Callable[[], bool] = lambda: False) -> Features:
+    """Teacher-force the target over the sequences (right-padded to seq_len, `batch` at a time)."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    if not sequences:
+        raise DataError("no training text: the data gave no sequence of 8 tokens or more")
+    parts: dict[str, list[mx.array]] = {k: [] for k in ("tokens", "lengths", "hidden", "labels", "keys", "values")}
+    for i in range(0, len(sequences), batch):
+        if should_stop():
+            break
+        rows = sequences[i:i + batch]
+        tokens = mx.array([r + [0] * (seq_len - len(r)) for r in rows], dtype=mx.int32)
+        cache = make_prompt_cache(target.model)
+        logits, hidden = target.forward(tokens, cache)
+        keys, values, _ = cache_buffer(cache[target.kv_layer])  # a full-attention layer: position j at j
+        parts["tokens"].append(tokens)
+        parts["lengths"].append(mx.array([len(r) for r in rows], dtype=mx.int32))
+        parts["hidden"].append(hidden.astype(mx.float32))
+        parts["labels"].append(mx.argmax(logits, axis=-1).astype(mx.int32))
+        parts["keys"].append(keys[:, :, :seq_len].astype(mx.float32))
+        parts["values"].append(values[:, :, :seq_len].astype(mx.float32))
+        mx.eval([v[-1] for v in parts.values()])
+    return Features(**{k: mx.concatenate(v) for k, v in parts.items()})
+
+
+def fingerprint(*parts) -> str:
+    """What the features depend on (target file, data, settings): a cache key."""
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(json.dumps(p, sort_keys=True, default=str).encode())
+    return h.hexdigest()[:16]
+
+
+def save_features(path: Path, f: Features, key: str) -> None:
+    tmp = path.with_suffix(".partial.safetensors")
+    mx.save_safetensors(str(tmp), f.arrays(), metadata={"fingerprint": key})
+    tmp.replace(path)
+
+
+def load_features(path: Path, key: str) -> Features | None:
+    if not path.is_file():
+        return None
+    arrays, meta = mx.load(str(path), return_metadata=True)
+    if meta.get("fingerprint") != key:
+        return None
+    return Features(**arrays)

@@ -1,0 +1,403 @@
+"""Training a drafter (engines/mlx_chat/drafter.py) by self-distillation, in MLX, resumable.
+
+    prepare    the target's own answers to the prompt set + the user's text -> sequences;
+               one teacher-forced target forward per batch -> Features (data.py), kept in
+               OUT/features.safetensors so a resumed run does not redo them
+    init       the drafter (seeded), its vocabulary = the K most frequent labels
+    loop       a batch of sequences (chosen by (seed, step) alone) -> the chained loss ->
+               Adam; every `save_every` steps (and at the end, and on cancel) a checkpoint;
+               every `eval_every` steps held-out acceptance by depth
+    publish    OUT/config.json + model.safetensors + card.json + README.md: a drafter that
+               `--spec mtp --draft-model OUT` runs
+
+The chained loss (training-time test, EAGLE-3, Li et al. 2025): depth 1 reads the target's
+hidden state h_{t-1} and embeds token t; depth d reads the drafter's own depth d-1 output
+instead, so the drafter learns from the states it will really be fed when it drafts several
+tokens in a row. Every depth is labelled with the target's greedy token (hard labels; see
+data.py), cross-entropy over the drafter's vocabulary, depth d weighted 0.8^(d-1) (our choice:
+later depths matter only if the earlier ones were accepted). The K/V a depth-d query reads stop
+at position t-d, where the chain's first token sits -- exactly what the drafter sees in the
+chat engine (mtp.MTPProposer: fixed query position, the target cache before the chain).
+
+Resume: a checkpoint holds the drafter, Adam's state and the step; batches depend on
+(seed, step) only and the initial weights on the seed, so a run killed and resumed ends with
+the same weights as one that never stopped.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+import numpy as np
+from mlx.utils import tree_flatten, tree_unflatten
+
+from engines.types import EngineError
+from engines.mlx_chat.drafter import Drafter, DrafterArgs, TargetView, write_config
+from engines.training import data as D
+
+EVAL_DEPTH = 5  # acceptance is reported for depths 1..5
+DEPTH_DECAY = 0.8
+
+
+class CheckpointError(EngineError):
+    """A checkpoint could not be written (disk full...): the previous one is kept."""
+
+
+@dataclass
+class TrainConfig:
+    out: Path
+    data_files: list[str] = field(default_factory=list)
+    prompts_file: str | None = None  # None: the shipped prompt set; "" = none
+    answer_tokens: int = 160  # per generated answer
+    steps: int | None = None
+    minutes: float | None = None  # training-loop time (resumed runs count the time before)
+    seed: int = 0
+    depth: int = 3  # chained depths trained
+    seq_len: int = 256
+    batch: int = 4  # sequences per step
+    learning_rate: float = 1e-3
+    warmup: int = 20
+    draft_vocab: int = 8192
+    held_out: float = 0.1  # fraction of sequences kept for acceptance
+    save_every: int = 50
+    eval_every: int = 50
+
+    def record(self) -> dict:
+        d = asdict(self)
+        d["out"] = str(self.out)
+        return d
+
+
+@dataclass
+class Progress:
+    step: int
+    steps: int | None
+    loss: float
+    acceptance: list[float] | None  # held-out, by depth 1..EVAL_DEPTH (None until measured)
+    elapsed_s: float
+    eta_s: float | None
+    phase: str = "train"  # "answers" | "features" | "train" | "done"
+    note: str = ""
+
+
+@dataclass
+class Result:
+    out: Path
+    step: int
+    finished: bool  # reached --steps / --minutes (False: cancelled, resumable)
+    acceptance: list[float]
+    train_s: float
+    prepare_s: float
+    tokens: int
+
+
+OnProgress = Callable[[Progress], None]
+
+
+# -- the run -----------------------------------------------------------------------------------------
+
+
+def train(target_model, tokenizer, target_path: str, config: TrainConfig,
+          on_progress: OnProgress = lambda p: None, should_stop: Callable[[], bool] = lambda: False) -> Result:
+    target = TargetView.of(target_model)  # unsupported architecture: one line naming the supported ones
+    out = Path(config.out).expanduser()
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    feats, sources = prepare(target, tokenizer, target_path, config, on_progress, should_stop)
+    prepare_s = time.perf_counter() - t0
+    train_rows, held = split(feats.size, config.held_out, config.seed)
+
+    drafter, opt, state = init_or_resume(target, feats, config, out)
+    loss_and_grad = nn.value_and_grad(drafter, lambda b: chained_loss(drafter, b, config.depth)[0])
+    acceptance = state.get("acceptance") or []
+    loss_avg = state.get("loss")
+    step, train_s = state["step"], state["train_s"]
+    while not done(config, step, train_s):
+        if should_stop():
+            break
+        t = time.perf_counter()
+        batch = feats.rows(batch_rows(train_rows, config.batch, config.seed, step))
+        loss, grads = loss_and_grad(batch)
+        opt.update(drafter, grads)
+        mx.eval(loss, drafter.parameters(), opt.state)
+        step += 1
+        train_s += time.perf_counter() - t
+        loss_avg = float(loss) if loss_avg is None else 0.9 * loss_avg + 0.1 * float(loss)
+        if step % config.eval_every == 0 or done(config, step, train_s):
+            acceptance = evaluate(drafter, feats.rows(held), config.batch)
+        if step % config.save_every == 0:
+            save_checkpoint(out, drafter, opt, step, train_s, loss_avg, acceptance)
+        on_progress(Progress(step, config.steps, loss_avg, acceptance or None, train_s, eta(config, step, train_s)))
+    finished = done(config, step, train_s)
+    if not acceptance and step:
+        acceptance = evaluate(drafter, feats.rows(held), config.batch)
+    save_checkpoint(out, drafter, opt, step, train_s, loss_avg, acceptance)
+    card = model_card(target, target_path, config, sources, feats, held, step, train_s, prepare_s, acceptance, finished)
+    publish(out, drafter, card)
+    on_progress(Progress(step, config.steps, loss_avg or 0.0, acceptance or None, train_s, 0.0, "done"))
+    return Result(out, step, finished, acceptance, train_s, prepare_s, int(np.array(feats.lengths).sum()))
+
+
+def done(config: TrainConfig, step: int, train_s: float) -> bool:
+    if config.steps is not None and step >= config.steps:
+        return True
+    return config.minutes is not None and train_s >= 60 * config.minutes
+
+
+def eta(config: TrainConfig, step: int, train_s: float) -> float | None:
+    left = []
+    if config.steps is not None and step:
+        left.append((config.steps - step) * train_s / step)
+    if config.minutes is not None:
+        left.append(60 * config.minutes - train_s)
+    return max(0.0, min(left)) if left else None
+
+
+# -- data ---------------------------------------------------------------------------------------------
+
+
+def default_prompts_file() -> Path:
+    import resources
+
+    return resources.path("prompts", "drafter_train.json")
+
+
+def prepare(target: TargetView, tokenizer, target_path: str, config: TrainConfig, on_progress, should_stop):
+    """The Features, from OUT/features.safetensors when the same target, data and settings made
+    them before (a resumed run), else computed (and kept)."""
+    texts = D.read_text_files(config.data_files)  # bad files fail now, before any work
+    prompts_file = default_prompts_file() if config.prompts_file is None else config.prompts_file
+    prompts = D.load_prompts(prompts_file) if prompts_file else []
+    sources = {"prompts": str(prompts_file) if prompts else None, "prompt_count": len(prompts),
+               "answer_tokens": config.answer_tokens, "files": [p for p, _ in texts]}
+    key = D.fingerprint(target_path, _file_stamp(target_path), [t for _, t in texts], prompts,
+                        config.answer_tokens, config.seq_len)
+    cached = D.load_features(Path(config.out) / "features.safetensors", key)
+    if cached is not None:
+        return cached, sources
+    t0 = time.perf_counter()
+    sequences = []
+    if prompts:
+        on_progress(Progress(0, config.steps, 0.0, None, 0.0, None, "answers", f"the target answers {len(prompts)} prompts"))
+        def answered(n: int) -> None:
+            elapsed = time.perf_counter() - t0
+            on_progress(Progress(0, config.steps, 0.0, None, elapsed, elapsed * (len(prompts) - n) / n, "answers",
+                                 f"the target answered {n} of {len(prompts)} prompts ({elapsed / 60:.1f} min)"))
+
+        sequences += D.own_answers(target.model, tokenizer, prompts, config.answer_tokens, config.seq_len,
+                                   should_stop=should_stop, on_batch=answered)
+    sequences += D.text_segments(tokenizer, texts, config.seq_len)
+    if should_stop():
+        raise KeyboardInterrupt  # nothing to resume yet
+    on_progress(Progress(0, config.steps, 0.0, None, time.perf_counter() - t0, None, "features",
+                         f"teacher-forcing the target over {len(sequences)} sequences"))
+    feats = D.features(target, sequences, config.seq_len)
+    D.save_features(Path(config.out) / "features.safetensors", feats, key)
+    return feats, sources
+
+
+def _file_stamp(path: str) -> list:
+    p = Path(path)
+    files = [p] if p.is_file() else sorted(p.glob("*.safetensors"))
+    return [(f.name, f.stat().st_size, int(f.stat().st_mtime)) for f in files]
+
+
+def split(n: int, held_out: float, seed: int) -> tuple[list[int], list[int]]:
+    """Train and held-out rows (at least one of each when n >= 2), fixed by the seed."""
+    order = np.random.default_rng([seed, 7]).permutation(n).tolist()
+    k = min(max(1, round(n * held_out)), n - 1) if n >= 2 else 0
+    return sorted(order[k:]) or order, sorted(order[:k]) or order
+
+
+def batch_rows(rows: list[int], batch: int, seed: int, step: int) -> list[int]:
+    """The rows of batch `step`: a function of (seed, step) only -- what makes resume exact."""
+    return np.random.default_rng([seed, step]).choice(rows, size=batch, replace=len(rows) < batch).tolist()
+
+
+def draft_vocabulary(feats: D.Features, size: int) -> mx.array:
+    """The `size` most frequent labels (ties: lower id first), sorted by id."""
+    labels = np.array(feats.labels)
+    valid = np.arange(labels.shape[1])[None, :] < np.array(feats.lengths)[:, None]
+    counts = np.bincount(labels[valid], minlength=size)
+    top = np.argsort(-counts, kind="stable")[:size]
+    return mx.array(np.sort(top).astype(np.int32))
+
+
+# -- the model and its loss ------------------------------------------------------------------------------
+
+
+def init_or_resume(target: TargetView, feats: D.Features, config: TrainConfig, out: Path):
+    mx.random.seed(config.seed)
+    drafter = Drafter(DrafterArgs.for_target(target, config.draft_vocab))
+    drafter.vocab_ids = draft_vocabulary(feats, drafter.args.draft_vocab)
+    drafter.freeze(keys=["vocab_ids"])
+    schedule = optim.join_schedules(
+        [optim.linear_schedule(config.learning_rate / config.warmup, config.learning_rate, config.warmup),
+         lambda _: config.learning_rate], [config.warmup])
+    opt = optim.Adam(learning_rate=schedule)
+    state = {"step": 0, "train_s": 0.0}
+    ckpt = latest_checkpoint(out)
+    if ckpt is not None:
+        drafter.load_weights(str(ckpt / "model.safetensors"))
+        opt.state = tree_unflatten(list(mx.load(str(ckpt / "optimizer.safetensors")).items()))
+        state = json.loads((ckpt / "state.json").read_text())
+    drafter.attach(target)
+    mx.eval(drafter.parameters())
+    return drafter, opt, state
+
+
+def depth_outputs(drafter: Drafter, batch: D.Features, depth: int):
+    """The chain over a batch, all positions at once: yields (d, states [B, L-d, D]) where row
+    i is position t = i + d, whose label is batch.labels[:, t]."""
+    L = batch.tokens.shape[1]
+    emb = drafter.target.embed(batch.tokens)
+    h = batch.hidden  # depth 0: the target's own states, indexed by position
+    for d in range(1, depth + 1):
+        if L - d < 1:
+            break
+        # position t = i + d embeds token t and reads h at t-1 (rows 0..L-d-1 of the previous
+        # depth, which start one position earlier); it sees K/V at positions <= t - d = i, and
+        # its query sits at the chain's first position t - d + 1 = i + 1.
+        x = drafter.inputs(emb[:, d:], h[:, : L - d] if d == 1 else h[:, : L - d])
+        mask = mx.arange(L)[None, :] <= mx.arange(L - d)[:, None]
+        h = drafter.layer(x, batch.keys, batch.values, mask, 1)
+        yield d, h
+        # next depth's row i' (position i' + d + 1) reads position i' + d: this depth's row i'
+
+
+def chained_loss(drafter: Drafter, batch: D.Features, depth: int):
+    """Weighted cross-entropy over the drafter's vocabulary at every depth; labels outside it
+    and padding are left out."""
+    L = batch.tokens.shape[1]
+    position = mx.arange(L)[None, :]
+    real = position < batch.lengths[:, None]
+    lookup = mx.full((drafter.args.vocab_size,), -1, dtype=mx.int32)
+    lookup = lookup.at[drafter.vocab_ids].add(mx.arange(drafter.vocab_ids.size, dtype=mx.int32) + 1)
+    sub = lookup[batch.labels]
+    total, weights = mx.array(0.0), 0.0
+    for d, h in depth_outputs(drafter, batch, depth):
+        target = sub[:, d:]
+        keep = real[:, d:] & (target >= 0)
+        ce = nn.losses.cross_entropy(drafter.sub_logits(h), mx.maximum(target, 0), reduction="none")
+        w = DEPTH_DECAY ** (d - 1)
+        total = total + w * (ce * keep).sum() / mx.maximum(keep.sum(), 1)
+        weights += w
+    return total / weights, None
+
+
+def evaluate(drafter: Drafter, held: D.Features, batch: int) -> list[float]:
+    """Held-out acceptance by depth 1..EVAL_DEPTH, teacher-forced: the share of chain starts
+    whose drafts 1..d all equal the target's greedy tokens (on the target's own answers this
+    is what the chat engine's rounds accept at T=0)."""
+    hits = np.zeros(EVAL_DEPTH)
+    starts = 0
+    for i in range(0, held.size, batch):
+        b = held.rows(list(range(i, min(i + batch, held.size))))
+        L = b.tokens.shape[1]
+        lengths = np.array(b.lengths)
+        labels = np.array(b.labels)
+        # correct[d][n, t]: the depth-d draft at position t equals the target's token
+        correct = {}
+        for d, h in depth_outputs(drafter, b, EVAL_DEPTH):
+            ids = np.array(drafter.vocab_ids[mx.argmax(drafter.sub_logits(h), axis=-1)])
+            correct[d] = np.zeros((b.size, L), bool)
+            correct[d][:, d:] = ids == labels[:, d:]
+        for n in range(b.size):
+            # a chain starts at p (its first token) and its depth-d draft sits at p + d - 1;
+            # starts from 1 (depth 1 reads h_{p-1}) while the chain stays inside the row
+            for p in range(1, int(lengths[n]) - EVAL_DEPTH + 1):
+                starts += 1
+                ok = True
+                for d in range(1, EVAL_DEPTH + 1):
+                    ok = ok and d in correct and bool(correct[d][n, p + d - 1])
+                    hits[d - 1] += ok
+    return [float(x) for x in hits / max(starts, 1)]
+
+
+# -- files --------------------------------------------------------------------------------------------
+
+
+def latest_checkpoint(out: Path) -> Path | None:
+    """OUT/checkpoint, or OUT/checkpoint.old if a run was killed between the two renames."""
+    for name in ("checkpoint", "checkpoint.old"):
+        if (out / name / "state.json").is_file():
+            return out / name
+    return None
+
+
+def save_checkpoint(out: Path, drafter: Drafter, opt, step: int, train_s: float, loss, acceptance) -> None:
+    """Write OUT/checkpoint.partial whole, then swap it in: a kill or a full disk at any
+    moment leaves the previous checkpoint readable."""
+    partial, current, old = out / "checkpoint.partial", out / "checkpoint", out / "checkpoint.old"
+    try:
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir()
+        drafter.save_weights(str(partial / "model.safetensors"))
+        mx.save_safetensors(str(partial / "optimizer.safetensors"), dict(tree_flatten(opt.state)))
+        state = {"step": step, "train_s": train_s, "loss": loss, "acceptance": acceptance}
+        (partial / "state.json").write_text(json.dumps(state))
+    except OSError as e:
+        shutil.rmtree(partial, ignore_errors=True)
+        kept = latest_checkpoint(out)
+        kept_step = json.loads((kept / "state.json").read_text())["step"] if kept else None
+        what = "disk full" if e.errno == errno.ENOSPC else f"cannot write ({e.strerror or e})"
+        raise CheckpointError(f"{what} at the step {step} checkpoint in {out}; "
+                              + (f"the step {kept_step} checkpoint is kept" if kept else "no earlier checkpoint")) from None
+    if current.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        current.rename(old)
+    partial.rename(current)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def model_card(target, target_path, config, sources, feats, held, step, train_s, prepare_s, acceptance, finished) -> dict:
+    lengths = np.array(feats.lengths)
+    return {
+        "target": {"path": str(target_path), "model_type": target.model_type, "hidden_size": target.hidden_size},
+        "data": {**sources, "sequences": feats.size, "tokens": int(lengths.sum()),
+                 "held_out_sequences": len(held), "held_out_tokens": int(lengths[held].sum()),
+                 "note": "teacher-forced on this machine; nothing left it"},
+        "training": {"steps": step, "finished": finished, "train_minutes": round(train_s / 60, 2),
+                     "prepare_minutes": round(prepare_s / 60, 2), "config": config.record()},
+        "acceptance_by_depth": [round(a, 4) for a in acceptance],
+        "acceptance_note": "held-out, teacher-forced: share of chain starts whose drafts 1..d all equal the target's greedy tokens",
+        "method": "one decoder layer over [target final hidden state; next token embedding], the target's K/V and "
+                  "LM head; self-distillation on the target's greedy labels; chained depths (EAGLE, EAGLE-3, "
+                  "Gemma 4 assistant); see engines/training/train.py",
+    }
+
+
+def publish(out: Path, drafter: Drafter, card: dict) -> None:
+    """The drafter directory a chat run loads: config.json, model.safetensors, card.json,
+    README.md -- each file written whole and renamed into place."""
+    tmp = out / "model.partial.safetensors"
+    drafter.save_weights(str(tmp))
+    tmp.replace(out / "model.safetensors")
+    drafter.args.extra = {"card": "card.json"}
+    write_config(out, drafter.args)
+    for name, text in (("card.json", json.dumps(card, indent=1)), ("README.md", card_markdown(card))):
+        (out / (name + ".partial")).write_text(text)
+        (out / (name + ".partial")).replace(out / name)
+
+
+def card_markdown(card: dict) -> str:
+    acc = ", ".join(f"d{i + 1} {a:.0%}" for i, a in enumerate(card["acceptance_by_depth"]))
+    t, d, tr = card["target"], card["data"], card["training"]
+    return (f"# Drafter for {Path(t['path']).name}\n\n"
+            f"Trained by Specscope on this machine (`specscope drafter train`).\n\n"
+            f"- target: `{t['path']}` ({t['model_type']})\n"
+            f"- data: {d['prompt_count']} prompts answered by the target ({d['prompts']}), files {d['files']}; "
+            f"{d['tokens']} tokens in {d['sequences']} sequences, {d['held_out_tokens']} held out\n"
+            f"- steps: {tr['steps']} ({'finished' if tr['finished'] else 'stopped early, resumable'}), "
+            f"{tr['train_minutes']} min training + {tr['prepare_minutes']} min preparing data\n"
+            f"- held-out acceptance by depth (teacher-forced): {acc}\n\n"
+            f"Method: {card['method']}.\n")

@@ -1,0 +1,54 @@
+"""Drafters trained in seconds on the tiny real-format targets (tests/engines/mlx_chat/
+checkpoints.py) through the product's own trainer (engines/training/train.py): the target
+answers random word prompts, the drafter learns its greedy tokens. Kept in a cache directory
+keyed by BUILDER_VERSION, the settings and the target's bytes, so later runs load them."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import shutil
+import tempfile
+from pathlib import Path
+
+from engines.training.train import TrainConfig, train
+
+BUILDER_VERSION = 1  # bump when the training below changes
+PROMPT_WORDS = 6
+
+
+def prompts(words, n: int = 40, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(words) for _ in range(PROMPT_WORDS)) for _ in range(n)]
+
+
+def config(out: Path, prompts_file: Path, steps: int, seed: int = 0, save_every: int = 50) -> TrainConfig:
+    return TrainConfig(out=out, prompts_file=str(prompts_file), answer_tokens=40, steps=steps, seq_len=64,
+                       batch=4, learning_rate=3e-3, seed=seed, save_every=save_every, eval_every=steps)
+
+
+def write_prompts(path: Path, words, n: int = 40) -> Path:
+    path.write_text(json.dumps(prompts(words, n)))
+    return path
+
+
+def trained_drafter(engine, target_dir: str | Path, words, steps: int = 200) -> Path:
+    """The directory of a drafter trained `steps` steps on `engine`'s target (cached)."""
+    target_dir = Path(target_dir)
+    digest = hashlib.sha256(f"{BUILDER_VERSION}-{steps}-{list(words)}".encode())
+    for f in sorted(target_dir.glob("*.safetensors")):
+        digest.update(f.read_bytes())
+    root = Path(tempfile.gettempdir()) / "specscope-test-cache"
+    out = root / f"trained-drafter-v{BUILDER_VERSION}-{digest.hexdigest()[:16]}"
+    if (out / "card.json").is_file():
+        return out
+    work = root / (out.name + ".partial")
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    prompts_file = write_prompts(work / "prompts.json", words)
+    train(engine.model, engine.tokenizer, str(target_dir), config(work / "drafter", prompts_file, steps))
+    shutil.rmtree(out, ignore_errors=True)
+    (work / "drafter").rename(out)  # whole or absent, for a run killed mid-training
+    shutil.rmtree(work, ignore_errors=True)
+    return out
