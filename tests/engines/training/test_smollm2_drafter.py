@@ -14,7 +14,11 @@ import pytest
 import resources
 from engines.types import Request, SpecConfig
 
-pytestmark = pytest.mark.slow
+# Written at the end of a session and never run (answering the 90 prompts alone took about 10
+# minutes here): opt-in until it has been run and timed against CI's limit.
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.environ.get("SPECSCOPE_SLOW_TRAINING") != "1",
+                                                   reason="trains SmolLM2's drafter for minutes, not yet timed "
+                                                          "against CI: SPECSCOPE_SLOW_TRAINING=1 runs it")]
 MINUTES = 4
 
 
