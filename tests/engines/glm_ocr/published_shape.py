@@ -5,7 +5,7 @@ names, sharded with an index, the MTP layer stored as layer 16 with its copies o
 embedding table and the LM head -- about 2.6 GB on disk.
 
 Where the two JSON files come from (no network here): the published config.json as fetched
-from https://huggingface.co/zai-org/GLM-OCR/resolve/main/config.json in a stored public
+from the hub's zai-org/GLM-OCR main revision (resolve/main/config.json) in a stored public
 transcript (2026-04-30; "transformers_version": "5.0.1dev0"), and preprocessor_config.json as
 quoted verbatim, "at revision 2e85a628", in a stored public test file. generation_config.json
 is written from the published values (do_sample false, eos [59246, 59253], pad 59246). The
