@@ -52,6 +52,7 @@ class SlotTable:
         self.next_pos = np.zeros(rows, dtype=np.int64)  # per row: the next token's position
         self.width = 0  # slots written by the forward in flight (0 between forwards)
         self.compactions = 0
+        self.offsets: mx.array | None = None  # next_pos as an array, for the forward in flight
         self.layers: list[SlotKVCache] = []
 
     @property
@@ -64,8 +65,10 @@ class SlotTable:
 
     # -- one forward ------------------------------------------------------------------------
     def begin(self, width: int) -> None:
-        """A forward of `width` tokens per row is about to run."""
+        """A forward of `width` tokens per row is about to run. Its RoPE offsets are made
+        once here, not by each layer that asks."""
         self.width = width
+        self.offsets = mx.array(self.next_pos)
 
     def new_positions(self) -> np.ndarray:
         return self.next_pos[:, None] + np.arange(self.width)[None]
@@ -155,7 +158,7 @@ class SlotKVCache:
 
     @property
     def offset(self) -> mx.array:
-        return mx.array(self.table.next_pos)  # [B]: each row's own RoPE position
+        return self.table.offsets  # [B]: each row's own RoPE position (set by begin)
 
     def make_mask(self, N: int, return_array: bool = False, window_size: int | None = None, **_):
         return self.table.mask(N, window_size)
