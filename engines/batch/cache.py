@@ -101,10 +101,12 @@ class SlotTable:
 
     # -- rows and slots ----------------------------------------------------------------------
     def keep_mask(self) -> np.ndarray:
-        """Slots some future query may still read."""
+        """Slots some future query may still read. A windowed row keeps one position more than
+        its next query sees: an MTP drafter's sliding layers read the window of the row's
+        last kept token (engines/batch/mtp.py)."""
         live = self.pos >= 0
         if self.window:
-            live &= self.pos > (self.next_pos[:, None] - self.window)
+            live &= self.pos >= (self.next_pos[:, None] - self.window)
         return live
 
     def reclaimable(self) -> int:

@@ -7,21 +7,22 @@ One step:
               one joining sequence runs per step (so a long prompt never stalls the running
               streams); a sequence whose prompt is read reports its first token and joins.
     draft     every running sequence asks its own schedule for k (0..7), within the batch-aware
-              controller's cap (controller.py), and drafts: its own n-gram index, or its row of
-              a draft model shared by the batch (drafter.py) -- rows may differ in k.
+              controller's cap (controller.py), and drafts: its own n-gram index, its row of a
+              draft model shared by the batch (drafter.py), or its row of an MTP drafter shared
+              by the batch (mtp.py: the Gemma 4 assistant, a drafter trained here, reading the
+              row's own target K/V) -- rows may differ in k.
     verify    one target forward over [pending token, drafts, padding] of every row; each
               row's verdict from its own slice: greedy at T=0, rejection sampling at T>0 on
               the sequence's own RNG key, so what a request receives never depends on who
               shares its batch.
     rollback  each row keeps its pending token and accepted drafts; its rejected drafts and
-              padding die in the cache's slot table (engines/batch/cache.py), nothing moves.
+              padding die in the cache's slot table (engines/batch/cache.py), nothing moves;
+              an MTP row keeps the target's hidden state at its last accepted position.
     report    each row's Round, built by the same code as a lone run's (ChatEngine's clip and
               round helpers: EOS, max_tokens, repetition stop, stop strings held back); rows
               that finished, were cancelled or whose client left, leave; their slots free.
 
-A lone request is a batch of one (`generate`). What a batch cannot do yet is said, not hidden:
-the Gemma 4 assistant (MTP) reads the target's hidden state and single-stream KV, so an MTP
-request in a batch decodes plainly and its first Round says why.
+A lone request is a batch of one (`generate`).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from engines.types import EngineError, OnPrefill, PrefillProgress, Request, Samp
 from engines.batch.cache import BatchCache, check_batchable
 from engines.batch.controller import DraftBudget, row_odds
 from engines.batch.drafter import BatchDrafter, DraftRow
+from engines.batch.mtp import BatchMTP, MTPRow
 from engines.mlx_chat import sampling as mxs
 from engines.mlx_chat.context import check_fits
 from engines.mlx_chat.engine import ChatEngine, Run, Step
@@ -50,9 +52,6 @@ from engines.speculative.stops import TextStream
 from engines.speculative.repetition import detector_for
 from engines.speculative.verify import Verdict, verify_greedy, verify_sampled
 from engines.validation import validate
-
-NOT_BATCHED = {"mtp": "the Gemma 4 assistant (MTP) is not batched yet: this request decodes plainly in the batch"}
-
 
 @dataclass(eq=False)  # a sequence is itself: compared (and removed from queues) by identity
 class Sequence:
@@ -96,6 +95,7 @@ class RowStep:
     argmax: mx.array | None = None  # [k+1] at T=0
     sampled: mxs.SampledVerdict | None = None  # T>0 with drafts
     token: mx.array | None = None  # T>0 plain: [1]
+    hidden: mx.array | None = None  # [width, D] the target's final hidden states (MTP rows)
 
 
 @dataclass
@@ -111,6 +111,7 @@ class BatchEngine:
     compact_min_slots: int = 64  # compact a table once this many columns are dead in every row
     budget: DraftBudget | None = field(default_factory=DraftBudget.new)  # None: rows draft what they ask
     drafters: dict[str, BatchDrafter] = field(default_factory=dict)  # draft model path -> its batch
+    mtps: dict[str, BatchMTP] = field(default_factory=dict)  # MTP drafter path -> its batch
     _ids: itertools.count = field(default_factory=itertools.count)
 
     def __post_init__(self):
@@ -178,9 +179,15 @@ class BatchEngine:
     def _proposer(self, request: Request):
         if not request.spec.enabled:
             return None, None
-        if request.spec.method in NOT_BATCHED:
-            return None, NOT_BATCHED[request.spec.method]
         try:
+            if request.spec.method == "mtp":  # one MTP drafter drafts for all its rows at once
+                from engines.mlx_chat.mtp import make_mtp_proposer
+
+                lone = make_mtp_proposer(self.chat, request)  # loads and checks the drafter
+                path = request.spec.draft_model or self.chat.draft_path
+                if path not in self.mtps:
+                    self.mtps[path] = BatchMTP.of(lone)
+                return self.mtps[path].row(), None
             if request.spec.method == "draft":  # one draft model drafts for all its rows at once
                 path = request.spec.draft_model or self.chat.draft_path
                 if not path:
@@ -231,7 +238,7 @@ class BatchEngine:
         body = seq.prompt[:-1]  # as a lone run reads it: chunks, then the last token alone
         if seq.read < len(body):
             chunk = body[seq.read:seq.read + self.prefill_chunk]
-            self._forward(seq.own_cache, [chunk])
+            self._forward(seq.own_cache, [chunk], [])
             mx.eval(seq.own_cache.arrays())
             seq.own_cache.settle([len(chunk)])
             seq.read += len(chunk)
@@ -249,13 +256,14 @@ class BatchEngine:
         """The prompt's last token through the target: the first token; then the sequence
         joins the batch (its cache rows appended below the running ones)."""
         run = seq.run
-        logits = self._forward(seq.own_cache, [seq.prompt[-1:]])[0]
-        step = Step(0, EMPTY, 0.0, token=mxs.pick(logits[-1:], run.ctx.sampling, seq.next_key()))
+        logits, hidden = self._forward(seq.own_cache, [seq.prompt[-1:]], [seq])
+        step = Step(0, EMPTY, 0.0, token=mxs.pick(logits[0, -1:], run.ctx.sampling, seq.next_key()))
         seq.own_cache.settle([1])
         verdict = self.chat._settle(run, step)
         tokens, finish = self.chat._clip(run, verdict)
         run.ctx.tokens = run.ctx.tokens + tokens
         run.remaining -= len(tokens)
+        run.ctx.hidden = hidden[0, -1] if hidden is not None else None
         if run.proposer is not None:
             try:
                 run.proposer.start(run.ctx)
@@ -284,8 +292,8 @@ class BatchEngine:
 
     def _draft(self, rows: list[Sequence], cap: int = MAX_STEPS) -> list[RowStep]:
         """Each row's k (its schedule's, within the controller's cap) and drafts: rows of a
-        shared draft model draft together, the others with their own proposer. A failing
-        drafter stops speculation for its sequence(s) only."""
+        shared draft model or MTP drafter draft together, the others with their own proposer.
+        A failing drafter stops speculation for its sequence(s) only."""
         steps = [self._steps(s, cap) for s in rows]
         drafts: dict[int, Draft] = {}
         t0 = time.perf_counter()
@@ -294,6 +302,11 @@ class BatchEngine:
                     if k and isinstance(s.run.proposer, DraftRow) and s.run.proposer.drafter is drafter]
             if asks:
                 drafts |= self._draft_together(drafter, asks, rows)
+        for mtp in self.mtps.values():
+            asks = [(b, s, k) for b, (s, k) in enumerate(zip(rows, steps))
+                    if k and isinstance(s.run.proposer, MTPRow) and s.run.proposer.drafter is mtp]
+            if asks:
+                drafts |= self._mtp_together(mtp, asks)
         shared_s = time.perf_counter() - t0
         plans = []
         for seq, k in zip(rows, steps):
@@ -331,6 +344,16 @@ class BatchEngine:
                 row.leave()
             return {}
 
+    def _mtp_together(self, mtp: BatchMTP, asks: list) -> dict[int, Draft]:
+        """asks: (row index, sequence, k) of every row drafting with this MTP drafter."""
+        try:
+            drafts = mtp.propose(self.cache, [(b, s.run.ctx, k, s.next_key()) for b, s, k in asks])
+            return {s.id: d for (_, s, _), d in zip(asks, drafts)}
+        except Exception as e:  # graceful degradation for every sequence of this drafter
+            for _, seq, _ in asks:
+                self.chat._stop_speculating(seq.run, e)
+            return {}
+
     def _propose(self, run: Run, steps: int) -> Draft:
         try:
             return run.proposer.propose(run.ctx, steps)
@@ -343,18 +366,28 @@ class BatchEngine:
         longest row; each row's verify results from its own slice, evaluated together."""
         rows = [[s.seq.run.ctx.tokens[-1], *s.step.draft.tokens.tolist()] for s in plans]
         t0 = time.perf_counter()
-        logits = self._forward(self.cache, rows)
-        mx.eval(verify_rows(logits, plans, [p.seq.next_key() for p in plans]))
+        logits, hidden = self._forward(self.cache, rows, [p.seq for p in plans])
+        outputs = verify_rows(logits, plans, [p.seq.next_key() for p in plans])
+        if hidden is not None:
+            for b, plan in enumerate(plans):
+                plan.hidden = hidden[b] if plan.seq.run.needs_hidden else None
+            outputs.append(hidden)
+        mx.eval(outputs)
         if self.budget is not None:
             self.budget.observe(len(rows), max(len(r) for r in rows), time.perf_counter() - t0)
 
-    def _forward(self, cache: BatchCache, rows: list[list[int]]) -> mx.array:
+    def _forward(self, cache: BatchCache, rows: list[list[int]],
+                 seqs: list[Sequence]) -> tuple[mx.array, mx.array | None]:
         """The target over ragged rows (right-padded with each row's last input; the padding's
-        slots die at settle): logits [B, width, V]."""
+        slots die at settle): logits [B, width, V], and the final hidden states [B, width, D]
+        when one of `seqs` drafts with MTP (which reads them), else None."""
         width = max(len(r) for r in rows)
-        padded = [r + [r[-1]] * (width - len(r)) for r in rows]
+        padded = mx.array([r + [r[-1]] * (width - len(r)) for r in rows], dtype=mx.uint32)
         cache.begin(width)
-        return self.model(mx.array(padded, dtype=mx.uint32), cache=cache.layers)
+        reader = next((s.run.proposer for s in seqs if s.run.needs_hidden), None)
+        if reader is not None:
+            return reader.target_forward(padded, cache.layers)
+        return self.model(padded, cache=cache.layers), None
 
     def _verdicts(self, plans: list[RowStep]) -> list[Verdict]:
         """Each row's own verdict: its accepted drafts plus one target token."""
@@ -369,6 +402,8 @@ class BatchEngine:
         tokens, finish = self.chat._clip(run, verdict)
         run.ctx.tokens = run.ctx.tokens + tokens
         run.remaining -= len(tokens)
+        if plan.hidden is not None:  # MTP: the hidden state that produced the row's new token
+            run.ctx.hidden = plan.hidden[verdict.accepted]
         run.schedule.record(step.k, verdict.accepted)
         seq.accepted += verdict.accepted
         seq.rejections += 1 if verdict.accepted < step.k else 0

@@ -165,10 +165,10 @@ def test_choices_of_one_request_share_its_prefill(engines, monkeypatch):
     prefilled = []  # tokens fed to caches other than the batch's: the prompts' reading
     real = BatchEngine._forward
 
-    def counting(self, cache, rows):
+    def counting(self, cache, rows, seqs):
         if cache is not self.cache:
             prefilled.append(len(rows[0]))
-        return real(self, cache, rows)
+        return real(self, cache, rows, seqs)
 
     monkeypatch.setattr(BatchEngine, "_forward", counting)
     first = batch.submit(request)
@@ -212,18 +212,3 @@ def test_a_drafter_fault_falls_back_for_that_sequence_only(engines, llama_draft_
     broke_at = next(j for j, rnd in enumerate(got[0]) if rnd.note and "drafter broke" in rnd.note)
     assert all(rnd.proposed == 0 for rnd in got[0][broke_at + 1:])  # plain from then on
     assert not any(rnd.note for rnd in got[2]) and sum(rnd.accepted for rnd in got[2]) > 0  # the other drafts on
-
-
-def test_an_mtp_request_in_a_batch_decodes_plainly_and_says_so(dense_pair):
-    """The Gemma 4 assistant is not batched yet: an MTP request in the batch (the tiny Gemma 4
-    pair) decodes plainly, its first round says why, and its tokens are its lone MTP run's."""
-    from engines.mlx_chat.engine import ChatEngine
-
-    engine = ChatEngine.load(str(dense_pair.target))
-    mtp = Request(prompt="the cat and the dog", max_tokens=24,
-                  spec=SpecConfig("mtp", 3, draft_model=str(dense_pair.assistant)))
-    plain = Request(prompt="a red bird", max_tokens=20)
-    alone = [lone(engine, r)[0] for r in (mtp, plain)]
-    got, _ = run_batch(BatchEngine(engine, max_batch=2, budget=None), [mtp, plain], join_late=0)
-    assert [[t for rnd in got[i] for t in rnd.tokens] for i in range(2)] == alone
-    assert "not batched yet" in (got[0][0].note or "") and all(rnd.proposed == 0 for rnd in got[0])
