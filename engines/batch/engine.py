@@ -3,9 +3,10 @@ speculation (THE batch loop is `BatchEngine.step`).
 
 One step:
 
-    admit     sequences waiting for a slot start reading their prompt; one prefill chunk of
-              one joining sequence runs per step (so a long prompt never stalls the running
-              streams); a sequence whose prompt is read reports its first token and joins.
+    admit     sequences waiting for a slot read their prompts, up to one prefill chunk's worth
+              of tokens per step (so a long prompt never stalls the running streams, and
+              several short ones join at once); a sequence whose prompt is read reports its
+              first token and joins.
     draft     every running sequence asks its own schedule for k (0..7), within the batch-aware
               controller's cap (controller.py), and drafts: its own n-gram index, its row of a
               draft model shared by the batch (drafter.py), or its row of an MTP drafter shared
@@ -201,7 +202,7 @@ class BatchEngine:
 
     # -- THE step ----------------------------------------------------------------------------
     def step(self) -> list[tuple[Sequence, Round]]:
-        """One prefill chunk (if a sequence is joining) and one target forward over every
+        """Up to one prefill chunk of joining prompts, and one target forward over every
         running sequence. Returns each sequence's Round of this step."""
         out = self._admit()
         cancelled = [(s, self._cancelled_round(s)) for s in self.running if s.should_stop()]
@@ -224,32 +225,41 @@ class BatchEngine:
 
     # -- the step's helpers, in the order they run --------------------------------------------
     def _admit(self) -> list[tuple[Sequence, Round]]:
-        """Read one chunk of the first joining sequence's prompt, if a row is free for it."""
+        """Read joining prompts, in arrival order, while rows are free and this step's prefill
+        budget (one chunk's worth of tokens) lasts: a long prompt reads one chunk per step, so
+        it never stalls the running streams for more than a chunk; several short prompts join
+        in one step. Chunks start where a lone run's do, so a prompt is read in the same
+        forwards as alone (the same floating-point result)."""
         gone = [s for s in self.joining if s.should_stop()]  # clients that left while waiting
         out = [(s, self._cancelled_round(s)) for s in gone]
         for s in gone:
             self.joining.remove(s)
             s.finished = True
-        if not self.joining or len(self.running) >= self.max_batch:
-            return out
-        seq = self.joining[0]
-        if seq.own_cache is None:
-            seq.own_cache, seq.prefill_started = BatchCache(self.model, 1), time.perf_counter()
-        body = seq.prompt[:-1]  # as a lone run reads it: chunks, then the last token alone
-        if seq.read < len(body):
-            chunk = body[seq.read:seq.read + self.prefill_chunk]
-            self._forward(seq.own_cache, [chunk], [])
-            mx.eval(seq.own_cache.arrays())
-            seq.own_cache.settle([len(chunk)])
-            seq.read += len(chunk)
-            if seq.on_prefill is not None:
-                seq.on_prefill(PrefillProgress(seq.read, len(body), time.perf_counter() - seq.prefill_started))
-            return out
-        for twin in self.joining:  # the request's other choices start from this prefill
-            if twin.twin_of is seq and twin.own_cache is None:
-                twin.own_cache, twin.read, twin.prefill_started = seq.own_cache.clone(self.model), seq.read, seq.prefill_started
-        self.joining.popleft()
-        out.append((seq, self._first_token(seq)))
+        budget = self.prefill_chunk
+        while self.joining and len(self.running) < self.max_batch and budget > 0:
+            seq = self.joining[0]
+            if seq.own_cache is None:
+                seq.own_cache, seq.prefill_started = BatchCache(self.model, 1), time.perf_counter()
+            body = seq.prompt[:-1]  # as a lone run reads it: chunks, then the last token alone
+            if seq.read < len(body):
+                chunk = body[seq.read:seq.read + self.prefill_chunk]
+                if len(chunk) > budget:
+                    break  # the next step reads it
+                self._forward(seq.own_cache, [chunk], [])
+                mx.eval(seq.own_cache.arrays())
+                seq.own_cache.settle([len(chunk)])
+                seq.read += len(chunk)
+                budget -= len(chunk)
+                if seq.on_prefill is not None:
+                    seq.on_prefill(PrefillProgress(seq.read, len(body), time.perf_counter() - seq.prefill_started))
+                if seq.read < len(body):
+                    break  # more chunks: one per step
+            for twin in self.joining:  # the request's other choices start from this prefill
+                if twin.twin_of is seq and twin.own_cache is None:
+                    twin.own_cache, twin.read, twin.prefill_started = seq.own_cache.clone(self.model), seq.read, seq.prefill_started
+            self.joining.popleft()
+            out.append((seq, self._first_token(seq)))
+            budget -= 1
         return out
 
     def _first_token(self, seq: Sequence) -> Round:
