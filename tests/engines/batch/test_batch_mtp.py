@@ -18,8 +18,9 @@ from tests.engines.mlx_chat import checkpoints
 TRAINED_ON = prompts(checkpoints.WORDS)[:3]
 
 
-def mtp_requests(drafter: str) -> list[Request]:
+def mtp_requests(drafter: str, draft_model: str | None = None) -> list[Request]:
     mtp = lambda k, **kw: SpecConfig("mtp", k, draft_model=drafter, **kw)  # noqa: E731
+    other = [Request(prompt=COPY + " the sun", max_tokens=30, spec=SpecConfig("draft", 3, draft_model=draft_model))]
     return [
         Request(prompt=TRAINED_ON[0], max_tokens=40, spec=mtp(3)),
         Request(prompt=COPY, max_tokens=32, spec=SpecConfig("ngram", 4)),
@@ -27,7 +28,7 @@ def mtp_requests(drafter: str) -> list[Request]:
         Request(prompt=FRESH, max_tokens=24),
         Request(prompt=TRAINED_ON[2], max_tokens=40, spec=mtp(5, adaptive=True)),
         Request(prompt=FRESH + " " + TRAINED_ON[0], max_tokens=30, spec=mtp(2)),
-    ]
+    ] + (other if draft_model else [])
 
 
 def lone_rounds(engine, request):
@@ -41,9 +42,10 @@ def summary(rounds):
 
 
 @pytest.mark.parametrize("model", ["llama", "gemma3"])
-def test_mtp_rows_get_their_lone_tokens_and_acceptance(targets, model):
+def test_mtp_rows_get_their_lone_tokens_and_acceptance(targets, model, llama_draft_dir, gemma3_draft_dir):
+    """All four methods in one batch: MTP at k 1/2/3/5 (adaptive), n-gram, a draft model, off."""
     engine, _, drafter_dir = targets[model]
-    reqs = mtp_requests(str(drafter_dir))
+    reqs = mtp_requests(str(drafter_dir), llama_draft_dir if model == "llama" else gemma3_draft_dir)
     alone = [summary(lone_rounds(engine, r)) for r in reqs]
     # Gemma 3: compact on nearly every step, so rows roll back right after compactions.
     batch = BatchEngine(engine, max_batch=4, budget=None, compact_min_slots=4 if model == "gemma3" else 64)
