@@ -21,7 +21,10 @@ cap: it only changes how many drafts are offered.
 from __future__ import annotations
 
 import bisect
+import math
 import itertools
+import statistics
+from collections import deque
 from dataclasses import dataclass, field
 
 from engines.speculative.schedule import MAX_STEPS
@@ -29,18 +32,23 @@ from engines.speculative.schedule import MAX_STEPS
 
 @dataclass
 class StepCosts:
-    """Measured seconds of a step per forward size (tokens = rows x width): an average per size
-    seen, linear between sizes, the slope of the largest two beyond them, and never cheaper for
-    more tokens. Why not one straight line through all: on a CPU a forward of a few tokens costs
-    about what one token does (reading the weights dominates) and grows linearly once compute
-    dominates; a line would price small forwards too dear and large ones too cheap."""
+    """Measured seconds of a step per forward size (tokens = rows x width): the median of the
+    last few steps of each size seen, linear between sizes, the slope of the largest two beyond
+    them, and never cheaper for more tokens. Why not one straight line through all: on a CPU a
+    forward of a few tokens costs about what one token does (reading the weights dominates) and
+    grows linearly once compute dominates; a line would price small forwards too dear and large
+    ones too cheap. Why a median: another process on the machine makes a step slow now and then,
+    and a mean would carry that spike for many steps -- on a loaded 2-core machine it stopped
+    drafting where drafting paid, and kept it where it did not."""
 
-    ema: float = 0.2  # weight of the newest step at its size
-    seconds: dict[int, float] = field(default_factory=dict)
+    recent: int = 7  # steps kept per size
+    history: dict[int, deque] = field(default_factory=dict)
+    seconds: dict[int, float] = field(default_factory=dict)  # the median per size
 
     def observe(self, tokens: int, seconds: float) -> None:
-        old = self.seconds.get(tokens)
-        self.seconds[tokens] = seconds if old is None else (1 - self.ema) * old + self.ema * seconds
+        seen = self.history.setdefault(tokens, deque(maxlen=self.recent))
+        seen.append(seconds)
+        self.seconds[tokens] = statistics.median(seen)
 
     @property
     def ready(self) -> bool:
@@ -90,10 +98,14 @@ class DraftBudget:
             self.cap = MAX_STEPS
             return self.cap
         batch = len(rows)
+        # A step is as wide as its longest row: 1 + k if any row offers drafts, else 1 (n-gram
+        # rows with no match offer none).
+        none_offer = math.prod(1.0 - r.offers for r in drafting)
 
         def rate(k: int) -> float:
             tokens = sum(r.expected_tokens(k) for r in drafting) + (batch - len(drafting))
-            return tokens / self.costs.cost(batch, 1 + k)
+            cost = (1 - none_offer) * self.costs.cost(batch, 1 + k) + none_offer * self.costs.cost(batch, 1)
+            return tokens / cost
 
         self.cap = max(range(MAX_STEPS + 1), key=rate)
         return self.cap
