@@ -75,6 +75,26 @@ def peak_rss_mb(pid: int) -> int | None:
     return None
 
 
+def spec_stats(url: str) -> dict | None:
+    """Our server's /v1/spec_decode/metrics (None for a server without it)."""
+    try:
+        return json.loads(urllib.request.urlopen(f"{url}/v1/spec_decode/metrics", timeout=5).read())
+    except (OSError, ValueError):
+        return None
+
+
+def drafting(before: dict | None, after: dict | None) -> dict:
+    """What the batch controller chose over a level: drafts asked per row and step (its cap,
+    where it capped), and the share of row-steps that drafted nothing."""
+    if not before or not after or "total_asked" not in after:
+        return {}
+    steps = after["total_steps"] - before["total_steps"]
+    if not steps:
+        return {}
+    return {"k_mean": (after["total_asked"] - before["total_asked"]) / steps,
+            "no_draft_share": (after["total_fallback_steps"] - before["total_fallback_steps"]) / steps}
+
+
 def blas_env() -> dict:
     from app.launch import system_openblas
 
@@ -109,13 +129,16 @@ def measure(name: str, cmd: list[str], spec: SpecConfig, port: int, levels: list
         run_clients(make, requests[:2], 2)  # warm-up (and every kernel shape of a 2-batch)
         rows = []
         for c in levels:
+            before = spec_stats(url)
             records, wall = run_clients(make, requests, c)
-            s = summarize(records, wall)
+            s = summarize(records, wall) | drafting(before, spec_stats(url))
             rows.append({"server": name, "concurrency": c, **s, "texts": [r.text for r in records]})
             print(f"{name:<32} c={c}: {s['aggregate_tok_s']:6.1f} tok/s aggregate, per request "
                   f"{s['per_request_decode_tok_s_median'] or 0:5.1f}, TTFT p50 {s['ttft_p50_s']:.2f} s, "
                   f"latency p50 {s['latency_p50_s']:.2f} / p95 {s['latency_p95_s']:.2f} s, "
-                  f"acceptance {s['acceptance'] if s['acceptance'] is not None else '-'}", file=sys.stderr, flush=True)
+                  f"acceptance {s['acceptance'] if s['acceptance'] is not None else '-'}"
+                  + (f", drafts asked per row-step {s['k_mean']:.2f}, steps without drafts {s['no_draft_share']:.0%}"
+                     if s.get("k_mean") is not None else ""), file=sys.stderr, flush=True)
         peak = peak_rss_mb(proc.pid)
         for row in rows:
             row["server_peak_rss_mb"] = peak

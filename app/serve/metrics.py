@@ -79,6 +79,7 @@ class SpecDecodeStats:
 
     def __init__(self):
         self.steps = self.fallback_steps = self.proposed = self.accepted = self.bonus = self.tokens = 0
+        self.asked = 0  # drafts asked over all steps: the batch controller's cap, where it capped
         self.ema: float | None = None
         self.current_k = 0
 
@@ -88,6 +89,7 @@ class SpecDecodeStats:
         self.steps += 1
         self.tokens += len(rnd.tokens)
         self.current_k = rnd.steps or 0
+        self.asked += self.current_k
         if not rnd.proposed:
             self.fallback_steps += 1
             return
@@ -108,4 +110,5 @@ class SpecDecodeStats:
             "total_accepted": self.accepted,
             "total_bonus_tokens": self.bonus,
             "current_k": self.current_k,
+            "total_asked": self.asked,
         }
