@@ -31,6 +31,7 @@ from engines.concurrent_runs import run_clients, summarize  # noqa: E402
 
 VENV = Path(sys.executable).parent
 HF_COPY = Path("/tmp/specscope-bench/smollm2-hf")
+DRAFT = HF_COPY.parent / "smollm2-first8"
 
 
 def servers(port: int) -> dict[str, tuple[list[str], SpecConfig]]:
@@ -39,6 +40,10 @@ def servers(port: int) -> dict[str, tuple[list[str], SpecConfig]]:
         "specscope-ngram-b1": (serve + ["--spec", "ngram", "--steps", "5", "--max-batch", "1"], SpecConfig("ngram", 5)),
         "specscope-ngram-b8": (serve + ["--spec", "ngram", "--steps", "5", "--max-batch", "8"], SpecConfig("ngram", 5)),
         "specscope-off-b8": (serve + ["--spec", "off", "--max-batch", "8"], SpecConfig("off", 0)),
+        # a poor draft model (SmolLM2's first 8 layers, bench/smollm2_truncated_draft.py: drafts
+        # rarely accepted): what the batch controller does with drafts that do not pay
+        "specscope-draft-b8": (serve + ["--spec", "draft", "--steps", "3", "--draft-model", str(DRAFT), "--max-batch", "8"],
+                               SpecConfig("draft", 3, draft_model=str(DRAFT))),
         "mlx_lm.server": ([str(VENV / "python"), "-m", "mlx_lm.server", "--model", str(HF_COPY), "--port", str(port),
                            "--max-tokens", "128"], SpecConfig("off", 0)),
     }
@@ -155,7 +160,8 @@ def measure(name: str, cmd: list[str], spec: SpecConfig, port: int, levels: list
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--levels", default="1,2,4,8")
-    ap.add_argument("--servers", default=None, help="comma-separated: specscope-ngram-b1, specscope-ngram-b8, specscope-off-b8, mlx_lm.server (default: all)")
+    ap.add_argument("--servers", default=None, help="comma-separated: specscope-ngram-b1, specscope-ngram-b8, specscope-off-b8, "
+                    "specscope-draft-b8, mlx_lm.server (default: all)")
     ap.add_argument("--requests", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
@@ -164,6 +170,10 @@ def main() -> None:
         from bench.smollm2_hf_layout import main as export
 
         export(HF_COPY)
+    if not (DRAFT / "config.json").exists():
+        from bench.smollm2_truncated_draft import truncated
+
+        truncated(8, DRAFT)
     levels = [int(x) for x in args.levels.split(",")]
     port = free_port()
     table = servers(port)
