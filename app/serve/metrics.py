@@ -47,6 +47,8 @@ class ServeMetrics:
                                     buckets=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32))
         self.step_seconds = Histogram(PREFIX + "step_latency_seconds", "Wall time of one batch step", registry=r,
                                       buckets=(0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0))
+        self.prefix_queries = counter("prefix_cache_queries", "Prompt tokens looked up in the prompt cache")
+        self.prefix_hits = counter("prefix_cache_hits", "Prompt tokens found in the prompt cache (not read again)")
         self.spec = SpecDecodeStats()
 
     def observe_step(self, batch_size: int, seconds: float) -> None:

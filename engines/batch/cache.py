@@ -311,7 +311,7 @@ def check_memory(model: Any, max_batch: int, context: int, weights_bytes: int, t
     if need > room:
         gb = lambda n: f"{n / 2**30:.1f} GB"  # noqa: E731
         raise EngineError(f"--max-batch {max_batch} x {context} tokens of context needs {gb(need)} of KV cache, "
-                          f"but this machine ({gb(total_bytes)}, {gb(weights_bytes)} of it the weights) has room for "
+                          f"but this machine ({gb(total_bytes)}, {gb(weights_bytes)} of it the weights and the prompt cache) has room for "
                           f"{gb(max(room, 0))}: lower --max-batch")
 
 

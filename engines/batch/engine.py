@@ -42,6 +42,7 @@ from engines.batch.cache import BatchCache, check_batchable
 from engines.batch.controller import DraftBudget, row_odds
 from engines.batch.drafter import BatchDrafter, DraftRow
 from engines.batch.mtp import BatchMTP, MTPRow
+from engines.batch.prompt_cache import PromptCache
 from engines.mlx_chat import sampling as mxs
 from engines.mlx_chat.context import check_fits
 from engines.mlx_chat.engine import ChatEngine, Run, Step
@@ -113,6 +114,7 @@ class BatchEngine:
     budget: DraftBudget | None = field(default_factory=DraftBudget.new)  # None: rows draft what they ask
     drafters: dict[str, BatchDrafter] = field(default_factory=dict)  # draft model path -> its batch
     mtps: dict[str, BatchMTP] = field(default_factory=dict)  # MTP drafter path -> its batch
+    prompt_cache: PromptCache | None = None  # prompts read before (None: every prompt is read)
     _ids: itertools.count = field(default_factory=itertools.count)
 
     def __post_init__(self):
@@ -238,9 +240,9 @@ class BatchEngine:
         budget = self.prefill_chunk
         while self.joining and len(self.running) < self.max_batch and budget > 0:
             seq = self.joining[0]
-            if seq.own_cache is None:
-                seq.own_cache, seq.prefill_started = BatchCache(self.model, 1), time.perf_counter()
             body = seq.prompt[:-1]  # as a lone run reads it: chunks, then the last token alone
+            if seq.own_cache is None:
+                seq.own_cache, seq.prefill_started = self._start_prompt(seq, body), time.perf_counter()
             if seq.read < len(body):
                 chunk = body[seq.read:seq.read + self.prefill_chunk]
                 if len(chunk) > budget:
@@ -254,6 +256,8 @@ class BatchEngine:
                     seq.on_prefill(PrefillProgress(seq.read, len(body), time.perf_counter() - seq.prefill_started))
                 if seq.read < len(body):
                     break  # more chunks: one per step
+                if self.prompt_cache is not None:
+                    self.prompt_cache.insert(body, seq.own_cache, self.model)
             for twin in self.joining:  # the request's other choices start from this prefill
                 if twin.twin_of is seq and twin.own_cache is None:
                     twin.own_cache, twin.read, twin.prefill_started = seq.own_cache.clone(self.model), seq.read, seq.prefill_started
@@ -261,6 +265,14 @@ class BatchEngine:
             out.append((seq, self._first_token(seq)))
             budget -= 1
         return out
+
+    def _start_prompt(self, seq: Sequence, body: list[int]) -> BatchCache:
+        """A joining sequence's own cache: what the prompt cache holds of its prompt, or empty."""
+        if self.prompt_cache is not None and body:
+            cache, seq.read = self.prompt_cache.fetch(body, self.model)
+            if cache is not None:
+                return cache
+        return BatchCache(self.model, 1)
 
     def _first_token(self, seq: Sequence) -> Round:
         """The prompt's last token through the target: the first token; then the sequence

@@ -171,3 +171,19 @@ def test_the_server_load_read_from_metrics(client, batch_server):
         s.close()
     assert load.running == 2 and load.waiting == 0
     assert load.step_latency_s > 0 and load.tokens_per_s > 0 and 1 < load.mean_batch <= 2
+
+
+def test_a_prompt_asked_again_is_not_read_again(client, batch_server):
+    """The prompt cache (on by default, --prompt-cache MB): the second time a prompt comes, its
+    tokens are found, not read -- /metrics counts them (vLLM's prefix_cache_queries / hits) --
+    and the answer is the same."""
+    prompt = "the old moon and the red bird see the big house on the old road"
+    _wait_for(batch_server, lambda t: gauge(t, "num_requests_running") == 0)
+    first = client.chat.completions.create(**body(prompt, SPECS[0]))
+    before = scrape(batch_server)
+    again = client.chat.completions.create(**body(prompt, SPECS[0]))
+    after = scrape(batch_server)
+    assert again.choices[0].message.content == first.choices[0].message.content
+    asked = counter(after, "prefix_cache_queries") - counter(before, "prefix_cache_queries")
+    found = counter(after, "prefix_cache_hits") - counter(before, "prefix_cache_hits")
+    assert asked > 10 and found == asked  # every prompt token but the last, found
