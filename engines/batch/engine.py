@@ -155,9 +155,7 @@ class BatchEngine:
         check_fits(len(prompt), request.max_tokens, self.chat.context_length)
         proposer, note = self._proposer(request)
         spec = request.spec
-        schedule = DraftSchedule(0)
-        if proposer is not None:
-            schedule = DraftSchedule(spec.steps, spec.adaptive, spec.min_steps, spec.max_steps, spec.skip_streak)
+        schedule = DraftSchedule.of(spec, self.model_path) if proposer is not None else DraftSchedule(0)
         run = Run(
             request=request,
             ctx=ProposerContext(prompt, request.sampling, self.model, []),
@@ -168,7 +166,7 @@ class BatchEngine:
             eos=set(self.chat.tokenizer.eos_token_ids),
             remaining=request.max_tokens,
             started=time.perf_counter(),
-            note=note,
+            note=note or schedule.note,
             repetition=detector_for(request.max_repeat),
         )
         seed = request.sampling.seed if request.sampling.seed is not None else random.getrandbits(63)

@@ -208,9 +208,7 @@ class ChatEngine:
         proposer, cache, note = self._speculation(request)
         ctx = ProposerContext(prompt_ids, request.sampling, self.model, cache)
         spec = request.spec
-        schedule = DraftSchedule(0)
-        if proposer is not None:
-            schedule = DraftSchedule(spec.steps, spec.adaptive, spec.min_steps, spec.max_steps, spec.skip_streak)
+        schedule = DraftSchedule.of(spec, self.model_path) if proposer is not None else DraftSchedule(0)
         return Run(
             request=request,
             ctx=ctx,
@@ -221,7 +219,7 @@ class ChatEngine:
             eos=set(self.tokenizer.eos_token_ids),
             remaining=request.max_tokens,
             started=time.perf_counter(),
-            note=note,
+            note=note or schedule.note,
             repetition=detector_for(request.max_repeat),
         )
 
@@ -381,7 +379,10 @@ class ChatEngine:
         run.remaining -= len(tokens)
         if step.hidden is not None:
             run.ctx.hidden = step.hidden[verdict.accepted]
-        run.schedule.record(step.k, verdict.accepted)
+        # the round's cost as the user waits for it: settle to settle, drafting apart (a plain
+        # round launched behind the previous one costs less than a lone forward, and --steps
+        # auto should know it)
+        run.schedule.record(step.k, verdict.accepted, step.wall_s - step.draft_s, step.draft_s)
         if run.proposer is not None and run.schedule.enabled and not finish:
             try:
                 run.proposer.commit(run.ctx)
