@@ -59,6 +59,9 @@ def add_spec_arguments(p: argparse.ArgumentParser, methods: list[str], default_m
     p.add_argument("--preset", choices=sorted(PRESETS), default=None, help="block-size preset (B counts the target token)")
     p.add_argument("--adaptive", action="store_true", help="adapt the draft length to acceptance")
     p.add_argument("--skip-streak", type=int, default=0, help="skip drafting once after N zero-accept rounds (0 = off)")
+    if {"draft", "mtp"} & set(methods):
+        p.add_argument("--with-ngram", action="store_true", help="with --spec draft|mtp: n-gram lookup beside the "
+                       "drafter; each round drafts from whichever this run's costs and acceptance expect to pay more")
     if "ngram" in methods:  # the n-gram lookup's own settings, only where it can be chosen
         p.add_argument("--ngram-min", type=int, default=1, help="n-gram lookup: shortest suffix to match")
         p.add_argument("--ngram-max", type=int, default=4, help="n-gram lookup: longest suffix to match")
@@ -102,6 +105,7 @@ def spec_config(args: argparse.Namespace, builtin_drafter: bool = False) -> Spec
         draft_model=draft_model,
         ngram_min=getattr(args, "ngram_min", 1),
         ngram_max=getattr(args, "ngram_max", 4),
+        compose_ngram=getattr(args, "with_ngram", False) and method in ("draft", "mtp"),
         auto=auto,
         profile=str(profiles_dir()) if auto else None,
     )

@@ -180,6 +180,8 @@ class BatchEngine:
     def _proposer(self, request: Request):
         if not request.spec.enabled:
             return None, None
+        alone = ("composed drafting runs in a lone run only: in the batch this request drafts with "
+                 f"{request.spec.method} alone") if request.spec.compose_ngram else None
         try:
             if request.spec.method == "mtp":  # one MTP drafter drafts for all its rows at once
                 from engines.mlx_chat.mtp import make_mtp_proposer
@@ -188,14 +190,14 @@ class BatchEngine:
                 path = request.spec.draft_model or self.chat.draft_path
                 if path not in self.mtps:
                     self.mtps[path] = BatchMTP.of(lone)
-                return self.mtps[path].row(), None
+                return self.mtps[path].row(), alone
             if request.spec.method == "draft":  # one draft model drafts for all its rows at once
                 path = request.spec.draft_model or self.chat.draft_path
                 if not path:
                     raise EngineError("spec method 'draft' needs a draft model (--draft-model PATH)")
                 if path not in self.drafters:
                     self.drafters[path] = BatchDrafter(self.chat._draft(path).model)
-                return self.drafters[path].row(), None
+                return self.drafters[path].row(), alone
             return self.chat._make_proposer(request), None
         except EngineError as e:
             return None, f"speculation unavailable: {e}"

@@ -209,6 +209,9 @@ class ChatEngine:
         ctx = ProposerContext(prompt_ids, request.sampling, self.model, cache)
         spec = request.spec
         schedule = DraftSchedule.of(spec, self.model_path) if proposer is not None else DraftSchedule(0)
+        if schedule.auto is not None and hasattr(proposer, "latency"):  # composed: price widths as auto does
+            auto = schedule.auto
+            proposer.latency = lambda width: auto.latency().at(width) if auto.ready() else 1.0
         return Run(
             request=request,
             ctx=ctx,
@@ -239,6 +242,15 @@ class ChatEngine:
         return None, make_prompt_cache(self.model), note  # the model's own caches, as mlx-lm
 
     def _make_proposer(self, request: Request) -> Proposer:
+        proposer = self._model_or_ngram_proposer(request)
+        spec = request.spec
+        if spec.compose_ngram and spec.method in ("draft", "mtp"):
+            from engines.mlx_chat.composed import ComposedProposer
+
+            return ComposedProposer(proposer, NGramProposer(spec.ngram_min, spec.ngram_max))
+        return proposer
+
+    def _model_or_ngram_proposer(self, request: Request) -> Proposer:
         spec = request.spec
         if spec.method == "ngram":
             return NGramProposer(spec.ngram_min, spec.ngram_max)
@@ -424,6 +436,7 @@ class ChatEngine:
             finish=finish,
             note=run.note or step.note,
             draft_spans=spans,
+            draft_source=step.draft.source if step.k else None,
         )
         run.note = None
         run.index += 1

@@ -48,6 +48,7 @@ class Round:
     finish: FinishReason | None = None
     note: str | None = None  # e.g. "speculation stopped: drafter raised ValueError(...)"
     draft_spans: list[tuple[int, int]] | None = None
+    draft_source: str | None = None  # who drafted this round's tokens when drafters are composed ("ngram", "mtp")
 
     def __post_init__(self):
         if self.draft_spans is not None:  # read back from JSON as lists

@@ -140,31 +140,61 @@ def best_k(latency: Callable[[int], float], draft_s: float, acceptance: list[flo
 
 
 @dataclass
+class PositionAcceptance:
+    """A drafter's acceptance by draft position as a run shows it: per position, the rounds
+    that reached it (every position before it accepted) and, of those, the ones that accepted
+    it; a prior (the profile's, or one half) weighs as `weight` rounds."""
+
+    positions: int
+    prior: list[float] | None = None
+    weight: float = 2.0
+    reached: list[int] = field(default_factory=list)
+    accepted: list[int] = field(default_factory=list)
+
+    def __post_init__(self):
+        self.reached = [0] * self.positions
+        self.accepted = [0] * self.positions
+
+    def record(self, proposed: int, accepted: int) -> None:
+        """One round: positions 1..accepted accepted, position accepted + 1 rejected (if drafted)."""
+        for i in range(min(proposed, self.positions)):
+            self.reached[i] += 1
+            if i < accepted:
+                self.accepted[i] += 1
+            else:
+                break
+
+    def estimate(self) -> list[float]:
+        out = []
+        for i in range(self.positions):
+            prior = self.prior[min(i, len(self.prior) - 1)] if self.prior else 0.5
+            out.append((self.accepted[i] + prior * self.weight) / (self.reached[i] + self.weight))
+        return out
+
+
+@dataclass
 class AutoSteps:
     """The draft length of each round under `--steps auto` (see the module docstring)."""
 
     max_steps: int
     profile: Profile | None = None
     costs: StepCosts = field(default_factory=StepCosts)  # this run's rounds: width -> seconds
-    reached: list[int] = field(default_factory=list)  # per position: rounds that drafted it
-    accepted: list[int] = field(default_factory=list)  # per position: of those, accepted
     draft_s: float | None = None  # this run's drafting seconds per token (mean)
     drafted: int = 0
     last_rates: list[float] = field(default_factory=list)  # expected tok/s per k, at the last choice
+    seen: PositionAcceptance | None = None
 
     def __post_init__(self):
-        self.reached = [0] * self.max_steps
-        self.accepted = [0] * self.max_steps
+        self.seen = PositionAcceptance(self.max_steps)
 
     def acceptance(self) -> list[float]:
-        """Per position: (accepted + prior) / (reached + prior weight); the profile is the prior
-        (one half without one)."""
-        out = []
-        for i in range(self.max_steps):
-            prior = self.profile.acceptance[min(i, len(self.profile.acceptance) - 1)] if self.profile else 0.5
-            weight = PRIOR_ROUNDS if self.profile else 2
-            out.append((self.accepted[i] + prior * weight) / (self.reached[i] + weight))
-        return out
+        """The run's acceptance by position, the profile's as the prior (one half without one)."""
+        if self.profile is not None:
+            self.seen.prior, self.seen.weight = self.profile.acceptance, PRIOR_ROUNDS
+        return self.seen.estimate()
+
+    def latency(self) -> StepCosts:
+        return self.costs if self.profile is None else merged(self.profile.latency(), self.costs)
 
     def ready(self) -> bool:
         return self.profile is not None or self.costs.ready
@@ -174,19 +204,14 @@ class AutoSteps:
         decides)."""
         if not self.ready():
             return None
-        latency = self.costs if self.profile is None else merged(self.profile.latency(), self.costs)
+        latency = self.latency()
         draft_s = self.draft_s if self.draft_s is not None else (self.profile.draft_s if self.profile else 0.0)
         self.last_rates = rates(latency.at, draft_s, self.acceptance(), self.max_steps)
         return max(range(len(self.last_rates)), key=self.last_rates.__getitem__)
 
     def record(self, proposed: int, accepted: int, verify_s: float | None = None, draft_s: float | None = None) -> None:
-        """One round: positions 1..accepted accepted, position accepted + 1 rejected (if drafted)."""
-        for i in range(min(proposed, self.max_steps)):
-            self.reached[i] += 1
-            if i < accepted:
-                self.accepted[i] += 1
-            else:
-                break
+        """One round: its acceptance by position, its verify and drafting seconds."""
+        self.seen.record(proposed, accepted)
         if verify_s is not None and verify_s > 0:
             self.costs.observe(1 + proposed, verify_s)
         if draft_s is not None and proposed:
