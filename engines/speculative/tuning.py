@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import platform
+import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -194,7 +195,18 @@ class AutoSteps:
         return self.seen.estimate()
 
     def latency(self) -> StepCosts:
-        return self.costs if self.profile is None else merged(self.profile.latency(), self.costs)
+        """The profile's curve scaled to what this run's rounds cost (the median ratio over the
+        widths seen: a round costs its forward plus the loop's own work, and the machine's
+        load moves the level, not the shape); the run's own curve without a profile."""
+        if self.profile is None:
+            return self.costs
+        curve = self.profile.latency()
+        ratios = [seconds / curve.at(width) for width, seconds in self.costs.seconds.items()]
+        scale = statistics.median(ratios) if ratios else 1.0
+        out = StepCosts()
+        for width, seconds in self.profile.target_s.items():
+            out.observe(width, seconds * scale)
+        return out
 
     def ready(self) -> bool:
         return self.profile is not None or self.costs.ready
@@ -220,12 +232,3 @@ class AutoSteps:
             self.draft_s = total / self.drafted
 
 
-def merged(profile: StepCosts, run: StepCosts) -> StepCosts:
-    """The run's own widths where it has them, the profile's elsewhere."""
-    out = StepCosts()
-    for width, seconds in profile.seconds.items():
-        out.observe(width, seconds)
-    for width, seconds in run.seconds.items():
-        out.history.pop(width, None)
-        out.observe(width, seconds)
-    return out

@@ -107,3 +107,14 @@ def test_a_corrupt_profile_is_refused_in_one_line(tmp_path):
     path.write_text(json.dumps({"nothing": 1}))
     with pytest.raises(ProfileError):
         Profile.load(path, "/m", "ngram")
+
+
+def test_a_profile_keeps_its_shape_at_the_level_the_run_pays(tmp_path):
+    """The run's rounds cost twice the profile's forwards (a loaded machine, the loop's own
+    work): the curve doubles, its shape -- and so the pick -- stays the profile's."""
+    p = Profile.load(profile(tmp_path), "/m", "ngram")
+    auto = AutoSteps(MAX_STEPS, profile=p)
+    for _ in range(3):
+        auto.record(1, 1, 2 * p.target_s[2], 0.0)
+    for w in range(1, 9):
+        assert auto.latency().at(w) == pytest.approx(2 * p.target_s[w])
