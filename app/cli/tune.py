@@ -26,7 +26,7 @@ def parser() -> Parser:
 
 
 def cmd_tune(argv: list[str]) -> int:
-    from engines.speculative.tuning import Profile, machine_id, profile_file, rates
+    from engines.speculative.tuning import Profile, break_even, machine_id, profile_file, rates
     from engines.mlx_chat.tuning import calibrate, forward_latency
 
     args = parser().parse_args(argv)
@@ -64,6 +64,9 @@ def cmd_tune(argv: list[str]) -> int:
     print("acceptance by position: " + "  ".join(f"{i + 1}:{a:.2f}" for i, a in enumerate(cal.acceptance))
           + f"  ({cal.rounds} rounds)")
     print(f"drafting: {cal.draft_s * 1000:.2f} ms per token")
+    evens = [break_even(profile.latency().at, profile.draft_s, k) for k in range(1, len(profile.acceptance) + 1)]
+    print("break-even acceptance by k (below it speculation loses here): "
+          + "  ".join(f"{k}:{'-' if a is None else f'{a:.2f}'}" for k, a in enumerate(evens, 1)))
     print("expected tok/s by k: " + "  ".join(f"{k}:{r:.1f}" for k, r in enumerate(expected)))
     print(f"best k here: {best}" + ("  (speculation does not pay on this machine for this set: plain decoding)"
                                     if best == 0 else "") + "; --steps auto starts from it and follows the run")

@@ -437,6 +437,8 @@ class ChatEngine:
             note=run.note or step.note,
             draft_spans=spans,
             draft_source=step.draft.source if step.k else None,
+            expected_tok_s=[round(r, 2) for r in run.schedule.auto.last_rates]
+            if run.schedule.auto is not None and run.schedule.auto.last_rates and not prefill else None,
         )
         run.note = None
         run.index += 1

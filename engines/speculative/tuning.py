@@ -135,6 +135,20 @@ def rates(latency: Callable[[int], float], draft_s: float, acceptance: list[floa
     return [expected_tokens(acceptance, k) / (latency(1 + k) + k * draft_s) for k in range(max_k + 1)]
 
 
+def break_even(latency: Callable[[int], float], draft_s: float, k: int) -> float | None:
+    """The per-position acceptance a (the same at every position) at which k drafts per round
+    give exactly plain decoding's tokens per second on this machine: below it speculation
+    loses. None when even a = 1 cannot pay for the wider verify."""
+    need = (latency(1 + k) + k * draft_s) / latency(1)  # tokens a round must yield to break even
+    if need > k + 1:
+        return None
+    lo, hi = 0.0, 1.0
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if expected_tokens([mid], k) < need else (lo, mid)
+    return (lo + hi) / 2
+
+
 def best_k(latency: Callable[[int], float], draft_s: float, acceptance: list[float], max_k: int) -> int:
     r = rates(latency, draft_s, acceptance, max_k)
     return max(range(len(r)), key=r.__getitem__)

@@ -118,3 +118,14 @@ def test_a_profile_keeps_its_shape_at_the_level_the_run_pays(tmp_path):
         auto.record(1, 1, 2 * p.target_s[2], 0.0)
     for w in range(1, 9):
         assert auto.latency().at(w) == pytest.approx(2 * p.target_s[w])
+
+
+def test_break_even_is_where_drafting_pays_exactly_plain():
+    from engines.speculative.tuning import break_even
+
+    latency = MACHINES["cpu, flat then linear"]
+    for k in (1, 3, 7):
+        a = break_even(latency, 0.0, k)
+        assert expected_tokens([a], k) / latency(1 + k) == pytest.approx(1 / latency(1), rel=1e-6)
+    assert break_even(MACHINES["gpu, flat to 8"], 0.0, 3) == pytest.approx(0.0, abs=1e-9)  # free verify: any a pays
+    assert break_even(lambda w: 0.05 * w ** 2, 0.0, 3) is None  # a verify dearer than k + 1 tokens: never pays

@@ -33,6 +33,8 @@ def test_auto_equals_plain_at_t0_and_moves_k(engines, llama_draft_dir, method):
     assert tokens(rounds) == plain
     asked = {r.steps for r in rounds if not r.prefill}
     assert len(asked) > 1, asked  # the fallback, then the chooser: k moved
+    chosen = [r for r in rounds if r.expected_tok_s]  # the telemetry: what auto expected of each k
+    assert chosen and all(len(r.expected_tok_s) == MAX_STEPS + 1 for r in chosen)
 
 
 def flat_profile(engine, tmp_path, method: str, drafter: str = "") -> str:
