@@ -50,7 +50,18 @@ DEFAULT_RUNS = ("ours:bfloat16:2:2+3,hf:float32:2,ours:float32:2,hf:bfloat16:2,o
 
 
 def peak_rss_gb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # KiB on Linux
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # KiB on Linux (= VmHWM)
+
+
+def rss_gb(field: str = "VmRSS") -> float:
+    """A field of /proc/self/status in GB (VmRSS: now; VmHWM: the peak so far); 0 off Linux."""
+    try:
+        for line in open("/proc/self/status"):
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1e6
+    except OSError:
+        pass
+    return 0.0
 
 
 def run_ours(checkpoint: Path, page: Path, dtype: str, threads: int, tokens: int, steps: list[int],
@@ -69,6 +80,7 @@ def run_ours(checkpoint: Path, page: Path, dtype: str, threads: int, tokens: int
     t0 = time.perf_counter()
     engine = OcrEngine.load(checkpoint, runtime="torch", dtype=dtype)
     load_s = time.perf_counter() - t0
+    loaded = {"rss_after_load_gb": rss_gb(), "peak_after_load_gb": rss_gb("VmHWM")}
     engine.config.eos_token_ids = []  # random weights: decode exactly `tokens`
     engine.repetition = None
 
@@ -90,7 +102,7 @@ def run_ours(checkpoint: Path, page: Path, dtype: str, threads: int, tokens: int
                 "tokens_per_forward": (len(out) - 1) / max(1, len(decode_rounds))}, out
 
     plain, reference = one()
-    result = {"load_s": load_s, "plain": plain}
+    result = {"load_s": load_s, "plain": plain, **loaded}
     for k in steps:
         drafter = ReplayDrafter(reference, error_rate, engine.config.text.vocab_size, seed=k)
         # same_tokens: in half precision a batched verify forward may round differently from a
@@ -125,6 +137,7 @@ def run_hf(checkpoint: Path, page: Path, dtype: str, threads: int, tokens: int) 
     t0 = time.perf_counter()
     model = GlmOcrForConditionalGeneration.from_pretrained(checkpoint, dtype=getattr(torch, dtype)).eval()
     load_s = time.perf_counter() - t0
+    loaded = {"rss_after_load_gb": rss_gb(), "peak_after_load_gb": rss_gb("VmHWM")}
     clock = Clock()
     start = time.perf_counter()
     inputs = reference_prompt(checkpoint, Image.open(page).convert("RGB"))
@@ -134,7 +147,7 @@ def run_hf(checkpoint: Path, page: Path, dtype: str, threads: int, tokens: int) 
     end = time.perf_counter()
     new = out.shape[1] - inputs["input_ids"].shape[1]
     first = clock.times[1]  # put() gets the prompt first, then each new token
-    return {"load_s": load_s, "plain": {"ttft_s": first - start, "decode_tok_s": (new - 1) / (end - first),
+    return {"load_s": load_s, **loaded, "plain": {"ttft_s": first - start, "decode_tok_s": (new - 1) / (end - first),
                                         "tokens": int(new), "prompt_tokens": int(inputs["input_ids"].shape[1])}}
 
 
@@ -294,7 +307,9 @@ def main() -> None:
             if isinstance(r, dict) and "ttft_s" in r:
                 extra = f", {r['tokens_per_forward']:.2f} tok/forward" if "tokens_per_forward" in r else ""
                 print(f"{run:24} {name:18} ttft {r['ttft_s']:5.2f} s  decode {r['decode_tok_s']:5.2f} tok/s{extra}", flush=True)
-        print(f"{run:24} load {result.get('load_s', 0):.1f} s  peak RSS {result['peak_rss_gb']:.2f} GB  "
+        after_load = (f"  after load: RSS {result['rss_after_load_gb']:.2f} GB, peak {result['peak_after_load_gb']:.2f} GB"
+                      if "rss_after_load_gb" in result else "")
+        print(f"{run:24} load {result.get('load_s', 0):.1f} s  peak RSS {result['peak_rss_gb']:.2f} GB{after_load}  "
               f"load avg before {result['loadavg_before'][0]:.2f}", flush=True)
     out = ROOT / "bench" / "results" / f"ocr-fast-runtime-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.parent.mkdir(exist_ok=True)
