@@ -14,7 +14,7 @@ What it runs, and why it is faster than the Core ML twin (runtime_torch.py) on a
             the convention itself lives in engine.MtpDrafter).
   weights   held once, in the compute dtype: weights.load_model reads one stored tensor at a
             time into the model's own parameters (from_pretrained keeps the shards mapped
-            while it fills a float32 model: 6.9 GB instead of 4.6 at the published shapes);
+            while it fills a float32 model: a 6.9 GB peak instead of 5.0 at the published shapes);
             the MTP layer's tensors are read without the embedding / head copies the
             checkpoint repeats under layer N. The engine's embedding lookups read the model's own table
             (`EmbeddingRows`), so there is no float32 copy of it on the host.
