@@ -21,6 +21,9 @@ A run is KIND:DTYPE:THREADS[:STEPS][@448]:
   hf        transformers' GlmOcrForConditionalGeneration.generate (greedy, sdpa)
   parts     (KIND parts:DTYPE) the runtime's stages alone at 1 and 2 intra-op threads: vision
             tower, prefill, one decode step, one 4-row verify forward
+  pair      (KIND pair:DTYPE:THREADS) ours and transformers' generate in one process, taking
+            turns --repeats times: per-pair ratios of decode tok/s and TTFT, medians (for a
+            shared machine, where separate processes meet different loads)
   pdf       `specscope ocr` on a 2-page PDF of the page, plain, --max-tokens --pdf-tokens, as a
             user runs it (its own process, the model loaded once): KIND pdf:RUNTIME, where
             RUNTIME is torch (this runtime, its default dtype) or coreml-twin (before it)
@@ -50,7 +53,18 @@ DEFAULT_RUNS = ("ours:bfloat16:2:2+3,hf:float32:2,ours:float32:2,hf:bfloat16:2,o
 
 
 def peak_rss_gb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # KiB on Linux
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # KiB on Linux (= VmHWM)
+
+
+def rss_gb(field: str = "VmRSS") -> float:
+    """A field of /proc/self/status in GB (VmRSS: now; VmHWM: the peak so far); 0 off Linux."""
+    try:
+        for line in open("/proc/self/status"):
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1e6
+    except OSError:
+        pass
+    return 0.0
 
 
 def run_ours(checkpoint: Path, page: Path, dtype: str, threads: int, tokens: int, steps: list[int],
@@ -69,6 +83,7 @@ def run_ours(checkpoint: Path, page: Path, dtype: str, threads: int, tokens: int
     t0 = time.perf_counter()
     engine = OcrEngine.load(checkpoint, runtime="torch", dtype=dtype)
     load_s = time.perf_counter() - t0
+    loaded = {"rss_after_load_gb": rss_gb(), "peak_after_load_gb": rss_gb("VmHWM")}
     engine.config.eos_token_ids = []  # random weights: decode exactly `tokens`
     engine.repetition = None
 
@@ -90,7 +105,7 @@ def run_ours(checkpoint: Path, page: Path, dtype: str, threads: int, tokens: int
                 "tokens_per_forward": (len(out) - 1) / max(1, len(decode_rounds))}, out
 
     plain, reference = one()
-    result = {"load_s": load_s, "plain": plain}
+    result = {"load_s": load_s, "plain": plain, **loaded}
     for k in steps:
         drafter = ReplayDrafter(reference, error_rate, engine.config.text.vocab_size, seed=k)
         # same_tokens: in half precision a batched verify forward may round differently from a
@@ -103,10 +118,11 @@ def run_ours(checkpoint: Path, page: Path, dtype: str, threads: int, tokens: int
     return result
 
 
-def run_hf(checkpoint: Path, page: Path, dtype: str, threads: int, tokens: int) -> dict:
+def hf_plain(model, checkpoint: Path, page: Path, tokens: int) -> dict:
+    """One greedy generate of exactly `tokens` new tokens with transformers: TTFT (page file
+    to first token) and decode tok/s after it."""
     import torch
     from PIL import Image
-    from transformers import GlmOcrForConditionalGeneration
     from transformers.generation.streamers import BaseStreamer
 
     from tests.engines.glm_ocr.checkpoints import reference_prompt
@@ -121,10 +137,6 @@ def run_hf(checkpoint: Path, page: Path, dtype: str, threads: int, tokens: int) 
         def end(self):
             pass
 
-    torch.set_num_threads(threads)
-    t0 = time.perf_counter()
-    model = GlmOcrForConditionalGeneration.from_pretrained(checkpoint, dtype=getattr(torch, dtype)).eval()
-    load_s = time.perf_counter() - t0
     clock = Clock()
     start = time.perf_counter()
     inputs = reference_prompt(checkpoint, Image.open(page).convert("RGB"))
@@ -134,8 +146,77 @@ def run_hf(checkpoint: Path, page: Path, dtype: str, threads: int, tokens: int) 
     end = time.perf_counter()
     new = out.shape[1] - inputs["input_ids"].shape[1]
     first = clock.times[1]  # put() gets the prompt first, then each new token
-    return {"load_s": load_s, "plain": {"ttft_s": first - start, "decode_tok_s": (new - 1) / (end - first),
-                                        "tokens": int(new), "prompt_tokens": int(inputs["input_ids"].shape[1])}}
+    return {"ttft_s": first - start, "decode_tok_s": (new - 1) / (end - first), "tokens": int(new),
+            "prompt_tokens": int(inputs["input_ids"].shape[1]), "ids": out[0, -new:].tolist()}
+
+
+def load_hf(checkpoint: Path, dtype: str):
+    import torch
+    from transformers import GlmOcrForConditionalGeneration
+
+    return GlmOcrForConditionalGeneration.from_pretrained(checkpoint, dtype=getattr(torch, dtype)).eval()
+
+
+def run_hf(checkpoint: Path, page: Path, dtype: str, threads: int, tokens: int) -> dict:
+    import torch
+
+    torch.set_num_threads(threads)
+    t0 = time.perf_counter()
+    model = load_hf(checkpoint, dtype)
+    load_s = time.perf_counter() - t0
+    loaded = {"rss_after_load_gb": rss_gb(), "peak_after_load_gb": rss_gb("VmHWM")}
+    plain = hf_plain(model, checkpoint, page, tokens)
+    del plain["ids"]
+    return {"load_s": load_s, **loaded, "plain": plain}
+
+
+def run_pair(checkpoint: Path, page: Path, dtype: str, threads: int, tokens: int, repeats: int) -> dict:
+    """Ours and transformers' generate in one process, taking turns (ours, theirs, ours, ...):
+    on a shared machine whose load comes and goes, each pair of runs meets about the same
+    load, so the per-pair ratios say more than two separate processes minutes apart. Peak
+    memory is not measured here (both models are held): the single runs measure it."""
+    import statistics
+
+    import torch
+
+    from engines.types import Request, SpecConfig
+    from engines.glm_ocr.engine import OcrEngine
+
+    torch.set_num_threads(threads)
+    engine = OcrEngine.load(checkpoint, runtime="torch", dtype=dtype)
+    engine.config.eos_token_ids = []  # random weights: decode exactly `tokens`
+    engine.repetition = None
+    model = load_hf(checkpoint, dtype)
+
+    def ours_plain() -> dict:
+        request = Request(kind="ocr", image=str(page), max_tokens=tokens, spec=SpecConfig(method="off", steps=0))
+        start, first, ids = time.perf_counter(), None, []
+        for rnd in engine.generate(request):
+            ids += rnd.tokens
+            first = first or time.perf_counter()
+        end = time.perf_counter()
+        return {"ttft_s": first - start, "decode_tok_s": (len(ids) - 1) / (end - first), "ids": ids}
+
+    pairs = []
+    for i in range(repeats):
+        load = os.getloadavg()[0]
+        ours, theirs = ours_plain(), hf_plain(model, checkpoint, page, tokens)
+        pairs.append({"loadavg": load, "same_tokens": ours.pop("ids") == theirs.pop("ids"), "ours": ours, "hf": theirs,
+                      "decode_ratio": ours["decode_tok_s"] / theirs["decode_tok_s"],
+                      "ttft_ratio": ours["ttft_s"] / theirs["ttft_s"]})
+        print(f"  pair {i}: load {load:.2f}  decode ours {ours['decode_tok_s']:.2f} / hf {theirs['decode_tok_s']:.2f} tok/s "
+              f"= {pairs[-1]['decode_ratio']:.2f}x  ttft ours {ours['ttft_s']:.2f} / hf {theirs['ttft_s']:.2f} s  "
+              f"same tokens {pairs[-1]['same_tokens']}", file=sys.stderr, flush=True)
+
+    def median(f):
+        return statistics.median(f(p) for p in pairs)
+
+    return {"pairs": pairs, "median_decode_ratio": median(lambda p: p["decode_ratio"]),
+            "median_ttft_ratio": median(lambda p: p["ttft_ratio"]),
+            "median_decode_tok_s": {"ours": median(lambda p: p["ours"]["decode_tok_s"]),
+                                    "hf": median(lambda p: p["hf"]["decode_tok_s"])},
+            "median_ttft_s": {"ours": median(lambda p: p["ours"]["ttft_s"]), "hf": median(lambda p: p["hf"]["ttft_s"])},
+            "all_same_tokens": all(p["same_tokens"] for p in pairs)}
 
 
 def run_pdf(args, page: Path, runtime: str) -> dict:
@@ -222,6 +303,8 @@ def child(args) -> None:
     load = os.getloadavg()
     if kind == "parts":
         result = run_parts(args.checkpoint, args.page, dtype)
+    elif kind == "pair":
+        result = run_pair(args.checkpoint, args.page, dtype, int(threads), args.tokens, args.repeats)
     elif kind == "ours":
         result = run_ours(args.checkpoint, args.page, dtype, int(threads), args.tokens, steps, args.error_rate)
     else:
@@ -238,6 +321,7 @@ def main() -> None:
     parser.add_argument("--page", type=Path, default=None)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--error-rate", type=float, default=0.25)
+    parser.add_argument("--repeats", type=int, default=5, help="pairs of runs in a pair run")
     parser.add_argument("--runs", default=DEFAULT_RUNS)
     parser.add_argument("--pdf-tokens", type=int, default=32)
     parser.add_argument("--timeout", type=int, default=240, help="seconds per run (a PDF run: 3x)")
@@ -274,7 +358,7 @@ def main() -> None:
             results.append(run_pdf(args, text_page, run.split(":")[1]))
             continue
         cmd = [sys.executable, __file__, "--child", run, "--checkpoint", str(args.checkpoint), "--page", str(run_page),
-               "--tokens", str(args.tokens), "--error-rate", str(args.error_rate)]
+               "--tokens", str(args.tokens), "--error-rate", str(args.error_rate), "--repeats", str(args.repeats)]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired:
@@ -288,13 +372,19 @@ def main() -> None:
         result["page"] = run_page.name
         run = f"{run}@{page_name}" if page_name else run
         results.append(result)
-        if run.startswith("parts"):
+        if run.startswith(("parts", "pair")):
             print(proc.stderr.strip(), flush=True)
+        if run.startswith("pair"):
+            print(f"{run:24} median of {len(result['pairs'])} pairs: decode {result['median_decode_ratio']:.2f}x "
+                  f"transformers', TTFT {result['median_ttft_ratio']:.2f}x; same tokens: {result['all_same_tokens']}",
+                  flush=True)
         for name, r in result.items():
             if isinstance(r, dict) and "ttft_s" in r:
                 extra = f", {r['tokens_per_forward']:.2f} tok/forward" if "tokens_per_forward" in r else ""
                 print(f"{run:24} {name:18} ttft {r['ttft_s']:5.2f} s  decode {r['decode_tok_s']:5.2f} tok/s{extra}", flush=True)
-        print(f"{run:24} load {result.get('load_s', 0):.1f} s  peak RSS {result['peak_rss_gb']:.2f} GB  "
+        after_load = (f"  after load: RSS {result['rss_after_load_gb']:.2f} GB, peak {result['peak_after_load_gb']:.2f} GB"
+                      if "rss_after_load_gb" in result else "")
+        print(f"{run:24} load {result.get('load_s', 0):.1f} s  peak RSS {result['peak_rss_gb']:.2f} GB{after_load}  "
               f"load avg before {result['loadavg_before'][0]:.2f}", flush=True)
     out = ROOT / "bench" / "results" / f"ocr-fast-runtime-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.parent.mkdir(exist_ok=True)

@@ -42,14 +42,20 @@ def conversion_text(p: ConversionProgress) -> str:
     return f"Core ML: {where} ({p.packages_done} of {p.packages_total} packages)"
 
 
-class ModelJob(QObject):
-    """Downloads one catalog entry (or hub repo id) and, where needed, converts it."""
+class Job(QObject):
+    """One model job on a worker thread, as ModelJobs runs it: the signals (past-tense events,
+    `done` always last), the cooperative cancel flag, and run(), which turns the outcome of
+    `work()` into those signals. A subclass writes `work()` -- it returns the local path to
+    report, or None when it stopped at a cancel -- and names the exceptions that mean
+    "cancelled" in `cancellations`."""
 
     progressed = Signal(object)  # JobProgress
     finished = Signal(str, str)  # model id, local path
     cancelled = Signal(str)  # model id
     errored = Signal(str, str)  # model id, one line for the user
     done = Signal()  # always last
+
+    cancellations: tuple[type[BaseException], ...] = ()
 
     def __init__(self, model_id: str):
         super().__init__()
@@ -63,19 +69,14 @@ class ModelJob(QObject):
     def cancel_requested(self) -> bool:
         return self._cancel
 
+    def work(self) -> str | None:
+        raise NotImplementedError
+
     @Slot()
     def run(self) -> None:
         try:
-            entry = catalog.find(self.model_id)
-            st = store.status(entry) if entry is not None else None
-            if st is not None and st.installed and st.path is not None:
-                path = st.path  # only its conversion is missing
-            else:
-                path = download(self.model_id, on_progress=self._downloaded, should_cancel=self.cancel_requested)
-                entry = catalog.find(self.model_id)  # an arbitrary repo id is a user entry now
-            if entry is not None and conversion_needed(entry):
-                path = convert(entry, on_progress=self._converted, should_cancel=self.cancel_requested)
-        except (DownloadCancelled, ConversionCancelled):
+            path = self.work()
+        except self.cancellations:
             self.cancelled.emit(self.model_id)
         except EngineError as e:
             self.errored.emit(self.model_id, str(e))
@@ -83,16 +84,39 @@ class ModelJob(QObject):
             traceback.print_exc()
             self.errored.emit(self.model_id, f"{type(e).__name__}: {e}")
         else:
-            self.finished.emit(self.model_id, str(path))
+            if path is None:
+                self.cancelled.emit(self.model_id)
+            else:
+                self.finished.emit(self.model_id, path)
         finally:
             self.done.emit()
 
+    def _progress(self, phase: str, fraction: float, text: str) -> None:
+        self.progressed.emit(JobProgress(self.model_id, phase, fraction, text))
+
+
+class ModelJob(Job):
+    """Downloads one catalog entry (or hub repo id) and, where needed, converts it."""
+
+    cancellations = (DownloadCancelled, ConversionCancelled)
+
+    def work(self) -> str:
+        entry = catalog.find(self.model_id)
+        st = store.status(entry) if entry is not None else None
+        if st is not None and st.installed and st.path is not None:
+            path = st.path  # only its conversion is missing
+        else:
+            path = download(self.model_id, on_progress=self._downloaded, should_cancel=self.cancel_requested)
+            entry = catalog.find(self.model_id)  # an arbitrary repo id is a user entry now
+        if entry is not None and conversion_needed(entry):
+            path = convert(entry, on_progress=self._converted, should_cancel=self.cancel_requested)
+        return str(path)
+
     def _downloaded(self, p: DownloadProgress) -> None:
-        fraction = p.bytes_done / p.bytes_total if p.bytes_total else 0.0
-        self.progressed.emit(JobProgress(self.model_id, "download", fraction, download_text(p)))
+        self._progress("download", p.bytes_done / p.bytes_total if p.bytes_total else 0.0, download_text(p))
 
     def _converted(self, p: ConversionProgress) -> None:
-        self.progressed.emit(JobProgress(self.model_id, "convert", p.fraction, conversion_text(p)))
+        self._progress("convert", p.fraction, conversion_text(p))
 
 
 def training_text(p) -> str:
@@ -104,57 +128,33 @@ def training_text(p) -> str:
     return f"step {p.step} \u00b7 {p.elapsed_s / 60:.1f} min \u00b7 loss {p.loss:.2f} \u00b7 held-out acceptance {acc}{eta}"
 
 
-class DrafterJob(QObject):
+class DrafterJob(Job):
     """Trains an MTP drafter for one chat model (engines/training, as `specscope drafter
     train`), then pairs it with the model in the user's catalog. Cancel stops at the next step
-    with a checkpoint: training the same model again resumes. Same signals as ModelJob."""
+    with a checkpoint: training the same model again resumes. Same signals as ModelJob
+    (`finished` with the drafter's directory)."""
 
-    progressed = Signal(object)  # JobProgress, phase "train"
-    finished = Signal(str, str)  # model id, the drafter's directory
-    cancelled = Signal(str)
-    errored = Signal(str, str)
-    done = Signal()
+    cancellations = (KeyboardInterrupt,)  # cancelled before the first step: nothing to resume
 
     def __init__(self, model_id: str, out: str, minutes: float | None = 15.0, **settings):
-        super().__init__()
-        self.model_id, self.out, self.minutes, self.settings = model_id, out, minutes, settings
-        self._cancel = False
+        super().__init__(model_id)
+        self.out, self.minutes, self.settings = out, minutes, settings
 
-    def request_cancel(self) -> None:
-        self._cancel = True
-
-    def cancel_requested(self) -> bool:
-        return self._cancel
-
-    @Slot()
-    def run(self) -> None:
+    def work(self) -> str | None:
         from pathlib import Path
 
         from app.models.lookup import model_path, register_drafter
         from engines.mlx_chat.loading import load_model
         from engines.training.train import TrainConfig, train
 
-        try:
-            target = model_path(self.model_id, "chat")
-            loaded = load_model(target)
-            config = TrainConfig(out=Path(self.out), minutes=self.minutes, **self.settings)
-            result = train(loaded.model, loaded.tokenizer, target, config, self._trained, self.cancel_requested)
-            if result.finished:
-                register_drafter(self.model_id, Path(self.out))
-        except KeyboardInterrupt:  # cancelled before the first step: nothing to resume
-            self.cancelled.emit(self.model_id)
-        except EngineError as e:
-            self.errored.emit(self.model_id, str(e))
-        except Exception as e:  # a bug must not take the window down
-            traceback.print_exc()
-            self.errored.emit(self.model_id, f"{type(e).__name__}: {e}")
-        else:
-            if result.finished:
-                self.finished.emit(self.model_id, str(self.out))
-            else:
-                self.cancelled.emit(self.model_id)
-        finally:
-            self.done.emit()
+        target = model_path(self.model_id, "chat")
+        loaded = load_model(target)
+        config = TrainConfig(out=Path(self.out), minutes=self.minutes, **self.settings)
+        result = train(loaded.model, loaded.tokenizer, target, config, self._trained, self.cancel_requested)
+        if not result.finished:
+            return None  # cancelled at a step, with a checkpoint to resume from
+        register_drafter(self.model_id, Path(self.out))
+        return str(self.out)
 
     def _trained(self, p) -> None:
         if p.steps:
@@ -163,7 +163,7 @@ class DrafterJob(QObject):
             fraction = p.elapsed_s / (60 * self.minutes)
         else:
             fraction = 0.0
-        self.progressed.emit(JobProgress(self.model_id, "train", min(1.0, fraction), training_text(p)))
+        self._progress("train", min(1.0, fraction), training_text(p))
 
 
 class ModelJobs(QObject):
@@ -177,16 +177,16 @@ class ModelJobs(QObject):
 
     def __init__(self, parent: QObject | None = None):
         super().__init__(parent)
-        self.job: ModelJob | None = None
+        self.job: Job | None = None
         self.thread: QThread | None = None
-        self.threads: list[tuple[QThread, ModelJob]] = []  # kept alive until each thread ends
+        self.threads: list[tuple[QThread, Job]] = []  # kept alive until each thread ends
         self.kind = "download"  # of the job running or last run: "download" | "train"
 
     @property
     def running_id(self) -> str | None:
         return self.job.model_id if self.job is not None else None
 
-    def start(self, model_id: str, job: "ModelJob | DrafterJob | None" = None) -> bool:
+    def start(self, model_id: str, job: Job | None = None) -> bool:
         """Starts getting `model_id` (or `job`); False if another job runs (one at a time)."""
         if self.job is not None:
             return False

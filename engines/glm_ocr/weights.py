@@ -91,6 +91,50 @@ def build_mtp_reference(text_config, tensors: dict[str, torch.Tensor]) -> dict:
     return parts
 
 
+def load_model(model_dir: str | os.PathLike, dtype: torch.dtype) -> nn.Module:
+    """transformers' GlmOcrForConditionalGeneration (sdpa attention) with the checkpoint's
+    weights in `dtype`, held once. The model is built with its parameters allocated but not
+    initialised (untouched pages cost no memory); then each stored tensor either becomes its
+    parameter as it is -- a view of the mapped file, when it is stored in `dtype` (as
+    from_pretrained does: the page cache is the one copy) -- or is read on its own and copied,
+    cast, into its parameter.
+
+    Why not from_pretrained: it keeps each shard mapped while it fills the model, so a float32
+    load of GLM-OCR's bfloat16 shards peaks at the float32 model plus the shards it has read
+    (6.7-6.9 GB at the published shapes, of which the model is 4.4). Here the peak is the model
+    plus the largest single tensor as stored (the embedding table: 182 MB in bfloat16)."""
+    from safetensors import safe_open
+    from transformers import AutoConfig, GlmOcrForConditionalGeneration
+    from transformers.initialization import no_init_weights
+
+    model_dir = Path(model_dir)
+    with no_init_weights():  # every parameter is overwritten below: random init would be wasted time
+        model = GlmOcrForConditionalGeneration._from_config(
+            AutoConfig.from_pretrained(model_dir), dtype=dtype, attn_implementation="sdpa")
+    params = dict(model.named_parameters())  # tied parameters appear once
+    stored = {path: [] for path in safetensors_files(model_dir)}
+    for path, keys in stored.items():
+        with safe_open(path, "pt") as f:
+            keys.extend(key for key in f.keys() if key in params)
+    missing = sorted(set(params) - {key for keys in stored.values() for key in keys})
+    if missing:  # left as allocated they would be garbage: refuse (transformers 5 renames no GLM-OCR keys)
+        raise EngineError(f"{model_dir} lacks {len(missing)} of GLM-OCR's weights, e.g. {missing[0]}")
+    with torch.no_grad():
+        for path, keys in stored.items():
+            with safe_open(path, "pt") as shard:  # its tensors are views of the mapped file, read lazily
+                for key in keys:
+                    tensor = shard.get_tensor(key)
+                    if tensor.dtype == dtype:
+                        params[key].data = tensor  # no copy; the view keeps the mapping alive
+                        continue
+                    # cast from a handle of its own: the pages a read touches stay counted in
+                    # the process's memory until the handle that mapped them is closed
+                    del tensor
+                    with safe_open(path, "pt") as f:
+                        params[key].copy_(f.get_tensor(key))
+    return model.eval().requires_grad_(False)
+
+
 def load_reference(model_dir: str | os.PathLike) -> Reference:
     from transformers import GlmOcrForConditionalGeneration
     from transformers.utils import logging as hf_logging
