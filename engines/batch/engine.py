@@ -227,7 +227,7 @@ class BatchEngine:
             return out
         seq = self.joining[0]
         if seq.own_cache is None:
-            seq.own_cache, seq.prefill_started = BatchCache(self.model, 1), time.perf_counter()
+            seq.own_cache, seq.prefill_started = self.new_cache(1), time.perf_counter()
         body = seq.prompt[:-1]  # as a lone run reads it: chunks, then the last token alone
         if seq.read < len(body):
             chunk = body[seq.read:seq.read + self.prefill_chunk]
@@ -347,6 +347,11 @@ class BatchEngine:
         mx.eval(verify_rows(logits, plans, [p.seq.next_key() for p in plans]))
         if self.budget is not None:
             self.budget.observe(len(rows), max(len(r) for r in rows), time.perf_counter() - t0)
+
+    def new_cache(self, rows: int) -> BatchCache:
+        """A cache for `rows` sequences. (Tensor parallel, engines/distributed, overrides it and
+        _forward: its caches and forwards are mirrored on every rank.)"""
+        return BatchCache(self.model, rows)
 
     def _forward(self, cache: BatchCache, rows: list[list[int]]) -> mx.array:
         """The target over ragged rows (right-padded with each row's last input; the padding's
