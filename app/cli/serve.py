@@ -44,6 +44,9 @@ def serve_parser(parser_class) -> argparse.ArgumentParser:
                         "(see docs/distributed.md)")
     p.add_argument("--rank-timeout", type=float, default=30.0, metavar="S",
                    help="longest wait on another rank before it is declared lost (the server answers 503 and exits)")
+    p.add_argument("--memory-limit", type=float, default=None, metavar="GB",
+                   help="the most memory the chat model may take in this process (in each rank with --ranks): "
+                        "MLX's limit (mx.set_memory_limit), checked after loading")
     p.add_argument("--check-ranks", action="store_true",
                    help="compare every forward's logits across the ranks (a divergence check; one more collective per forward)")
     add_spec_arguments(p, ["off", "ngram", "draft", "mtp"], "ngram")
@@ -72,7 +75,9 @@ def cmd_serve(argv: list[str]) -> int:
         spec = spec_config(args)
         asked = args.model  # a catalog id names the model better than its cache folder does
         resolve_models(args, spec, "chat")
+        limit_memory(args.memory_limit)
         engine = load_chat_engine(args.model, spec.draft_model)
+        check_memory_limit(args.memory_limit, "the model")
         name = args.model_name or Path(asked or engine.model_path).name
         served.append(Served(ServedModel(name, "chat", spec), engine))
     if args.ocr_model:
@@ -98,17 +103,6 @@ def serve_ranks(args: argparse.Namespace, argv: list[str], config: ServeConfig) 
         raise UsageError("--ranks / --hostfile split the chat model only: serve GLM-OCR from a server of its own")
     if args.rank_timeout <= 0:
         raise UsageError("--rank-timeout must be > 0")
-    rank = this_rank()
-    if rank is None:
-        ranks = check_hostfile(args.hostfile) if args.hostfile else args.ranks
-        port = None if args.hostfile else free_port_run(ranks)
-        return run_ranks(launch_command(["serve", *argv], ranks, args.hostfile, port))
-
-    import mlx.core as mx
-
-    from engines.distributed.bus import Bus
-    from engines.distributed.engine import RankZeroEngine, follow, load_rank_zero, load_shard
-
     pick_drafter(args)
     spec = spec_config(args)
     asked = args.model
@@ -117,15 +111,32 @@ def serve_ranks(args: argparse.Namespace, argv: list[str], config: ServeConfig) 
         from engines.mlx_chat.models import default_chat_model
 
         args.model = str(default_chat_model())
+    rank = this_rank()
+    if rank is None:
+        from engines.distributed.engine import check_model_shardable
+
+        ranks = check_hostfile(args.hostfile) if args.hostfile else args.ranks
+        check_model_shardable(args.model, ranks)  # one line now, not one per rank later
+        port = None if args.hostfile else free_port_run(ranks)
+        return run_ranks(launch_command(["serve", *argv], ranks, args.hostfile, port))
+
+    import mlx.core as mx
+
+    from engines.distributed.bus import Bus
+    from engines.distributed.engine import RankZeroEngine, follow, load_rank_zero, load_shard
+
     group = mx.distributed.init(strict=True, backend="ring")
     bus = Bus.join(group)
+    limit_memory(args.memory_limit)
     if rank != 0:
         try:
             model = load_shard(args.model, group).model
+            check_memory_limit(args.memory_limit, f"rank {rank}'s shard")
         except Exception:  # rank 0 loads the same model and says what is wrong, once
             return 2
         return follow(model, bus, args.rank_timeout)
     chat = load_rank_zero(args.model, spec.draft_model, group)
+    check_memory_limit(args.memory_limit, "rank 0's shard (and the draft model)")
     engine = RankZeroEngine(chat, max_batch=max(args.max_batch, 1), bus=bus, timeout_s=args.rank_timeout,
                             check=args.check_ranks)
     name = args.model_name or Path(asked or chat.model_path).name
@@ -136,3 +147,28 @@ def serve_ranks(args: argparse.Namespace, argv: list[str], config: ServeConfig) 
     # Ctrl-C reaches the launcher, which stops every rank (engines/distributed/launch.py).
     serve_forever(app, config)
     return 0
+
+
+def limit_memory(gb: float | None) -> None:
+    """MLX's memory limit: enforced by its Metal allocator; on the CPU backend it is advice,
+    so check_memory_limit measures the load's peak against it as well."""
+    if gb is not None:
+        import mlx.core as mx
+
+        if gb <= 0:
+            raise UsageError("--memory-limit must be > 0 (GB)")
+        mx.set_memory_limit(int(gb * 2**30))
+        mx.reset_peak_memory()
+
+
+def check_memory_limit(gb: float | None, what: str) -> None:
+    if gb is None:
+        return
+    import mlx.core as mx
+
+    from engines.types import EngineError
+
+    peak = mx.get_peak_memory()
+    if peak > gb * 2**30:
+        raise EngineError(f"{what} took {peak / 2**30:.3f} GB to load, over --memory-limit {gb:g} GB: "
+                          "split it over more ranks (--ranks N)")

@@ -14,6 +14,7 @@ exits (the server first answers its requests 503)."""
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import threading
 import time
@@ -152,6 +153,17 @@ class Bus:
         got = mx.distributed.all_gather(mx.array([value], dtype=mx.int64), group=self.group, stream=mx.cpu)
         mx.eval(got)
         return len(set(got.tolist())) == 1
+
+    def end_local_peers(self) -> None:
+        """The job is over: the other ranks on this machine are killed (SIGKILL: a stopped rank
+        would hold a SIGTERM until continued, and mlx.launch waits for it forever)."""
+        here = host_id()
+        for p in self.peers:
+            if p.rank != self.rank and p.host == here:
+                try:
+                    os.kill(p.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
 
     def describe_loss(self, waited_s: float | None = None) -> str:
         """One line naming the rank(s) lost, as well as this machine can tell."""

@@ -45,8 +45,17 @@ def load_shard(path: str, group: mx.distributed.Group) -> LoadedModel:
     loaded = load_model(path, lazy=True)
     check_shardable(loaded, group.size())
     loaded.model.shard(group)
+    # One layer at a time: each full tensor read from the file is sliced and let go before the
+    # next is read, so the rank's peak is its shard plus one layer, not the whole model.
+    for layer in getattr(loaded.model, "layers", []):
+        mx.eval(layer.parameters())
     mx.eval(loaded.model.parameters())
     return loaded
+
+
+def check_model_shardable(path: str, ranks: int) -> None:
+    """Before any rank starts: the model's architecture and head counts (its weights are not read)."""
+    check_shardable(load_model(path, lazy=True), ranks)
 
 
 def check_shardable(loaded: LoadedModel, ranks: int) -> None:
@@ -171,7 +180,8 @@ class RankZeroEngine(BatchEngine):
             return
         self._lost, self._error = True, error
         if self.on_lost is not None:
-            self.on_lost(error)
+            self.on_lost(error)  # the server's 503s and its line first: they need no other rank
+        self.bus.end_local_peers()
 
 
 def follow(model, bus: Bus, timeout_s: float = DEFAULT_TIMEOUT_S, say=None) -> int:
