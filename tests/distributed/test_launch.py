@@ -9,6 +9,7 @@ import json
 import pytest
 
 from app.cli.main import main
+from tests.engines.gemma4.conftest import dense_pair  # noqa: F401  (the tiny Gemma 4 pair)
 from tests.engines.mlx_chat import checkpoints
 
 pytest.importorskip("mlx.core")
@@ -60,3 +61,11 @@ def test_the_hostfile_format_is_mlx_launchs(tmp_path):
     hostfile.write_text(json.dumps({"backend": "ring", "hosts": [{"ssh": "mac-1.local", "ips": ["10.0.0.1"]},
                                                                   {"ssh": "mac-2.local", "ips": ["10.0.0.2"]}]}))
     assert check_hostfile(str(hostfile)) == 2
+
+
+def test_the_gemma4_pair_is_refused_in_one_line(dense_pair, capsys):
+    """mlx-lm (0.32) has neither shard() nor pipeline() for Gemma 4: the pair is not split."""
+    capsys.readouterr()
+    line = refused(capsys, "--model", str(dense_pair.target), "--ranks", "2", "--spec", "mtp",
+                   "--draft-model", str(dense_pair.assistant))
+    assert "cannot split a 'gemma4" in line, line
