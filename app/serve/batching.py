@@ -114,6 +114,9 @@ class BatchQueue:
                 self._fail_all(e)
                 continue
             self.metrics.observe_step(self.engine.size, time.perf_counter() - t0)
+            step = getattr(self.engine, "last_step", None)  # tensor parallel: the ranks' times
+            if step is not None:
+                self.metrics.observe_ranks(step.broadcast_s, self.engine.times)
             for seq, rnd in out:
                 admission = self.sinks[seq.id]
                 self.metrics.count_round(rnd)

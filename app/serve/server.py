@@ -188,6 +188,8 @@ def ranks_report(queues: dict) -> dict:
         if getattr(engine, "bus", None) is not None:
             step = engine.last_step
             return {"ranks": engine.ranks, "rank_checked_forwards": engine.checked,
+                    "rank_times": [{"rank": r, "forwards": t.forwards, "compute_s": round(t.compute_s, 6),
+                                    "wait_s": round(t.wait_s, 6)} for r, t in enumerate(engine.times)],
                     "rank_broadcasts": engine.bus.sent, "rank_broadcast_s": round(engine.bus.comm_s, 6),
                     "last_step": None if step is None else {"wall_s": round(step.wall_s, 6),
                                                             "broadcast_s": round(step.broadcast_s, 6),

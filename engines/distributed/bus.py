@@ -27,7 +27,6 @@ import mlx.core as mx
 from engines.types import EngineError
 
 INLINE = 1024  # ints per message buffer: a decode step of 64 rows x 15 tokens fits
-HEARTBEAT_S = 1.0  # an idle rank 0 says it is alive this often; followers time out on silence
 DEFAULT_TIMEOUT_S = 30.0  # longest a collective may take before a rank is declared lost
 
 
@@ -64,6 +63,17 @@ class Peer:
 
 def host_id() -> int:
     return zlib.crc32(socket.gethostname().encode())
+
+
+@dataclass
+class RankTimes:
+    """A rank's running totals: forwards run, seconds computing them (the sharded layers' own
+    all_sums included: they run inside the forward), seconds waiting for rank 0's messages (on
+    rank 0: sending them, i.e. waiting for the slowest follower)."""
+
+    forwards: int = 0
+    compute_s: float = 0.0
+    wait_s: float = 0.0
 
 
 @dataclass
@@ -137,11 +147,12 @@ class Bus:
 
     def receive(self) -> list[int]:
         """A follower: the next message rank 0 sends."""
+        t0 = time.perf_counter()
         head = self._sum([0] * INLINE)
         n = head[0]
-        if n <= INLINE - 1:
-            return head[1:1 + n]
-        return self._sum([0] * n)
+        ints = head[1:1 + n] if n <= INLINE - 1 else self._sum([0] * n)
+        self.comm_s += time.perf_counter() - t0
+        return ints
 
     def _sum(self, ints: list[int]) -> list[int]:
         out = mx.distributed.all_sum(mx.array(ints, dtype=mx.int32), group=self.group, stream=mx.cpu)
@@ -164,6 +175,13 @@ class Bus:
                     os.kill(p.pid, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
                     pass
+
+    def gather_times(self, mine: "RankTimes") -> list["RankTimes"]:
+        """Every rank's running totals, on every rank (one all_gather)."""
+        row = mx.array([[mine.forwards, mine.compute_s, mine.wait_s]], dtype=mx.float32)
+        everyone = mx.distributed.all_gather(row, group=self.group, stream=mx.cpu)
+        mx.eval(everyone)
+        return [RankTimes(int(f), c, w) for f, c, w in everyone.tolist()]
 
     def describe_loss(self, waited_s: float | None = None) -> str:
         """One line naming the rank(s) lost, as well as this machine can tell."""

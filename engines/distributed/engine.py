@@ -27,9 +27,9 @@ import mlx.core as mx
 
 from engines.batch.cache import BatchCache
 from engines.batch.engine import BatchEngine
-from engines.distributed.bus import DEFAULT_TIMEOUT_S, Bus, RankLost, Watchdog
-from engines.distributed.mirror import (HEARTBEAT, KV_ONLY, LOGITS, STOP, MirroredCache, OpLog, Replica, checksum,
-                                        forward_op, run_forward)
+from engines.distributed.bus import DEFAULT_TIMEOUT_S, Bus, RankLost, RankTimes, Watchdog
+from engines.distributed.mirror import (HEARTBEAT, KV_ONLY, LOGITS, STOP, TIMES, MirroredCache, OpLog, Replica,
+                                        checksum, forward_op, run_forward)
 from engines.mlx_chat.engine import ChatEngine
 from engines.mlx_chat.loading import LoadedModel, load_model
 from engines.types import EngineError
@@ -105,7 +105,11 @@ class RankZeroEngine(BatchEngine):
     checked: int = 0  # forwards checked identical on every rank
     on_lost: Callable[[RankLost], None] | None = None  # the server's: answer 503 and exit
     last_step: StepCost | None = None
+    times: list[RankTimes] = field(default_factory=list)  # every rank's totals, gathered at most once a second
+    times_every_s: float = 1.0
     _forwards: int = 0
+    _compute_s: float = 0.0
+    _times_at: float = 0.0
     _lost: bool = False
 
     def __post_init__(self):
@@ -130,14 +134,30 @@ class RankZeroEngine(BatchEngine):
         padded = [r + [r[-1]] * (width - len(r)) for r in rows]
         evaluate = KV_ONLY if (cache is not self.cache and len(rows) == 1 and width > 1) else LOGITS
         check = self.check and evaluate == LOGITS
+        gather = self._times_due()
         self.bus.send(forward_op(self.log, cache, padded, evaluate, check))
+        t0 = time.perf_counter()
         logits = run_forward(self.model, cache, mx.array(padded, dtype=mx.uint32), evaluate)
+        self._compute_s += time.perf_counter() - t0
         self._forwards += 1
         if check:
             if not self.bus.same_on_every_rank(checksum(logits)):
                 raise RankLost(f"the ranks diverged: forward {self._forwards} gave different logits")
             self.checked += 1
+        if gather:
+            self._gather_times()
         return logits
+
+    def _times_due(self) -> bool:
+        """Ask for every rank's times (they ride in the next message) at most once a second."""
+        if time.monotonic() - self._times_at < self.times_every_s:
+            return False
+        self._times_at = time.monotonic()
+        self.log.add(TIMES, 0)
+        return True
+
+    def _gather_times(self) -> None:
+        self.times = self.bus.gather_times(RankTimes(self._forwards, self._compute_s, self.bus.comm_s))
 
     # -- the step, bounded ---------------------------------------------------------------------
     def step(self):
@@ -149,7 +169,13 @@ class RankZeroEngine(BatchEngine):
     def idle(self) -> None:
         """No step to run: a heartbeat (with any cache drops pending), so a dead follower is
         seen now and the followers know rank 0 lives."""
-        self._bounded(lambda: self.bus.send(self.log.take() + [HEARTBEAT, 0, 0]), "a heartbeat")
+        def beat():
+            gather = self._times_due()
+            self.bus.send(self.log.take() + [HEARTBEAT, 0, 0])
+            if gather:
+                self._gather_times()
+
+        self._bounded(beat, "a heartbeat")
 
     def shutdown(self) -> None:
         """The followers exit their loops."""
@@ -195,13 +221,21 @@ def follow(model, bus: Bus, timeout_s: float = DEFAULT_TIMEOUT_S, say=None) -> i
 
     watchdog = Watchdog(timeout_s, silent).start()
     replica = Replica(model)
+    times = RankTimes()
     while not replica.stopped:
         watchdog.arm("rank 0")
         try:
             for f in replica.apply(bus.receive()):
+                t0 = time.perf_counter()
                 logits = run_forward(model, f.cache, f.tokens, f.evaluate)
+                times.compute_s += time.perf_counter() - t0
+                times.forwards += 1
                 if f.check:
                     bus.same_on_every_rank(checksum(logits))
+            if replica.times_asked:
+                replica.times_asked = False
+                times.wait_s = bus.comm_s
+                bus.gather_times(times)
         except RuntimeError as e:
             say(f"{bus.describe_loss()} ({e}); exiting")
             return 1

@@ -24,9 +24,7 @@ import mlx.core as mx
 from engines.batch.cache import BatchCache
 
 # op codes: [op, cache id, n, *n ints]
-NEW, DROP, SETTLE, ROLLBACK, SELECT, COMPACT, APPEND, CLONE, FORWARD, HEARTBEAT, STOP = range(11)
-OP_NAMES = ["new", "drop", "settle", "rollback", "select", "compact", "append", "clone", "forward",
-            "heartbeat", "stop"]
+NEW, DROP, SETTLE, ROLLBACK, SELECT, COMPACT, APPEND, CLONE, FORWARD, HEARTBEAT, STOP, TIMES = range(12)
 LOGITS, KV_ONLY = 0, 1  # what a forward evaluates
 
 
@@ -135,6 +133,7 @@ class Replica:
     model: Any
     caches: dict[int, BatchCache] = field(default_factory=dict)
     stopped: bool = False
+    times_asked: bool = False  # rank 0 gathers every rank's times after this message's forward
 
     def apply(self, ints: list[int]) -> list[Forward]:
         """Replays a message's cache ops; returns its forwards for the caller to run, in
@@ -169,6 +168,8 @@ class Replica:
                 forwards.append(Forward(self.caches[cid], tokens, evaluate, bool(check)))
             elif op == STOP:
                 self.stopped = True
+            elif op == TIMES:
+                self.times_asked = True
             elif op != HEARTBEAT:
                 raise ValueError(f"unknown op {op} from rank 0")
         return forwards

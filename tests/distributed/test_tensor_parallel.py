@@ -15,6 +15,7 @@ import os
 import signal
 import threading
 import time
+import urllib.request
 
 import pytest
 
@@ -112,6 +113,12 @@ def test_every_forward_was_checked_identical_on_both_ranks(ranked):
     assert report["rank_checked_forwards"] > 50  # a divergence would have failed its request
     step = report["last_step"]
     assert step["forwards"] >= 1 and 0 < step["broadcast_s"] < step["wall_s"]
+    times = report["rank_times"]  # gathered at most once a second (and on idle heartbeats)
+    assert [t["rank"] for t in times] == [0, 1]
+    assert all(t["forwards"] > 50 and t["compute_s"] > 0 and t["wait_s"] > 0 for t in times), times
+    metrics = urllib.request.urlopen(f"{ranked.url}/metrics").read().decode()
+    assert 'specscope:rank_compute_seconds{rank="1"}' in metrics
+    assert "specscope:rank_broadcast_seconds_count" in metrics
 
 
 # -- faults ------------------------------------------------------------------------------------
