@@ -16,6 +16,7 @@ layer's all_sum then runs on no rank)."""
 from __future__ import annotations
 
 import weakref
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -134,6 +135,7 @@ class Replica:
     caches: dict[int, BatchCache] = field(default_factory=dict)
     stopped: bool = False
     times_asked: bool = False  # rank 0 gathers every rank's times after this message's forward
+    op_counts: Counter = field(default_factory=Counter)  # ops replayed, by code (what a test can ask)
 
     def apply(self, ints: list[int]) -> list[Forward]:
         """Replays a message's cache ops; returns its forwards for the caller to run, in
@@ -144,6 +146,7 @@ class Replica:
             op, cid, n = ints[i:i + 3]
             args = ints[i + 3:i + 3 + n]
             i += 3 + n
+            self.op_counts[op] += 1
             if op == NEW:
                 self.caches[cid] = BatchCache(self.model, args[0])
             elif op == DROP:
