@@ -97,7 +97,8 @@ def cmd_serve(argv: list[str]) -> int:
 def serve_ranks(args: argparse.Namespace, argv: list[str], config: ServeConfig) -> int:
     """Tensor parallel. Started by the user: launch the ranks (mlx.launch) and wait for them.
     Started by mlx.launch (MLX_RANK is set): be that rank -- rank 0 serves, the others follow."""
-    from engines.distributed.launch import check_hostfile, free_port_run, launch_command, run_ranks, this_rank
+    from engines.distributed.launch import (check_hostfile, free_port_run, launch_command, pin_local_rank, run_ranks,
+                                            this_rank)
 
     if args.ocr_model or args.no_chat:
         raise UsageError("--ranks / --hostfile split the chat model only: serve GLM-OCR from a server of its own")
@@ -118,7 +119,10 @@ def serve_ranks(args: argparse.Namespace, argv: list[str], config: ServeConfig) 
         ranks = check_hostfile(args.hostfile) if args.hostfile else args.ranks
         check_model_shardable(args.model, ranks)  # one line now, not one per rank later
         port = None if args.hostfile else free_port_run(ranks)
-        return run_ranks(launch_command(["serve", *argv], ranks, args.hostfile, port))
+        return run_ranks(launch_command(["serve", *argv], ranks, args.hostfile, port),
+                         local_ranks=None if args.hostfile else ranks)
+    if not args.hostfile:
+        pin_local_rank(rank, args.ranks)  # before MLX starts its threads
 
     import mlx.core as mx
 

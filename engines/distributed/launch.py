@@ -28,6 +28,21 @@ def this_rank() -> int | None:
     return int(value) if value is not None and value.isdigit() else None
 
 
+def pin_local_rank(rank: int, ranks: int) -> None:
+    """N ranks on one machine: each rank runs on its own share of the cores (Linux). Every split
+    layer makes the ranks wait for each other twice per forward; unpinned, the ranks' threads
+    (and OpenBLAS's spinning ones) fight over the same cores and each wait costs a scheduler
+    time slice. Measured here (2 cores, a 30-layer llama, one decode forward): 1020 ms unpinned
+    with OpenBLAS's default threads, 198 ms with one BLAS thread per rank, 83-103 ms pinned
+    (one process: 40 ms). Call it first thing: threads started later inherit the mask."""
+    if not hasattr(os, "sched_setaffinity"):  # macOS has no affinity API (and runs on Metal)
+        return
+    cpus = sorted(os.sched_getaffinity(0))
+    share = len(cpus) // ranks
+    if share:
+        os.sched_setaffinity(0, cpus[rank * share:(rank + 1) * share])
+
+
 def check_hostfile(path: str) -> int:
     """The number of hosts in an mlx.launch hostfile; one clear line for a wrong one."""
     p = Path(path).expanduser()
@@ -86,9 +101,12 @@ def launch_command(argv: list[str], ranks: int, hostfile: str | None, port: int 
     return cmd + ["--python", sys.executable, "--", "-m", "app", *argv]
 
 
-def run_ranks(cmd: list[str]) -> int:
-    """Run mlx.launch in a process group of its own, and leave no rank behind."""
+def run_ranks(cmd: list[str], local_ranks: int | None = None) -> int:
+    """Run mlx.launch in a process group of its own, and leave no rank behind. `local_ranks`:
+    all ranks on this machine -- each gets its share of the cores' BLAS threads."""
     env = dict(os.environ)
+    if local_ranks and "OPENBLAS_NUM_THREADS" not in env:
+        env["OPENBLAS_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // local_ranks))
     root = str(Path(__file__).resolve().parents[2])  # local ranks import this very checkout
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     # stdin: a pipe never written to. mlx.launch relays its stdin to the ranks with select();
