@@ -10,6 +10,9 @@ head is nearly free and every forward is the body's work.
    message rank 0 sends per forward (all_sum of 1024 int32) and of the all_sum every split
    layer makes twice per forward (attention output, MLP output), at a decode step's size
    (1 x 1 x 576 floats), a batch-of-4 verify's (4 x 6 x 576) and a prefill chunk's (1 x 512 x 576).
+   And one decode forward (one row, 20 tokens of context, median of 40) in one process and split
+   over 2 ranks: unpinned with OpenBLAS's default threads, unpinned with one BLAS thread per
+   rank, and pinned as `serve --ranks` pins them (each rank on its own core).
 2. Serving: 8 requests of the test words, 128 tokens, T=0, 1 and 4 clients at a time, plain and
    n-gram (5 drafts), against `specscope serve` in one process and with --ranks 2 (both
    --max-batch 4); aggregate tok/s, and the ranks' own totals (compute and wait seconds per rank,
@@ -77,18 +80,65 @@ def collectives() -> None:
         print(json.dumps(out), flush=True)
 
 
-def measure_collectives() -> dict:
-    launcher = Path(sys.executable).with_name("mlx.launch")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    out = subprocess.run([str(launcher), "-n", "2", "--backend", "ring", "--starting-port", str(port),
-                          "--python", sys.executable, "--", __file__, "--collectives"],
-                         capture_output=True, text=True, timeout=600, env=blas_env())
+def forward(ranks: int) -> None:
+    """Median time of one decode forward, this process's shard (ranks > 1) or the whole model."""
+    import mlx.core as mx
+
+    from engines.batch.cache import BatchCache
+    from engines.mlx_chat.loading import load_model
+
+    rank = 0
+    if ranks > 1:
+        from engines.distributed.engine import load_shard
+
+        group = mx.distributed.init(strict=True, backend="ring")
+        model, rank = load_shard(str(MODEL), group).model, group.rank()
+    else:
+        model = load_model(str(MODEL)).model
+    cache = BatchCache(model, 1)
+    cache.begin(20)
+    mx.eval(model(mx.array([[3] * 20], dtype=mx.uint32), cache=cache.layers))
+    cache.settle([20])
+    times = []
+    for _ in range(40):
+        t0 = time.perf_counter()
+        cache.begin(1)
+        mx.eval(model(mx.array([[5]], dtype=mx.uint32), cache=cache.layers))
+        cache.settle([1])
+        times.append(time.perf_counter() - t0)
+    if rank == 0:
+        print(json.dumps({"forward_ms": statistics.median(times) * 1000}), flush=True)
+
+
+def measure_forwards() -> dict:
+    out = {"1 process": _run([sys.executable, __file__, "--forward", "1"], blas_env())["forward_ms"]}
+    for name, extra in [("2 ranks, unpinned, default BLAS threads", {}),
+                        ("2 ranks, unpinned, 1 BLAS thread each", {"OPENBLAS_NUM_THREADS": "1"}),
+                        ("2 ranks, pinned (as serve --ranks)", {"OPENBLAS_NUM_THREADS": "1", "TP_BENCH_PIN": "1"})]:
+        out[name] = _launch(["--forward", "2"], blas_env() | extra)["forward_ms"]
+    return out
+
+
+def _run(cmd: list[str], env: dict) -> dict:
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
     line = [x for x in out.stdout.splitlines() if x.startswith("{")]
     if not line:
         raise RuntimeError(out.stderr)
     return json.loads(line[-1])
+
+
+def _launch(args: list[str], env: dict) -> dict:
+    launcher = Path(sys.executable).with_name("mlx.launch")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return _run([str(launcher), "-n", "2", "--backend", "ring", "--starting-port", str(port),
+                 "--python", sys.executable, "--", __file__, *args], env)
+
+
+def measure_collectives() -> dict:
+    return _launch(["--collectives"], blas_env())
+
 
 
 # -- 2. serving ---------------------------------------------------------------------------------
@@ -168,17 +218,30 @@ def measure_serving(ranks: int, levels: list[int], n: int, max_tokens: int) -> l
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--collectives", action="store_true", help=argparse.SUPPRESS)  # a rank of part 1
+    p.add_argument("--forward", type=int, default=0, help=argparse.SUPPRESS)  # a process of part 1
     p.add_argument("--levels", default="1,4")
     p.add_argument("--requests", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    p.add_argument("--forwards-only", action="store_true", help="parts 1 only: collectives and one forward")
     args = p.parse_args()
     if args.collectives:
         return collectives()
+    if args.forward:
+        if os.environ.get("TP_BENCH_PIN") and "MLX_RANK" in os.environ:
+            from engines.distributed.launch import pin_local_rank
+
+            pin_local_rank(int(os.environ["MLX_RANK"]), 2)
+        return forward(args.forward)
     build_model()
     comm = measure_collectives()
     for name, ms in comm.items():
         print(f"{name:<48} {ms:7.3f} ms (median)", file=sys.stderr, flush=True)
+    forwards = measure_forwards()
+    for name, ms in forwards.items():
+        print(f"decode forward, {name:<40} {ms:7.1f} ms (median)", file=sys.stderr, flush=True)
+    if args.forwards_only:
+        return
     levels = [int(x) for x in args.levels.split(",")]
     rows = measure_serving(1, levels, args.requests, args.max_tokens)
     rows += measure_serving(2, levels, args.requests, args.max_tokens)
@@ -189,7 +252,7 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "tensor_parallel.json"
-    path.write_text(json.dumps({"collectives_ms": comm, "layers": LAYERS, "hidden": HIDDEN,
+    path.write_text(json.dumps({"collectives_ms": comm, "decode_forward_ms": forwards, "layers": LAYERS, "hidden": HIDDEN,
                                 "serving": [{k: v for k, v in r.items() if k != "texts"} | {
                                     "identical_to_one_process": r.get("identical_to_one_process")} for r in rows]},
                                indent=1))
