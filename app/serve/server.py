@@ -192,6 +192,7 @@ def ranks_report(queues: dict) -> dict:
                                     "wait_s": round(t.wait_s, 6)} for r, t in enumerate(engine.times)],
                     "rank_broadcasts": engine.bus.sent, "rank_broadcast_s": round(engine.bus.comm_s, 6),
                     "last_step": None if step is None else {"wall_s": round(step.wall_s, 6),
+                                                            "compute_s": round(step.compute_s, 6),
                                                             "broadcast_s": round(step.broadcast_s, 6),
                                                             "forwards": step.forwards}}
     return {}

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 import mlx.core as mx
@@ -86,10 +86,13 @@ def load_rank_zero(path: str, draft_model: str | None, group: mx.distributed.Gro
 
 @dataclass
 class StepCost:
-    """One step on rank 0: its wall time, and the part spent in broadcasts to the followers
-    (the sharded layers' own all_sums run inside the forward and count as compute)."""
+    """One step on rank 0: its wall time, the time in its forwards (the split layers' own
+    all_sums run inside them and count here), and the time broadcasting to the followers.
+    Every Round of the step carries it (Round.ranks)."""
 
+    ranks: int
     wall_s: float
+    compute_s: float
     broadcast_s: float
     forwards: int
 
@@ -161,9 +164,13 @@ class RankZeroEngine(BatchEngine):
 
     # -- the step, bounded ---------------------------------------------------------------------
     def step(self):
-        t0, sent0, forwards0 = time.perf_counter(), self.bus.comm_s, self._forwards
+        t0, sent0, computed0, forwards0 = time.perf_counter(), self.bus.comm_s, self._compute_s, self._forwards
         out = self._bounded(super().step, "a step")
-        self.last_step = StepCost(time.perf_counter() - t0, self.bus.comm_s - sent0, self._forwards - forwards0)
+        self.last_step = StepCost(self.ranks, time.perf_counter() - t0, self._compute_s - computed0,
+                                  self.bus.comm_s - sent0, self._forwards - forwards0)
+        cost = asdict(self.last_step)
+        for _, rnd in out:
+            rnd.ranks = cost
         return out
 
     def idle(self) -> None:

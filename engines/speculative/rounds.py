@@ -48,13 +48,17 @@ class Round:
     finish: FinishReason | None = None
     note: str | None = None  # e.g. "speculation stopped: drafter raised ValueError(...)"
     draft_spans: list[tuple[int, int]] | None = None
+    ranks: dict | None = None  # tensor parallel only: this step's cost on rank 0 (engines/distributed StepCost)
 
     def __post_init__(self):
         if self.draft_spans is not None:  # read back from JSON as lists
             self.draft_spans = [(int(a), int(b)) for a, b in self.draft_spans]
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        if d["ranks"] is None:  # one process: the records stay as they were
+            del d["ranks"]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "Round":

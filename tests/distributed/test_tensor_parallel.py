@@ -75,6 +75,8 @@ def test_greedy_answers_equal_one_process(ranked, single, method):
         assert answer["choices"][0]["message"]["content"] == alone["choices"][0]["message"]["content"]
         if method != "off":
             assert answer["timings"]["draft_n"] > 0  # rank 0 drafted, the forward verified on both ranks
+        assert all(r["ranks"]["ranks"] == 2 and r["ranks"]["forwards"] >= 1 for r in answer["rounds"])
+        assert "ranks" not in alone["rounds"][0]  # one process: the records are as they were
 
 
 @pytest.mark.parametrize("method", list(METHODS))
