@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -97,8 +98,8 @@ def cmd_serve(argv: list[str]) -> int:
 def serve_ranks(args: argparse.Namespace, argv: list[str], config: ServeConfig) -> int:
     """Tensor parallel. Started by the user: launch the ranks (mlx.launch) and wait for them.
     Started by mlx.launch (MLX_RANK is set): be that rank -- rank 0 serves, the others follow."""
-    from engines.distributed.launch import (check_hostfile, free_port_run, launch_command, pin_local_rank, run_ranks,
-                                            this_rank)
+    from engines.distributed.launch import (check_hostfile, check_hosts_reachable, free_port_run, launch_command,
+                                            pin_local_rank, run_ranks, this_rank)
 
     if args.ocr_model or args.no_chat:
         raise UsageError("--ranks / --hostfile split the chat model only: serve GLM-OCR from a server of its own")
@@ -117,6 +118,8 @@ def serve_ranks(args: argparse.Namespace, argv: list[str], config: ServeConfig) 
         from engines.distributed.engine import check_model_shardable
 
         ranks = check_hostfile(args.hostfile) if args.hostfile else args.ranks
+        if args.hostfile:
+            check_hosts_reachable(args.hostfile)
         check_model_shardable(args.model, ranks)  # one line now, not one per rank later
         port = None if args.hostfile else free_port_run(ranks)
         return run_ranks(launch_command(["serve", *argv], ranks, args.hostfile, port),
@@ -126,11 +129,20 @@ def serve_ranks(args: argparse.Namespace, argv: list[str], config: ServeConfig) 
 
     import mlx.core as mx
 
-    from engines.distributed.bus import Bus
+    from engines.distributed.bus import Bus, Watchdog
     from engines.distributed.engine import RankZeroEngine, follow, load_rank_zero, load_shard
 
+    def unconnected(what: str) -> None:
+        print(f"specscope serve: rank {rank}: the ranks did not connect within {args.rank_timeout:.0f} s "
+              "(a rank that did not start, or a hostfile's ips this machine cannot reach); exiting",
+              file=sys.stderr, flush=True)
+        os._exit(1)
+
+    watchdog = Watchdog(args.rank_timeout, unconnected).start()
+    watchdog.arm("connecting")
     group = mx.distributed.init(strict=True, backend="ring")
     bus = Bus.join(group)
+    watchdog.disarm()
     limit_memory(args.memory_limit)
     if rank != 0:
         try:

@@ -68,6 +68,28 @@ def check_hostfile(path: str) -> int:
     return len(hosts)
 
 
+def check_hosts_reachable(path: str) -> None:
+    """mlx.launch starts a rank on another machine over ssh, without a password: try that
+    first (a host that is down, unknown or asks for a password is one line now, not a hang)."""
+    data = json.loads(Path(path).expanduser().read_text())
+    hosts = data.get("hosts") if isinstance(data, dict) else data
+    for h in hosts:
+        name = h["ssh"]
+        if name == "127.0.0.1":  # mlx.launch runs this one without ssh
+            continue
+        try:
+            out = subprocess.run(["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", name, "true"],
+                                 capture_output=True, text=True, timeout=20, stdin=subprocess.DEVNULL)
+            problem = None if out.returncode == 0 else (out.stderr.strip().splitlines() or [f"exit {out.returncode}"])[-1]
+        except FileNotFoundError:
+            problem = "no ssh command on this machine"
+        except subprocess.TimeoutExpired:
+            problem = "no answer in 20 s"
+        if problem:
+            raise EngineError(f"--hostfile {path}: cannot reach {name} over ssh ({problem}); mlx.launch starts "
+                              "each rank with ssh, without a password (docs/distributed.md)")
+
+
 def free_port_run(count: int) -> int:
     """A port p with p .. p+count-1 free on loopback (the ring's listening ports)."""
     for _ in range(50):

@@ -5,6 +5,7 @@ divide, and what tensor parallel does not serve (GLM-OCR). In process: no rank i
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -69,3 +70,12 @@ def test_the_gemma4_pair_is_refused_in_one_line(dense_pair, capsys):
     line = refused(capsys, "--model", str(dense_pair.target), "--ranks", "2", "--spec", "mtp",
                    "--draft-model", str(dense_pair.assistant))
     assert "cannot split a 'gemma4" in line, line
+
+
+@pytest.mark.skipif(not shutil.which("ssh"), reason="needs an ssh client")
+def test_a_host_that_cannot_be_reached_is_one_line(tmp_path, llama, capsys):
+    hostfile = tmp_path / "hosts.json"
+    hostfile.write_text(json.dumps([{"ssh": "127.0.0.1", "ips": ["127.0.0.1"]},
+                                    {"ssh": "mac-2.invalid", "ips": ["10.0.0.2"]}]))
+    line = refused(capsys, "--model", llama, "--hostfile", str(hostfile))
+    assert "cannot reach mac-2.invalid over ssh" in line, line
