@@ -130,9 +130,12 @@ class RankZeroEngine(BatchEngine):
     def new_cache(self, rows: int) -> BatchCache:
         return MirroredCache(self.model, rows, self.log)
 
-    def _forward(self, cache: MirroredCache, rows: list[list[int]]) -> mx.array:
+    def _forward(self, cache: MirroredCache, rows: list[list[int]]) -> mx.array | None:
         """Announce the forward (and the cache ops before it), then run it with the followers.
-        A prefill chunk's logits are never read: only its KV is evaluated, on every rank."""
+        A prefill chunk's logits are never read (BatchEngine._admit drops them): only its KV is
+        evaluated, on every rank, and None is returned -- a caller that came to read them would
+        fail at once here, where evaluating them later would start a collective on rank 0
+        alone and hang every rank until the watchdog."""
         width = max(len(r) for r in rows)
         padded = [r + [r[-1]] * (width - len(r)) for r in rows]
         evaluate = KV_ONLY if (cache is not self.cache and len(rows) == 1 and width > 1) else LOGITS
@@ -149,7 +152,7 @@ class RankZeroEngine(BatchEngine):
             self.checked += 1
         if gather:
             self._gather_times()
-        return logits
+        return None if evaluate == KV_ONLY else logits
 
     def _times_due(self) -> bool:
         """Ask for every rank's times (they ride in the next message) at most once a second."""
