@@ -227,6 +227,7 @@ def follow(model, bus: Bus, timeout_s: float = DEFAULT_TIMEOUT_S, say=None) -> i
 
     def silent(what: str) -> None:
         say(f"rank 0 sent nothing for {timeout_s:.0f} s ({bus.describe_loss(timeout_s)}); exiting")
+        bus.end_local_peers()  # a stopped rank 0 would keep mlx.launch waiting forever
         os._exit(1)
 
     watchdog = Watchdog(timeout_s, silent).start()
@@ -248,6 +249,7 @@ def follow(model, bus: Bus, timeout_s: float = DEFAULT_TIMEOUT_S, say=None) -> i
                 bus.gather_times(times)
         except RuntimeError as e:
             say(f"{bus.describe_loss()} ({e}); exiting")
+            bus.end_local_peers()
             return 1
         finally:
             watchdog.disarm()

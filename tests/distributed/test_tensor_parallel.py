@@ -169,6 +169,20 @@ def test_a_lost_rank_answers_503_and_every_process_exits(llama, tmp_path, fault)
         server.stop()
 
 
+def test_a_stopped_rank_zero_is_ended_by_its_follower(llama, tmp_path):
+    """Rank 0 itself hangs: no 503 can come from it, but the follower hears no heartbeat, says
+    so in one line, and ends the job: every process gone within the timeout and a few seconds."""
+    server = start_rank_server(llama, tmp_path, "--rank-timeout", "5")
+    try:
+        rank0 = server.rank_pid(0)
+        os.kill(rank0, signal.SIGSTOP)
+        wait_gone(server, 30)
+        lines = [line for line in server.stderr().splitlines() if line.startswith("specscope serve: rank 1:")]
+        assert len(lines) == 1 and "rank 0 sent nothing for 5 s" in lines[0] and "stopped" in lines[0], server.stderr()
+    finally:
+        server.stop()
+
+
 def test_a_model_over_one_process_memory_limit_runs_on_two(tp_dir, tmp_path):
     from tests.engines.mlx_chat import checkpoints
     from tests.reliability.test_cli_faults import specscope
