@@ -31,6 +31,7 @@ from engines.concurrent_runs import run_clients, summarize  # noqa: E402
 
 VENV = Path(sys.executable).parent
 HF_COPY = Path("/tmp/specscope-bench/smollm2-hf")
+DRAFT = HF_COPY.parent / "smollm2-first8"
 
 
 def servers(port: int) -> dict[str, tuple[list[str], SpecConfig]]:
@@ -39,6 +40,10 @@ def servers(port: int) -> dict[str, tuple[list[str], SpecConfig]]:
         "specscope-ngram-b1": (serve + ["--spec", "ngram", "--steps", "5", "--max-batch", "1"], SpecConfig("ngram", 5)),
         "specscope-ngram-b8": (serve + ["--spec", "ngram", "--steps", "5", "--max-batch", "8"], SpecConfig("ngram", 5)),
         "specscope-off-b8": (serve + ["--spec", "off", "--max-batch", "8"], SpecConfig("off", 0)),
+        # a poor draft model (SmolLM2's first 8 layers, bench/smollm2_truncated_draft.py: drafts
+        # rarely accepted): what the batch controller does with drafts that do not pay
+        "specscope-draft-b8": (serve + ["--spec", "draft", "--steps", "3", "--draft-model", str(DRAFT), "--max-batch", "8"],
+                               SpecConfig("draft", 3, draft_model=str(DRAFT))),
         "mlx_lm.server": ([str(VENV / "python"), "-m", "mlx_lm.server", "--model", str(HF_COPY), "--port", str(port),
                            "--max-tokens", "128"], SpecConfig("off", 0)),
     }
@@ -75,6 +80,26 @@ def peak_rss_mb(pid: int) -> int | None:
     return None
 
 
+def spec_stats(url: str) -> dict | None:
+    """Our server's /v1/spec_decode/metrics (None for a server without it)."""
+    try:
+        return json.loads(urllib.request.urlopen(f"{url}/v1/spec_decode/metrics", timeout=5).read())
+    except (OSError, ValueError):
+        return None
+
+
+def drafting(before: dict | None, after: dict | None) -> dict:
+    """What the batch controller chose over a level: drafts asked per row and step (its cap,
+    where it capped), and the share of row-steps that drafted nothing."""
+    if not before or not after or "total_asked" not in after:
+        return {}
+    steps = after["total_steps"] - before["total_steps"]
+    if not steps:
+        return {}
+    return {"k_mean": (after["total_asked"] - before["total_asked"]) / steps,
+            "no_draft_share": (after["total_fallback_steps"] - before["total_fallback_steps"]) / steps}
+
+
 def blas_env() -> dict:
     from app.launch import system_openblas
 
@@ -109,13 +134,16 @@ def measure(name: str, cmd: list[str], spec: SpecConfig, port: int, levels: list
         run_clients(make, requests[:2], 2)  # warm-up (and every kernel shape of a 2-batch)
         rows = []
         for c in levels:
+            before = spec_stats(url)
             records, wall = run_clients(make, requests, c)
-            s = summarize(records, wall)
+            s = summarize(records, wall) | drafting(before, spec_stats(url))
             rows.append({"server": name, "concurrency": c, **s, "texts": [r.text for r in records]})
             print(f"{name:<32} c={c}: {s['aggregate_tok_s']:6.1f} tok/s aggregate, per request "
                   f"{s['per_request_decode_tok_s_median'] or 0:5.1f}, TTFT p50 {s['ttft_p50_s']:.2f} s, "
                   f"latency p50 {s['latency_p50_s']:.2f} / p95 {s['latency_p95_s']:.2f} s, "
-                  f"acceptance {s['acceptance'] if s['acceptance'] is not None else '-'}", file=sys.stderr, flush=True)
+                  f"acceptance {s['acceptance'] if s['acceptance'] is not None else '-'}"
+                  + (f", drafts asked per row-step {s['k_mean']:.2f}, steps without drafts {s['no_draft_share']:.0%}"
+                     if s.get("k_mean") is not None else ""), file=sys.stderr, flush=True)
         peak = peak_rss_mb(proc.pid)
         for row in rows:
             row["server_peak_rss_mb"] = peak
@@ -132,7 +160,8 @@ def measure(name: str, cmd: list[str], spec: SpecConfig, port: int, levels: list
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--levels", default="1,2,4,8")
-    ap.add_argument("--servers", default=None, help="comma-separated: specscope-ngram-b1, specscope-ngram-b8, specscope-off-b8, mlx_lm.server (default: all)")
+    ap.add_argument("--servers", default=None, help="comma-separated: specscope-ngram-b1, specscope-ngram-b8, specscope-off-b8, "
+                    "specscope-draft-b8, mlx_lm.server (default: all)")
     ap.add_argument("--requests", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
@@ -141,6 +170,10 @@ def main() -> None:
         from bench.smollm2_hf_layout import main as export
 
         export(HF_COPY)
+    if not (DRAFT / "config.json").exists():
+        from bench.smollm2_truncated_draft import truncated
+
+        truncated(8, DRAFT)
     levels = [int(x) for x in args.levels.split(",")]
     port = free_port()
     table = servers(port)

@@ -42,13 +42,26 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
+def steps_value(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 0..{MAX_STEPS} or auto, got {text!r}") from None
+
+
 def add_spec_arguments(p: argparse.ArgumentParser, methods: list[str], default_method: str) -> None:
     p.add_argument("--spec", choices=methods, default=default_method, help=f"speculation method (default {default_method})")
-    p.add_argument("--steps", type=int, default=None, help=f"drafts per round, 0..{MAX_STEPS} (0 = plain decoding; "
-                   f"default per method: {', '.join(f'{m} {DEFAULT_STEPS[m]}' for m in methods if m != 'off')})")
+    p.add_argument("--steps", type=steps_value, default=None, help=f"drafts per round, 0..{MAX_STEPS} (0 = plain decoding; "
+                   f"default per method: {', '.join(f'{m} {DEFAULT_STEPS[m]}' for m in methods if m != 'off')}), "
+                   "or auto: per round, what this machine's measured costs say pays (`specscope tune` measures them)")
     p.add_argument("--preset", choices=sorted(PRESETS), default=None, help="block-size preset (B counts the target token)")
     p.add_argument("--adaptive", action="store_true", help="adapt the draft length to acceptance")
     p.add_argument("--skip-streak", type=int, default=0, help="skip drafting once after N zero-accept rounds (0 = off)")
+    if {"draft", "mtp"} & set(methods):
+        p.add_argument("--with-ngram", action="store_true", help="with --spec draft|mtp: n-gram lookup beside the "
+                       "drafter; each round drafts from whichever this run's costs and acceptance expect to pay more")
     if "ngram" in methods:  # the n-gram lookup's own settings, only where it can be chosen
         p.add_argument("--ngram-min", type=int, default=1, help="n-gram lookup: shortest suffix to match")
         p.add_argument("--ngram-max", type=int, default=4, help="n-gram lookup: longest suffix to match")
@@ -73,7 +86,8 @@ def spec_config(args: argparse.Namespace, builtin_drafter: bool = False) -> Spec
     its own MTP layer (GLM-OCR), so --spec mtp needs no --draft-model."""
     method = args.spec
     preset = PRESETS[args.preset] if args.preset else None
-    if args.steps is not None:
+    auto = args.steps == "auto"
+    if args.steps is not None and not auto:
         steps = args.steps
     elif preset:
         steps = preset.steps
@@ -91,7 +105,17 @@ def spec_config(args: argparse.Namespace, builtin_drafter: bool = False) -> Spec
         draft_model=draft_model,
         ngram_min=getattr(args, "ngram_min", 1),
         ngram_max=getattr(args, "ngram_max", 4),
+        compose_ngram=getattr(args, "with_ngram", False) and method in ("draft", "mtp"),
+        auto=auto,
+        profile=str(profiles_dir()) if auto else None,
     )
+
+
+def profiles_dir():
+    """Where `specscope tune` keeps its profiles (one per machine, model and drafter)."""
+    from app.settings import data_dir
+
+    return data_dir() / "profiles"
 
 
 def sampling(args: argparse.Namespace) -> Sampling:

@@ -23,6 +23,8 @@ def parser() -> Parser:
     p = Parser(prog="specscope drafter train", description="Train an MTP drafter for a chat model, on this machine.")
     p.add_argument("--model", default=None, help=f"the target: catalog id, hub repo id or path (default {DEFAULT_MODEL})")
     p.add_argument("--data", nargs="+", default=[], metavar="FILE", help="your own text files to learn from (UTF-8)")
+    p.add_argument("--sessions", action="store_true",
+                   help="learn from your saved chat sessions too (their prompts and answers; they stay on this machine)")
     p.add_argument("--prompts", default=None, metavar="FILE",
                    help="prompts the target answers to make training data (JSON list or {\"prompts\": [...]}; "
                         "default: the shipped set; 'none' = only --data)")
@@ -60,11 +62,13 @@ def train(args) -> int:
         if value is not None and value <= 0:
             raise UsageError(f"--{name.replace('_', '-')} must be positive")
     read_text_files(args.data)  # an empty or unreadable file is said now, before the model loads
-    if args.prompts and args.prompts != "none" and not Path(args.prompts).is_file():
-        raise UsageError(f"cannot read prompts file {args.prompts}")
     out = Path(args.out).expanduser()
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {args.out} is a file, not a directory")
+    if args.sessions:
+        args.data = args.data + [saved_chats_file(out)]
+    if args.prompts and args.prompts != "none" and not Path(args.prompts).is_file():
+        raise UsageError(f"cannot read prompts file {args.prompts}")
     minutes = args.minutes if args.minutes is not None or args.steps is not None else DEFAULT_MINUTES
     config = TrainConfig(out=out, data_files=args.data, prompts_file="" if args.prompts == "none" else args.prompts,
                          answer_tokens=args.answer_tokens, steps=args.steps, minutes=minutes, seed=args.seed,
@@ -101,6 +105,21 @@ def train(args) -> int:
                   file=sys.stderr)
     print(out)
     return 0
+
+
+def saved_chats_file(out: Path) -> str:
+    """The saved chat sessions as one text file in the drafter's directory: a resumed run reads
+    the same data (the features cache is keyed by it), and the card names it."""
+    from app.records.sessions import chat_texts, sessions_dir
+
+    texts = chat_texts()
+    if not texts:
+        raise UsageError(f"--sessions: no saved chat session with an answer in {sessions_dir()}")
+    path = out / "data" / "saved-chats.txt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists():  # written once: a resumed run trains on what the first run read
+        path.write_text("\n\n".join(text for _, text in texts) + "\n", encoding="utf-8")
+    return str(path)
 
 
 def target_path(model_id: str) -> str:

@@ -1,4 +1,4 @@
-"""The command line's top: `specscope chat | ocr | bench | convert | models | serve | drafter` to the
+"""The command line's top: `specscope chat | ocr | bench | convert | models | serve | drafter | tune` to the
 command's module, no command to the window (app.gui.startup); every error the commands raise
 becomes one line on stderr and an exit code here. No Qt is imported unless the window opens.
 """
@@ -37,8 +37,14 @@ def cmd_drafter(argv: list[str]) -> int:
     return drafter(argv)
 
 
+def cmd_tune(argv: list[str]) -> int:
+    from app.cli.tune import cmd_tune as tune  # imported when used: the model loads
+
+    return tune(argv)
+
+
 COMMANDS = {"chat": cmd_chat, "ocr": cmd_ocr, "bench": cmd_bench, "convert": cmd_convert, "models": cmd_models,
-            "serve": cmd_serve, "drafter": cmd_drafter}
+            "serve": cmd_serve, "drafter": cmd_drafter, "tune": cmd_tune}
 
 TOP_HELP = f"""usage: specscope [--screenshot PATH --chat PROMPT | --ocr FILE...] [options]   (opens the window)
        specscope {{{','.join(COMMANDS)}}} ...                              (command line)
@@ -50,6 +56,7 @@ TOP_HELP = f"""usage: specscope [--screenshot PATH --chat PROMPT | --ocr FILE...
   models    list | get ID | rm ID | add PATH | path ID: the model catalog and downloads
   serve     an OpenAI-compatible server over the engines, with speculation counters
   drafter   train ...: train an MTP drafter for a chat model on this machine (--spec mtp uses it)
+  tune      measure this machine's speculation costs for a model (--steps auto chooses from them)
 
 `specscope COMMAND --help` for a command's options."""
 

@@ -33,6 +33,8 @@ def serve_parser(parser_class) -> argparse.ArgumentParser:
     p.add_argument("--queue-size", type=int, default=4, help="requests that may wait for a row of the batch (or behind the running one)")
     p.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH,
                    help=f"chat requests decoded together, one target forward per step (default {DEFAULT_MAX_BATCH}; 1 = one at a time)")
+    p.add_argument("--prompt-cache", type=int, default=512, metavar="MB",
+                   help="prompts read before, kept for requests that start the same (default 512 MB; 0 = off)")
     p.add_argument("--allowed-hosts", type=comma_list, default=(), metavar="NAME,...",
                    help="Host names served besides localhost, 127.0.0.1 and [::1] (a reverse proxy, a .local name)")
     p.add_argument("--allowed-origins", type=comma_list, default=(), metavar="ORIGIN,...",
@@ -59,7 +61,8 @@ def cmd_serve(argv: list[str]) -> int:
 
     args = serve_parser(Parser).parse_args(argv)
     config = ServeConfig(host=args.host, port=args.port, api_key=args.api_key, insecure=args.insecure,
-                         queue_size=args.queue_size, max_batch=args.max_batch, allowed_hosts=args.allowed_hosts,
+                         queue_size=args.queue_size, max_batch=args.max_batch, prompt_cache_mb=args.prompt_cache,
+                         allowed_hosts=args.allowed_hosts,
                          allowed_origins=args.allowed_origins)
     config.check()
     if not 0 < args.port < 65536:

@@ -153,6 +153,26 @@ def list_sessions(folder: Path | None = None, limit: int = 200) -> list[SessionE
     return entries
 
 
+def chat_texts(folder: Path | None = None) -> list[tuple[str, str]]:
+    """Each saved chat session as (file name, its prompt and the answer it received): the
+    user's own conversations, as text a drafter can learn from (`specscope drafter train
+    --sessions`). OCR sessions and chats that produced no text are left out."""
+    folder = folder or sessions_dir()
+    if not folder.is_dir():
+        return []
+    out = []
+    for path in sorted(folder.glob("*.ndjson")):
+        try:
+            saved = load_session(path)
+        except (OSError, UnicodeDecodeError):
+            continue  # unreadable: not worth stopping a training run for
+        request, answer = saved.session.request, saved.session.text.strip()
+        if request.get("kind", "chat") != "chat" or not answer:
+            continue
+        out.append((path.name, f"{request.get('prompt') or ''}\n\n{answer}".strip()))
+    return out
+
+
 def crashed_sessions(folder: Path | None = None) -> list[SessionEntry]:
     """Runs that never ended (no "end" line) and whose writing process is gone: the app was
     killed or crashed mid-run. Newest first. A run still being written by another window of

@@ -59,6 +59,7 @@ class BatchQueue:
         self.metrics = metrics
         self.check_prompt = check_prompt
         self.admitted = 0
+        self.prefix_seen = (0, 0)  # the prompt cache's token counts already in /metrics
         self.lock = threading.Lock()
         self.inbox: queue.Queue = queue.Queue()
         self.sinks: dict[int, Admission] = {}  # sequence id -> its request
@@ -186,6 +187,11 @@ class BatchQueue:
             self.admitted -= 1
 
     def _gauges(self) -> None:
+        cache = self.engine.prompt_cache
+        if cache is not None:  # counters move by what the step added
+            self.metrics.prefix_queries.inc(cache.asked_tokens - self.prefix_seen[0])
+            self.metrics.prefix_hits.inc(cache.hit_tokens - self.prefix_seen[1])
+            self.prefix_seen = (cache.asked_tokens, cache.hit_tokens)
         running = self.engine.size
         self.metrics.requests_running.set(running)
         self.metrics.requests_waiting.set(len(self.engine.joining))

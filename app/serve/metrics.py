@@ -56,6 +56,8 @@ class ServeMetrics:
         self.rank_wait = Gauge(PREFIX + "rank_wait_seconds", "Tensor parallel: seconds waiting on rank 0's messages "
                                "(rank 0: sending them), per rank", ("rank",), registry=r)
         self.rank_forwards = Gauge(PREFIX + "rank_forwards", "Tensor parallel: forwards run, per rank", ("rank",), registry=r)
+        self.prefix_queries = counter("prefix_cache_queries", "Prompt tokens looked up in the prompt cache")
+        self.prefix_hits = counter("prefix_cache_hits", "Prompt tokens found in the prompt cache (not read again)")
         self.spec = SpecDecodeStats()
 
     def observe_step(self, batch_size: int, seconds: float) -> None:
@@ -97,6 +99,7 @@ class SpecDecodeStats:
 
     def __init__(self):
         self.steps = self.fallback_steps = self.proposed = self.accepted = self.bonus = self.tokens = 0
+        self.asked = 0  # drafts asked over all steps: the batch controller's cap, where it capped
         self.ema: float | None = None
         self.current_k = 0
 
@@ -106,6 +109,7 @@ class SpecDecodeStats:
         self.steps += 1
         self.tokens += len(rnd.tokens)
         self.current_k = rnd.steps or 0
+        self.asked += self.current_k
         if not rnd.proposed:
             self.fallback_steps += 1
             return
@@ -126,4 +130,5 @@ class SpecDecodeStats:
             "total_accepted": self.accepted,
             "total_bonus_tokens": self.bonus,
             "current_k": self.current_k,
+            "total_asked": self.asked,
         }

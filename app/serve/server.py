@@ -54,6 +54,7 @@ class ServeConfig:
     queue_size: int = 4  # requests that may wait for the engine (or for a row of the batch)
     max_batch: int = DEFAULT_MAX_BATCH  # chat sequences per target forward; 1 = one at a time
     memory_bytes: int | None = None  # the machine's memory for the batch's check (None: measured)
+    prompt_cache_mb: int = 512  # prompts read before, kept for requests that start the same (0: off)
     allowed_hosts: tuple[str, ...] = ()  # Host names served besides the loopback ones (app/serve/guard.py)
     allowed_origins: tuple[str, ...] = ()  # browser origins that may call (CORS); others get 403
     ranks: int = 1  # processes the chat model is split over (tensor parallel; /health says it)
@@ -66,6 +67,8 @@ class ServeConfig:
             raise EngineError("--queue-size must be >= 0")
         if not 1 <= self.max_batch <= 64:
             raise EngineError("--max-batch must be in 1..64")
+        if self.prompt_cache_mb < 0:
+            raise EngineError("--prompt-cache must be >= 0 (MB; 0 turns it off)")
 
 
 @dataclass
@@ -168,6 +171,7 @@ def batch_queue(served: Served, config: ServeConfig, metrics: ServeMetrics):
     from app.serve.batching import BatchQueue
     from engines.batch.cache import UnbatchableModel, check_memory, physical_memory
     from engines.batch.engine import BatchEngine
+    from engines.batch.prompt_cache import PromptCache
 
     try:
         engine = BatchEngine(served.engine, max_batch=config.max_batch)
@@ -175,8 +179,11 @@ def batch_queue(served: Served, config: ServeConfig, metrics: ServeMetrics):
         print(f"specscope serve: {served.model.id} runs one request at a time: {e}", file=sys.stderr, flush=True)
         return None
     weights = sum(v.nbytes for _, v in tree_flatten(served.engine.model.parameters()))
-    check_memory(served.engine.model, config.max_batch, served.engine.context_length or 4096, weights,
+    kept = config.prompt_cache_mb * 2**20
+    check_memory(served.engine.model, config.max_batch, served.engine.context_length or 4096, weights + kept,
                  config.memory_bytes or physical_memory())
+    if kept:
+        engine.prompt_cache = PromptCache(engine.prefill_chunk, kept)
     return BatchQueue(engine, config.queue_size, metrics, check_prompt)
 
 

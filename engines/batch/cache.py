@@ -101,10 +101,12 @@ class SlotTable:
 
     # -- rows and slots ----------------------------------------------------------------------
     def keep_mask(self) -> np.ndarray:
-        """Slots some future query may still read."""
+        """Slots some future query may still read. A windowed row keeps one position more than
+        its next query sees: an MTP drafter's sliding layers read the window of the row's
+        last kept token (engines/batch/mtp.py)."""
         live = self.pos >= 0
         if self.window:
-            live &= self.pos > (self.next_pos[:, None] - self.window)
+            live &= self.pos >= (self.next_pos[:, None] - self.window)
         return live
 
     def reclaimable(self) -> int:
@@ -309,7 +311,7 @@ def check_memory(model: Any, max_batch: int, context: int, weights_bytes: int, t
     if need > room:
         gb = lambda n: f"{n / 2**30:.1f} GB"  # noqa: E731
         raise EngineError(f"--max-batch {max_batch} x {context} tokens of context needs {gb(need)} of KV cache, "
-                          f"but this machine ({gb(total_bytes)}, {gb(weights_bytes)} of it the weights) has room for "
+                          f"but this machine ({gb(total_bytes)}, {gb(weights_bytes)} of it the weights and the prompt cache) has room for "
                           f"{gb(max(room, 0))}: lower --max-batch")
 
 

@@ -20,48 +20,13 @@ cap: it only changes how many drafts are offered.
 
 from __future__ import annotations
 
-import bisect
-import itertools
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass
 
+from engines.speculative.costs import StepCosts
 from engines.speculative.schedule import MAX_STEPS
 
-
-@dataclass
-class StepCosts:
-    """Measured seconds of a step per forward size (tokens = rows x width): an average per size
-    seen, linear between sizes, the slope of the largest two beyond them, and never cheaper for
-    more tokens. Why not one straight line through all: on a CPU a forward of a few tokens costs
-    about what one token does (reading the weights dominates) and grows linearly once compute
-    dominates; a line would price small forwards too dear and large ones too cheap."""
-
-    ema: float = 0.2  # weight of the newest step at its size
-    seconds: dict[int, float] = field(default_factory=dict)
-
-    def observe(self, tokens: int, seconds: float) -> None:
-        old = self.seconds.get(tokens)
-        self.seconds[tokens] = seconds if old is None else (1 - self.ema) * old + self.ema * seconds
-
-    @property
-    def ready(self) -> bool:
-        return len(self.seconds) >= 2
-
-    def at(self, tokens: int) -> float:
-        sizes = sorted(self.seconds)
-        costs = list(itertools.accumulate((self.seconds[t] for t in sizes), max))  # non-decreasing
-        if tokens <= sizes[0]:
-            return costs[0]
-        if tokens >= sizes[-1]:
-            slope = max(0.0, (costs[-1] - costs[-2]) / (sizes[-1] - sizes[-2])) if len(sizes) > 1 else 0.0
-            return costs[-1] + slope * (tokens - sizes[-1])
-        j = bisect.bisect_left(sizes, tokens)
-        if sizes[j] == tokens:
-            return costs[j]
-        w = (tokens - sizes[j - 1]) / (sizes[j] - sizes[j - 1])
-        return costs[j - 1] + w * (costs[j] - costs[j - 1])
-
-    def cost(self, batch: int, width: int) -> float:
-        return self.at(batch * width)
+__all__ = ["DraftBudget", "RowOdds", "StepCosts", "expected_tokens", "row_acceptance", "row_odds"]
 
 
 def expected_tokens(k: int, acceptance: float) -> float:
@@ -90,10 +55,14 @@ class DraftBudget:
             self.cap = MAX_STEPS
             return self.cap
         batch = len(rows)
+        # A step is as wide as its longest row: 1 + k if any row offers drafts, else 1 (n-gram
+        # rows with no match offer none).
+        none_offer = math.prod(1.0 - r.offers for r in drafting)
 
         def rate(k: int) -> float:
             tokens = sum(r.expected_tokens(k) for r in drafting) + (batch - len(drafting))
-            return tokens / self.costs.cost(batch, 1 + k)
+            cost = (1 - none_offer) * self.costs.cost(batch, 1 + k) + none_offer * self.costs.cost(batch, 1)
+            return tokens / cost
 
         self.cap = max(range(MAX_STEPS + 1), key=rate)
         return self.cap

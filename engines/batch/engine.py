@@ -3,25 +3,27 @@ speculation (THE batch loop is `BatchEngine.step`).
 
 One step:
 
-    admit     sequences waiting for a slot start reading their prompt; one prefill chunk of
-              one joining sequence runs per step (so a long prompt never stalls the running
-              streams); a sequence whose prompt is read reports its first token and joins.
+    admit     sequences waiting for a slot read their prompts, up to one prefill chunk's worth
+              of tokens per step (so a long prompt never stalls the running streams, and
+              several short ones join at once); a sequence whose prompt is read reports its
+              first token and joins.
     draft     every running sequence asks its own schedule for k (0..7), within the batch-aware
-              controller's cap (controller.py), and drafts: its own n-gram index, or its row of
-              a draft model shared by the batch (drafter.py) -- rows may differ in k.
+              controller's cap (controller.py), and drafts: its own n-gram index, its row of a
+              draft model shared by the batch (drafter.py), or its row of an MTP drafter shared
+              by the batch (mtp.py: the Gemma 4 assistant, a drafter trained here, reading the
+              row's own target K/V) -- rows may differ in k.
     verify    one target forward over [pending token, drafts, padding] of every row; each
               row's verdict from its own slice: greedy at T=0, rejection sampling at T>0 on
               the sequence's own RNG key, so what a request receives never depends on who
               shares its batch.
     rollback  each row keeps its pending token and accepted drafts; its rejected drafts and
-              padding die in the cache's slot table (engines/batch/cache.py), nothing moves.
+              padding die in the cache's slot table (engines/batch/cache.py), nothing moves;
+              an MTP row keeps the target's hidden state at its last accepted position.
     report    each row's Round, built by the same code as a lone run's (ChatEngine's clip and
               round helpers: EOS, max_tokens, repetition stop, stop strings held back); rows
               that finished, were cancelled or whose client left, leave; their slots free.
 
-A lone request is a batch of one (`generate`). What a batch cannot do yet is said, not hidden:
-the Gemma 4 assistant (MTP) reads the target's hidden state and single-stream KV, so an MTP
-request in a batch decodes plainly and its first Round says why.
+A lone request is a batch of one (`generate`).
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ from engines.types import EngineError, OnPrefill, PrefillProgress, Request, Samp
 from engines.batch.cache import BatchCache, check_batchable
 from engines.batch.controller import DraftBudget, row_odds
 from engines.batch.drafter import BatchDrafter, DraftRow
+from engines.batch.mtp import BatchMTP, MTPRow
+from engines.batch.prompt_cache import PromptCache
 from engines.mlx_chat import sampling as mxs
 from engines.mlx_chat.context import check_fits
 from engines.mlx_chat.engine import ChatEngine, Run, Step
@@ -50,9 +54,6 @@ from engines.speculative.stops import TextStream
 from engines.speculative.repetition import detector_for
 from engines.speculative.verify import Verdict, verify_greedy, verify_sampled
 from engines.validation import validate
-
-NOT_BATCHED = {"mtp": "the Gemma 4 assistant (MTP) is not batched yet: this request decodes plainly in the batch"}
-
 
 @dataclass(eq=False)  # a sequence is itself: compared (and removed from queues) by identity
 class Sequence:
@@ -96,6 +97,7 @@ class RowStep:
     argmax: mx.array | None = None  # [k+1] at T=0
     sampled: mxs.SampledVerdict | None = None  # T>0 with drafts
     token: mx.array | None = None  # T>0 plain: [1]
+    hidden: mx.array | None = None  # [width, D] the target's final hidden states (MTP rows)
 
 
 @dataclass
@@ -111,6 +113,8 @@ class BatchEngine:
     compact_min_slots: int = 64  # compact a table once this many columns are dead in every row
     budget: DraftBudget | None = field(default_factory=DraftBudget.new)  # None: rows draft what they ask
     drafters: dict[str, BatchDrafter] = field(default_factory=dict)  # draft model path -> its batch
+    mtps: dict[str, BatchMTP] = field(default_factory=dict)  # MTP drafter path -> its batch
+    prompt_cache: PromptCache | None = None  # prompts read before (None: every prompt is read)
     _ids: itertools.count = field(default_factory=itertools.count)
 
     def __post_init__(self):
@@ -151,9 +155,7 @@ class BatchEngine:
         check_fits(len(prompt), request.max_tokens, self.chat.context_length)
         proposer, note = self._proposer(request)
         spec = request.spec
-        schedule = DraftSchedule(0)
-        if proposer is not None:
-            schedule = DraftSchedule(spec.steps, spec.adaptive, spec.min_steps, spec.max_steps, spec.skip_streak)
+        schedule = DraftSchedule.of(spec, self.model_path) if proposer is not None else DraftSchedule(0)
         run = Run(
             request=request,
             ctx=ProposerContext(prompt, request.sampling, self.model, []),
@@ -164,7 +166,7 @@ class BatchEngine:
             eos=set(self.chat.tokenizer.eos_token_ids),
             remaining=request.max_tokens,
             started=time.perf_counter(),
-            note=note,
+            note=note or schedule.note,
             repetition=detector_for(request.max_repeat),
         )
         seed = request.sampling.seed if request.sampling.seed is not None else random.getrandbits(63)
@@ -178,23 +180,31 @@ class BatchEngine:
     def _proposer(self, request: Request):
         if not request.spec.enabled:
             return None, None
-        if request.spec.method in NOT_BATCHED:
-            return None, NOT_BATCHED[request.spec.method]
+        alone = ("composed drafting runs in a lone run only: in the batch this request drafts with "
+                 f"{request.spec.method} alone") if request.spec.compose_ngram else None
         try:
+            if request.spec.method == "mtp":  # one MTP drafter drafts for all its rows at once
+                from engines.mlx_chat.mtp import make_mtp_proposer
+
+                lone = make_mtp_proposer(self.chat, request)  # loads and checks the drafter
+                path = request.spec.draft_model or self.chat.draft_path
+                if path not in self.mtps:
+                    self.mtps[path] = BatchMTP.of(lone)
+                return self.mtps[path].row(), alone
             if request.spec.method == "draft":  # one draft model drafts for all its rows at once
                 path = request.spec.draft_model or self.chat.draft_path
                 if not path:
                     raise EngineError("spec method 'draft' needs a draft model (--draft-model PATH)")
                 if path not in self.drafters:
                     self.drafters[path] = BatchDrafter(self.chat._draft(path).model)
-                return self.drafters[path].row(), None
+                return self.drafters[path].row(), alone
             return self.chat._make_proposer(request), None
         except EngineError as e:
             return None, f"speculation unavailable: {e}"
 
     # -- THE step ----------------------------------------------------------------------------
     def step(self) -> list[tuple[Sequence, Round]]:
-        """One prefill chunk (if a sequence is joining) and one target forward over every
+        """Up to one prefill chunk of joining prompts, and one target forward over every
         running sequence. Returns each sequence's Round of this step."""
         out = self._admit()
         cancelled = [(s, self._cancelled_round(s)) for s in self.running if s.should_stop()]
@@ -217,45 +227,65 @@ class BatchEngine:
 
     # -- the step's helpers, in the order they run --------------------------------------------
     def _admit(self) -> list[tuple[Sequence, Round]]:
-        """Read one chunk of the first joining sequence's prompt, if a row is free for it."""
+        """Read joining prompts, in arrival order, while rows are free and this step's prefill
+        budget (one chunk's worth of tokens) lasts: a long prompt reads one chunk per step, so
+        it never stalls the running streams for more than a chunk; several short prompts join
+        in one step. Chunks start where a lone run's do, so a prompt is read in the same
+        forwards as alone (the same floating-point result)."""
         gone = [s for s in self.joining if s.should_stop()]  # clients that left while waiting
         out = [(s, self._cancelled_round(s)) for s in gone]
         for s in gone:
             self.joining.remove(s)
             s.finished = True
-        if not self.joining or len(self.running) >= self.max_batch:
-            return out
-        seq = self.joining[0]
-        if seq.own_cache is None:
-            seq.own_cache, seq.prefill_started = self.new_cache(1), time.perf_counter()
-        body = seq.prompt[:-1]  # as a lone run reads it: chunks, then the last token alone
-        if seq.read < len(body):
-            chunk = body[seq.read:seq.read + self.prefill_chunk]
-            self._forward(seq.own_cache, [chunk])
-            mx.eval(seq.own_cache.arrays())
-            seq.own_cache.settle([len(chunk)])
-            seq.read += len(chunk)
-            if seq.on_prefill is not None:
-                seq.on_prefill(PrefillProgress(seq.read, len(body), time.perf_counter() - seq.prefill_started))
-            return out
-        for twin in self.joining:  # the request's other choices start from this prefill
-            if twin.twin_of is seq and twin.own_cache is None:
-                twin.own_cache, twin.read, twin.prefill_started = seq.own_cache.clone(self.model), seq.read, seq.prefill_started
-        self.joining.popleft()
-        out.append((seq, self._first_token(seq)))
+        budget = self.prefill_chunk
+        while self.joining and len(self.running) < self.max_batch and budget > 0:
+            seq = self.joining[0]
+            body = seq.prompt[:-1]  # as a lone run reads it: chunks, then the last token alone
+            if seq.own_cache is None:
+                seq.own_cache, seq.prefill_started = self._start_prompt(seq, body), time.perf_counter()
+            if seq.read < len(body):
+                chunk = body[seq.read:seq.read + self.prefill_chunk]
+                if len(chunk) > budget:
+                    break  # the next step reads it
+                self._forward(seq.own_cache, [chunk], [])
+                mx.eval(seq.own_cache.arrays())
+                seq.own_cache.settle([len(chunk)])
+                seq.read += len(chunk)
+                budget -= len(chunk)
+                if seq.on_prefill is not None:
+                    seq.on_prefill(PrefillProgress(seq.read, len(body), time.perf_counter() - seq.prefill_started))
+                if seq.read < len(body):
+                    break  # more chunks: one per step
+                if self.prompt_cache is not None:
+                    self.prompt_cache.insert(body, seq.own_cache, self.model)
+            for twin in self.joining:  # the request's other choices start from this prefill
+                if twin.twin_of is seq and twin.own_cache is None:
+                    twin.own_cache, twin.read, twin.prefill_started = seq.own_cache.clone(self.model), seq.read, seq.prefill_started
+            self.joining.popleft()
+            out.append((seq, self._first_token(seq)))
+            budget -= 1
         return out
+
+    def _start_prompt(self, seq: Sequence, body: list[int]) -> BatchCache:
+        """A joining sequence's own cache: what the prompt cache holds of its prompt, or empty."""
+        if self.prompt_cache is not None and body:
+            cache, seq.read = self.prompt_cache.fetch(body, self.model)
+            if cache is not None:
+                return cache
+        return self.new_cache(1)
 
     def _first_token(self, seq: Sequence) -> Round:
         """The prompt's last token through the target: the first token; then the sequence
         joins the batch (its cache rows appended below the running ones)."""
         run = seq.run
-        logits = self._forward(seq.own_cache, [seq.prompt[-1:]])[0]
-        step = Step(0, EMPTY, 0.0, token=mxs.pick(logits[-1:], run.ctx.sampling, seq.next_key()))
+        logits, hidden = self._forward(seq.own_cache, [seq.prompt[-1:]], [seq])
+        step = Step(0, EMPTY, 0.0, token=mxs.pick(logits[0, -1:], run.ctx.sampling, seq.next_key()))
         seq.own_cache.settle([1])
         verdict = self.chat._settle(run, step)
         tokens, finish = self.chat._clip(run, verdict)
         run.ctx.tokens = run.ctx.tokens + tokens
         run.remaining -= len(tokens)
+        run.ctx.hidden = hidden[0, -1] if hidden is not None else None
         if run.proposer is not None:
             try:
                 run.proposer.start(run.ctx)
@@ -284,8 +314,8 @@ class BatchEngine:
 
     def _draft(self, rows: list[Sequence], cap: int = MAX_STEPS) -> list[RowStep]:
         """Each row's k (its schedule's, within the controller's cap) and drafts: rows of a
-        shared draft model draft together, the others with their own proposer. A failing
-        drafter stops speculation for its sequence(s) only."""
+        shared draft model or MTP drafter draft together, the others with their own proposer.
+        A failing drafter stops speculation for its sequence(s) only."""
         steps = [self._steps(s, cap) for s in rows]
         drafts: dict[int, Draft] = {}
         t0 = time.perf_counter()
@@ -294,6 +324,11 @@ class BatchEngine:
                     if k and isinstance(s.run.proposer, DraftRow) and s.run.proposer.drafter is drafter]
             if asks:
                 drafts |= self._draft_together(drafter, asks, rows)
+        for mtp in self.mtps.values():
+            asks = [(b, s, k) for b, (s, k) in enumerate(zip(rows, steps))
+                    if k and isinstance(s.run.proposer, MTPRow) and s.run.proposer.drafter is mtp]
+            if asks:
+                drafts |= self._mtp_together(mtp, asks)
         shared_s = time.perf_counter() - t0
         plans = []
         for seq, k in zip(rows, steps):
@@ -331,6 +366,16 @@ class BatchEngine:
                 row.leave()
             return {}
 
+    def _mtp_together(self, mtp: BatchMTP, asks: list) -> dict[int, Draft]:
+        """asks: (row index, sequence, k) of every row drafting with this MTP drafter."""
+        try:
+            drafts = mtp.propose(self.cache, [(b, s.run.ctx, k, s.next_key()) for b, s, k in asks])
+            return {s.id: d for (_, s, _), d in zip(asks, drafts)}
+        except Exception as e:  # graceful degradation for every sequence of this drafter
+            for _, seq, _ in asks:
+                self.chat._stop_speculating(seq.run, e)
+            return {}
+
     def _propose(self, run: Run, steps: int) -> Draft:
         try:
             return run.proposer.propose(run.ctx, steps)
@@ -343,8 +388,13 @@ class BatchEngine:
         longest row; each row's verify results from its own slice, evaluated together."""
         rows = [[s.seq.run.ctx.tokens[-1], *s.step.draft.tokens.tolist()] for s in plans]
         t0 = time.perf_counter()
-        logits = self._forward(self.cache, rows)
-        mx.eval(verify_rows(logits, plans, [p.seq.next_key() for p in plans]))
+        logits, hidden = self._forward(self.cache, rows, [p.seq for p in plans])
+        outputs = verify_rows(logits, plans, [p.seq.next_key() for p in plans])
+        if hidden is not None:
+            for b, plan in enumerate(plans):
+                plan.hidden = hidden[b] if plan.seq.run.needs_hidden else None
+            outputs.append(hidden)
+        mx.eval(outputs)
         if self.budget is not None:
             self.budget.observe(len(rows), max(len(r) for r in rows), time.perf_counter() - t0)
 
@@ -353,13 +403,18 @@ class BatchEngine:
         _forward: its caches and forwards are mirrored on every rank.)"""
         return BatchCache(self.model, rows)
 
-    def _forward(self, cache: BatchCache, rows: list[list[int]]) -> mx.array:
+    def _forward(self, cache: BatchCache, rows: list[list[int]],
+                 seqs: list[Sequence]) -> tuple[mx.array, mx.array | None]:
         """The target over ragged rows (right-padded with each row's last input; the padding's
-        slots die at settle): logits [B, width, V]."""
+        slots die at settle): logits [B, width, V], and the final hidden states [B, width, D]
+        when one of `seqs` drafts with MTP (which reads them), else None."""
         width = max(len(r) for r in rows)
-        padded = [r + [r[-1]] * (width - len(r)) for r in rows]
+        padded = mx.array([r + [r[-1]] * (width - len(r)) for r in rows], dtype=mx.uint32)
         cache.begin(width)
-        return self.model(mx.array(padded, dtype=mx.uint32), cache=cache.layers)
+        reader = next((s.run.proposer for s in seqs if s.run.needs_hidden), None)
+        if reader is not None:
+            return reader.target_forward(padded, cache.layers)
+        return self.model(padded, cache=cache.layers), None
 
     def _verdicts(self, plans: list[RowStep]) -> list[Verdict]:
         """Each row's own verdict: its accepted drafts plus one target token."""
@@ -374,6 +429,8 @@ class BatchEngine:
         tokens, finish = self.chat._clip(run, verdict)
         run.ctx.tokens = run.ctx.tokens + tokens
         run.remaining -= len(tokens)
+        if plan.hidden is not None:  # MTP: the hidden state that produced the row's new token
+            run.ctx.hidden = plan.hidden[verdict.accepted]
         run.schedule.record(step.k, verdict.accepted)
         seq.accepted += verdict.accepted
         seq.rejections += 1 if verdict.accepted < step.k else 0

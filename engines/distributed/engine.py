@@ -35,6 +35,10 @@ from engines.mlx_chat.loading import LoadedModel, load_model
 from engines.types import EngineError
 
 
+NO_MTP = ("speculation unavailable: an MTP drafter reads the target's whole K/V and hidden state, which "
+          "tensor parallel splits over the ranks; this request decodes plainly")
+
+
 class UnshardableModel(EngineError):
     """This architecture cannot be split over these ranks."""
 
@@ -130,7 +134,12 @@ class RankZeroEngine(BatchEngine):
     def new_cache(self, rows: int) -> BatchCache:
         return MirroredCache(self.model, rows, self.log)
 
-    def _forward(self, cache: MirroredCache, rows: list[list[int]]) -> mx.array | None:
+    def _proposer(self, request):
+        if request.spec.enabled and request.spec.method == "mtp":
+            return None, NO_MTP
+        return super()._proposer(request)
+
+    def _forward(self, cache: MirroredCache, rows: list[list[int]], seqs=()) -> tuple[mx.array | None, None]:
         """Announce the forward (and the cache ops before it), then run it with the followers.
         A prefill chunk's logits are never read (BatchEngine._admit drops them): only its KV is
         evaluated, on every rank, and None is returned -- a caller that came to read them would
@@ -152,7 +161,7 @@ class RankZeroEngine(BatchEngine):
             self.checked += 1
         if gather:
             self._gather_times()
-        return None if evaluate == KV_ONLY else logits
+        return (None if evaluate == KV_ONLY else logits), None  # no hidden states: no MTP rows here
 
     def _times_due(self) -> bool:
         """Ask for every rank's times (they ride in the next message) at most once a second."""

@@ -43,6 +43,7 @@ import mlx.nn as nn
 
 from engines.types import EngineError
 from engines.mlx_chat.cache import cache_buffer
+from engines.mlx_chat.gemma4_assistant import DraftStep, compile_step  # one step record, one compiler for both drafters
 
 MODEL_TYPE = "specscope_drafter"
 MASK_VALUE = -1e30  # logit of a token outside the drafter's vocabulary (as gemma4_assistant's centroid head)
@@ -101,6 +102,12 @@ class TargetView:
     def head_dim(self) -> int:
         attn = self.attention
         return getattr(attn, "head_dim", None) or self.args.hidden_size // attn.n_heads
+
+    @property
+    def kv_layers(self) -> dict[str, int]:
+        """The one K/V the drafter reads ("target": the last full-attention layer's cache), in
+        mtp.Gemma4Target.kv_layers' shape."""
+        return {"target": self.kv_layer}
 
     def embed(self, tokens: mx.array) -> mx.array:
         """The target's input embedding, scaled as the target scales it (Gemma: sqrt(hidden),
@@ -185,12 +192,6 @@ class DrafterArgs:
         )
 
 
-@dataclass
-class DraftStep:
-    logits: mx.array  # [V] float32
-    h_next: mx.array  # [D]: the next step's h_prev
-
-
 class Drafter(nn.Module):
     def __init__(self, args: DrafterArgs):
         super().__init__()
@@ -226,9 +227,11 @@ class Drafter(nn.Module):
         return (h @ self.head.T).astype(mx.float32)
 
     def full_logits(self, h: mx.array) -> mx.array:
-        """[D] -> [V]: the drafter's vocabulary scattered into the target's, MASK_VALUE elsewhere."""
-        full = mx.full((self.args.vocab_size,), MASK_VALUE, dtype=mx.float32)
-        return mx.put_along_axis(full, self.vocab_ids, self.sub_logits(h), axis=-1)
+        """[..., D] -> [..., V]: the drafter's vocabulary scattered into the target's,
+        MASK_VALUE elsewhere."""
+        sub = self.sub_logits(h)
+        full = mx.full((*h.shape[:-1], self.args.vocab_size), MASK_VALUE, dtype=mx.float32)
+        return mx.put_along_axis(full, mx.broadcast_to(self.vocab_ids, sub.shape), sub, axis=-1)
 
     # -- the layer, over a sequence of queries ----------------------------------------------------
     def layer(self, x: mx.array, keys: mx.array, values: mx.array, mask: mx.array, offset) -> mx.array:
@@ -250,21 +253,21 @@ class Drafter(nn.Module):
 
     # -- one chained step (what mtp.MTPProposer calls) ---------------------------------------------
     def step(self, token_embedding: mx.array, h_prev: mx.array, position, kv: dict, masks: dict | None = None) -> DraftStep:
+        """One chained step for one chain ([D] inputs, [n] mask) or B chains ([B, D], [B, n]),
+        as gemma4_assistant.Model.step."""
         keys, values = kv["target"]
-        mask = masks["target"].reshape(1, 1, 1, -1) if masks else None
-        x = self.inputs(token_embedding, h_prev).reshape(1, 1, -1)
-        h = self.layer(x, keys, values, mask, position)
-        return DraftStep(logits=self.full_logits(h[0, 0]), h_next=h[0, 0])
+        rows = token_embedding.shape[0] if token_embedding.ndim == 2 else 1
+        mask = masks["target"].reshape(rows, 1, 1, -1) if masks else None
+        x = self.inputs(token_embedding, h_prev).reshape(rows, 1, -1)
+        h = self.layer(x, keys, values, mask, position)[:, 0]
+        if token_embedding.ndim == 1:
+            h = h[0]
+        return DraftStep(logits=self.full_logits(h), h_next=h)
 
     def compiled_step(self):
-        """step() compiled once (see gemma4_assistant.Model.compiled_step for why)."""
+        """step() compiled once (gemma4_assistant.compile_step says why)."""
         if self._compiled_step is None:
-            def arrays(token_embedding, h_prev, position, kv, masks):
-                out = self.step(token_embedding, h_prev, position, kv, masks)
-                return out.logits, out.h_next
-
-            compiled = mx.compile(arrays)
-            self._compiled_step = lambda *args: DraftStep(*compiled(*args))
+            self._compiled_step = compile_step(self.step)
         return self._compiled_step
 
 

@@ -208,9 +208,10 @@ class ChatEngine:
         proposer, cache, note = self._speculation(request)
         ctx = ProposerContext(prompt_ids, request.sampling, self.model, cache)
         spec = request.spec
-        schedule = DraftSchedule(0)
-        if proposer is not None:
-            schedule = DraftSchedule(spec.steps, spec.adaptive, spec.min_steps, spec.max_steps, spec.skip_streak)
+        schedule = DraftSchedule.of(spec, self.model_path) if proposer is not None else DraftSchedule(0)
+        if schedule.auto is not None and hasattr(proposer, "latency"):  # composed: price widths as auto does
+            auto = schedule.auto
+            proposer.latency = lambda width: auto.latency().at(width) if auto.ready() else 1.0
         return Run(
             request=request,
             ctx=ctx,
@@ -221,7 +222,7 @@ class ChatEngine:
             eos=set(self.tokenizer.eos_token_ids),
             remaining=request.max_tokens,
             started=time.perf_counter(),
-            note=note,
+            note=note or schedule.note,
             repetition=detector_for(request.max_repeat),
         )
 
@@ -241,6 +242,15 @@ class ChatEngine:
         return None, make_prompt_cache(self.model), note  # the model's own caches, as mlx-lm
 
     def _make_proposer(self, request: Request) -> Proposer:
+        proposer = self._model_or_ngram_proposer(request)
+        spec = request.spec
+        if spec.compose_ngram and spec.method in ("draft", "mtp"):
+            from engines.mlx_chat.composed import ComposedProposer
+
+            return ComposedProposer(proposer, NGramProposer(spec.ngram_min, spec.ngram_max))
+        return proposer
+
+    def _model_or_ngram_proposer(self, request: Request) -> Proposer:
         spec = request.spec
         if spec.method == "ngram":
             return NGramProposer(spec.ngram_min, spec.ngram_max)
@@ -381,7 +391,10 @@ class ChatEngine:
         run.remaining -= len(tokens)
         if step.hidden is not None:
             run.ctx.hidden = step.hidden[verdict.accepted]
-        run.schedule.record(step.k, verdict.accepted)
+        # the round's cost as the user waits for it: settle to settle, drafting apart (a plain
+        # round launched behind the previous one costs less than a lone forward, and --steps
+        # auto should know it)
+        run.schedule.record(step.k, verdict.accepted, step.wall_s - step.draft_s, step.draft_s)
         if run.proposer is not None and run.schedule.enabled and not finish:
             try:
                 run.proposer.commit(run.ctx)
@@ -423,6 +436,9 @@ class ChatEngine:
             finish=finish,
             note=run.note or step.note,
             draft_spans=spans,
+            draft_source=step.draft.source if step.k else None,
+            expected_tok_s=[round(r, 2) for r in run.schedule.auto.last_rates]
+            if run.schedule.auto is not None and run.schedule.auto.last_rates and not prefill else None,
         )
         run.note = None
         run.index += 1

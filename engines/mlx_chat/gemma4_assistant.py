@@ -119,6 +119,20 @@ class DraftStep:
     h_next: mx.array  # [backbone_hidden]: the next step's h_prev
 
 
+def compile_step(step):
+    """A drafter's step() as one compiled MLX function: MLX fuses its elementwise work and
+    replays the traced graph, so a chain step costs less on the device and far less on the
+    host (on the CPU backend about 3x less of each). It is traced again for new input shapes
+    only, so callers pass position as an mx.array and K/V buffers whose shapes rarely change
+    (mtp.Gemma4Target.drafter_view). Shared by the assistant and drafters trained here."""
+    def arrays(token_embedding, h_prev, position, kv, masks):
+        out = step(token_embedding, h_prev, position, kv, masks)
+        return out.logits, out.h_next
+
+    compiled = mx.compile(arrays)
+    return lambda *args: DraftStep(*compiled(*args))
+
+
 class Model(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
@@ -155,38 +169,32 @@ class Model(nn.Module):
         kv: dict[str, tuple[mx.array, mx.array]],
         masks: dict[str, mx.array | None] | None = None,
     ) -> DraftStep:
-        """One drafter forward. token_embedding: the target's scaled embedding of the last
-        token [backbone_hidden]; h_prev: the target's final-norm hidden state at the position
-        before it (or the previous step's h_next) [backbone_hidden]; position: the last token's
-        position; kv[layer_type] = (keys, values) [1, kv_heads, n, head_dim] from the target's
-        cache, RoPE already applied; masks[layer_type] ([n] bool), if given, says which
-        entries the query sees -- every one otherwise (the caller picks the window). position
-        and masks may be lazy arrays: a chain can be built before the target's verdict is read."""
+        """One drafter forward, for one chain or for B chains at once (a batch's rows).
+        token_embedding: the target's scaled embedding of the last token [backbone_hidden]
+        (or [B, backbone_hidden]); h_prev: the target's final-norm hidden state at the position
+        before it (or the previous step's h_next), same shape; position: the last token's
+        position ([] or [B]); kv[layer_type] = (keys, values) [1 or B, kv_heads, n, head_dim]
+        from the target's cache, RoPE already applied; masks[layer_type] ([n] or [B, n] bool),
+        if given, says which entries each query sees -- every one otherwise (the caller picks
+        the window). position and masks may be lazy arrays: a chain can be built before the
+        target's verdict is read."""
         masks = masks or {}
-        x = mx.concatenate([token_embedding, h_prev], axis=-1).reshape(1, 1, -1)
+        rows = token_embedding.shape[0] if token_embedding.ndim == 2 else 1
+        x = mx.concatenate([token_embedding, h_prev], axis=-1).reshape(rows, 1, -1)
         x = self.pre_projection(x)
         for layer in self.model.layers:
             mask = masks.get(layer.layer_type)
             if mask is not None:
-                mask = mask.reshape(1, 1, 1, -1)  # [batch, heads, query, key]
+                mask = mask.reshape(rows, 1, 1, -1)  # [batch, heads, query, key]
             x, _, _ = layer(x, mask, None, shared_kv=kv[layer.layer_type], offset=position)
         x = self.model.norm(x)
-        h_next = self.post_projection(x)
-        return DraftStep(logits=self.lm_logits(x)[0, 0], h_next=h_next[0, 0])
+        out = DraftStep(logits=self.lm_logits(x)[:, 0], h_next=self.post_projection(x)[:, 0])
+        return out if token_embedding.ndim == 2 else DraftStep(out.logits[0], out.h_next[0])
 
     def compiled_step(self):
-        """step() as one compiled MLX function, made once per drafter and kept: MLX fuses its
-        elementwise work and replays the traced graph, so a chain step costs less on the device
-        and far less on the host (on the CPU backend about 3x less of each). It is traced
-        again for new input shapes only, so the caller passes position as an mx.array and K/V
-        buffers whose shapes rarely change (mtp.Gemma4Target.drafter_view)."""
+        """step() as one compiled MLX function, made once per drafter and kept (compile_step)."""
         if self._compiled_step is None:
-            def arrays(token_embedding, h_prev, position, kv, masks):
-                out = self.step(token_embedding, h_prev, position, kv, masks)
-                return out.logits, out.h_next
-
-            compiled = mx.compile(arrays)
-            self._compiled_step = lambda *args: DraftStep(*compiled(*args))
+            self._compiled_step = compile_step(self.step)
         return self._compiled_step
 
     def lm_logits(self, x: mx.array) -> mx.array:
@@ -269,5 +277,5 @@ def embed_scale(backbone_hidden_size: int) -> float:
 
 __all__: list[Any] = [
     "CENTROID_MASK_VALUE", "AssistantInfo", "CentroidHead", "DraftStep", "Model", "ModelArgs",
-    "assistant_info", "embed_scale", "load_assistant", "text_args",
+    "assistant_info", "compile_step", "embed_scale", "load_assistant", "text_args",
 ]

@@ -56,6 +56,11 @@ class Gemma4Target:
         return cls(text=text, kv_layer=kv_layer, sliding_window=args.sliding_window)
 
     @property
+    def kv_layers(self) -> dict[str, int]:
+        """Attention kind -> index of the target cache the drafter's layers of that kind read."""
+        return self.kv_layer
+
+    @property
     def hidden_size(self) -> int:
         return self.text.args.hidden_size
 

@@ -79,6 +79,7 @@ class Draft:
     tokens: mx.array  # [k] int
     q: mx.array | None = None  # [k, V] drafter probabilities, or None (point mass)
     overlapped: bool = False  # drafted ahead in the graph: the loop feeds it on without waiting
+    source: str | None = None  # composed drafting: which drafter made it
 
     @property
     def size(self) -> int:

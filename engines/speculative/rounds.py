@@ -49,6 +49,8 @@ class Round:
     note: str | None = None  # e.g. "speculation stopped: drafter raised ValueError(...)"
     draft_spans: list[tuple[int, int]] | None = None
     ranks: dict | None = None  # tensor parallel only: this step's cost on rank 0 (engines/distributed StepCost)
+    draft_source: str | None = None  # who drafted this round's tokens when drafters are composed ("ngram", "mtp")
+    expected_tok_s: list[float] | None = None  # --steps auto: the tok/s it expected of k = 0..7 when it chose `steps`
 
     def __post_init__(self):
         if self.draft_spans is not None:  # read back from JSON as lists

@@ -107,15 +107,43 @@ class SkipStreak:
 
 class DraftSchedule:
     """The round loop asks `next_steps(remaining)` before drafting and calls `record(...)`
-    after verifying. 0 means: do a plain target step this round."""
+    after verifying. 0 means: do a plain target step this round.
+
+    `auto` (--steps auto, engines/speculative/tuning.py) picks each round's k from this
+    machine's costs; until it knows them, the adaptive depth controller moves k from `steps`."""
 
     def __init__(self, steps: int, adaptive: bool = False, min_steps: int = 1,
-                 max_steps: int = MAX_STEPS, skip_streak: int = 0):
+                 max_steps: int = MAX_STEPS, skip_streak: int = 0, auto=None):
         check_steps(steps)
         self.enabled = steps > 0
+        self.auto = auto  # tuning.AutoSteps, or None
+        if auto is not None:
+            adaptive = True  # the fallback while auto knows nothing yet
         self.depth = AdaptiveDepth(steps, max(1, min_steps), min(max_steps, MAX_STEPS)) if adaptive else None
         self.fixed_steps = steps
         self.skip = SkipStreak(skip_streak)
+        self.note: str | None = None  # e.g. why a tuning profile was not used (the run's first Round says it)
+
+    @classmethod
+    def of(cls, spec, model: str = "") -> "DraftSchedule":
+        """The schedule a SpecConfig asks for (a disabled one when it does not speculate);
+        `model`: the target's path, which a tuning profile must have been measured for."""
+        if not spec.enabled:
+            return cls(0)
+        auto, note = None, None
+        if spec.auto:
+            from engines.speculative.tuning import AutoSteps, Profile, ProfileError, profile_file
+
+            auto = AutoSteps(min(spec.max_steps, MAX_STEPS))
+            if spec.profile:
+                try:
+                    path = profile_file(spec.profile, model, spec.method, spec.draft_model or "")
+                    auto.profile = Profile.load(path, model, spec.method, spec.draft_model or "")
+                except ProfileError as e:
+                    note = f"{e} (--steps auto measures this run instead)"
+        schedule = cls(spec.steps, spec.adaptive, spec.min_steps, spec.max_steps, spec.skip_streak, auto)
+        schedule.note = note
+        return schedule
 
     @property
     def steps(self) -> int:
@@ -126,13 +154,19 @@ class DraftSchedule:
         one token of its own and max_tokens must not be exceeded."""
         if not self.enabled or remaining <= 1 or self.skip.should_skip():
             return 0
-        return min(self.steps, remaining - 1)
+        chosen = self.auto.choose() if self.auto is not None else None
+        return min(self.steps if chosen is None else chosen, remaining - 1)
 
-    def record(self, proposed: int, accepted: int) -> None:
+    def record(self, proposed: int, accepted: int, verify_s: float | None = None, draft_s: float | None = None) -> None:
+        """After a round: its drafts and accepted count, and (for auto) what its verify and
+        drafting cost."""
         self.skip.record(proposed, accepted)
         if self.depth:
             self.depth.update(proposed, accepted)
+        if self.auto is not None:
+            self.auto.record(proposed, accepted, verify_s, draft_s)
 
     def disable(self) -> None:
         """Graceful degradation: the drafter failed, decode plainly from here on."""
         self.enabled = False
+

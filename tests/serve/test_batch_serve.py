@@ -107,9 +107,11 @@ def test_spec_decode_metrics_add_up_to_the_responses(client, batch_server):
     timings = resp.model_extra["timings"]
     assert after["total_proposed"] - before["total_proposed"] == timings["draft_n"]
     assert after["total_accepted"] - before["total_accepted"] == timings["draft_n_accepted"]
+    # drafts asked: at least what was proposed (an n-gram miss proposes fewer than asked)
+    assert after["total_asked"] - before["total_asked"] >= timings["draft_n"]
     assert after["max_batch"] == 4 and 0 <= after["acceptance_rate_ema"] <= 1
     assert set(after) >= {"acceptance_rate_overall", "avg_tokens_per_step", "total_steps", "total_fallback_steps",
-                          "total_bonus_tokens", "current_k"}
+                          "total_bonus_tokens", "current_k", "total_asked"}
 
 
 def test_a_batch_that_cannot_fit_in_memory_is_refused_at_start_in_one_line(engine):
@@ -169,3 +171,19 @@ def test_the_server_load_read_from_metrics(client, batch_server):
         s.close()
     assert load.running == 2 and load.waiting == 0
     assert load.step_latency_s > 0 and load.tokens_per_s > 0 and 1 < load.mean_batch <= 2
+
+
+def test_a_prompt_asked_again_is_not_read_again(client, batch_server):
+    """The prompt cache (on by default, --prompt-cache MB): the second time a prompt comes, its
+    tokens are found, not read -- /metrics counts them (vLLM's prefix_cache_queries / hits) --
+    and the answer is the same."""
+    prompt = "the old moon and the red bird see the big house on the old road"
+    _wait_for(batch_server, lambda t: gauge(t, "num_requests_running") == 0)
+    first = client.chat.completions.create(**body(prompt, SPECS[0]))
+    before = scrape(batch_server)
+    again = client.chat.completions.create(**body(prompt, SPECS[0]))
+    after = scrape(batch_server)
+    assert again.choices[0].message.content == first.choices[0].message.content
+    asked = counter(after, "prefix_cache_queries") - counter(before, "prefix_cache_queries")
+    found = counter(after, "prefix_cache_hits") - counter(before, "prefix_cache_hits")
+    assert asked > 10 and found == asked  # every prompt token but the last, found

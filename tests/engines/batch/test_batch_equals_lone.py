@@ -165,10 +165,10 @@ def test_choices_of_one_request_share_its_prefill(engines, monkeypatch):
     prefilled = []  # tokens fed to caches other than the batch's: the prompts' reading
     real = BatchEngine._forward
 
-    def counting(self, cache, rows):
+    def counting(self, cache, rows, seqs):
         if cache is not self.cache:
             prefilled.append(len(rows[0]))
-        return real(self, cache, rows)
+        return real(self, cache, rows, seqs)
 
     monkeypatch.setattr(BatchEngine, "_forward", counting)
     first = batch.submit(request)
@@ -214,16 +214,30 @@ def test_a_drafter_fault_falls_back_for_that_sequence_only(engines, llama_draft_
     assert not any(rnd.note for rnd in got[2]) and sum(rnd.accepted for rnd in got[2]) > 0  # the other drafts on
 
 
-def test_an_mtp_request_in_a_batch_decodes_plainly_and_says_so(dense_pair):
-    """The Gemma 4 assistant is not batched yet: an MTP request in the batch (the tiny Gemma 4
-    pair) decodes plainly, its first round says why, and its tokens are its lone MTP run's."""
-    from engines.mlx_chat.engine import ChatEngine
-
-    engine = ChatEngine.load(str(dense_pair.target))
-    mtp = Request(prompt="the cat and the dog", max_tokens=24,
-                  spec=SpecConfig("mtp", 3, draft_model=str(dense_pair.assistant)))
-    plain = Request(prompt="a red bird", max_tokens=20)
-    alone = [lone(engine, r)[0] for r in (mtp, plain)]
-    got, _ = run_batch(BatchEngine(engine, max_batch=2, budget=None), [mtp, plain], join_late=0)
-    assert [[t for rnd in got[i] for t in rnd.tokens] for i in range(2)] == alone
-    assert "not batched yet" in (got[0][0].note or "") and all(rnd.proposed == 0 for rnd in got[0])
+def test_short_prompts_join_together_and_a_long_one_a_chunk_per_step(engines):
+    """The prefill budget per step is one chunk's worth of prompt tokens: three short prompts
+    join in the same step; a prompt of three chunks takes three steps, with the running rows
+    decoding between its chunks; every request still gets its lone tokens."""
+    engine = engines["llama"]
+    short = [Request(prompt=p, max_tokens=12) for p in ("big red", "the old moon", "a red bird")]
+    long = Request(prompt=" ".join([COPY] * 3), max_tokens=12)
+    chunk = 24
+    assert chunk < len(engine._prompt_ids(long)) - 1 <= 3 * chunk
+    batch = BatchEngine(engine, max_batch=4, prefill_chunk=chunk, budget=None)
+    seqs = [batch.submit(r) for r in short]
+    first = batch.step()
+    assert {s.id for s, rnd in first if rnd.prefill} == {s.id for s in seqs}  # all three joined at once
+    later = batch.submit(long)
+    steps_to_join, got = 0, {s.id: [] for s in [*seqs, later]}
+    for s, rnd in first:
+        got[s.id] += rnd.tokens
+    while batch.busy:
+        out = batch.step()
+        if not any(s is later and rnd.prefill for s, rnd in out) and later.own_cache is not None:
+            steps_to_join += 1
+            assert any(s in seqs for s, _ in out)  # the running rows decode between its chunks
+        for s, rnd in out:
+            got[s.id] += rnd.tokens
+    assert steps_to_join == 2  # chunks 1 and 2 in their own steps, chunk 3 and its first token in the third
+    for s, r in zip([*seqs, later], [*short, long]):
+        assert got[s.id] == lone(engine, r)[0]

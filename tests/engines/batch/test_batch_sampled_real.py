@@ -68,3 +68,36 @@ def test_a_broken_verifier_is_caught_in_the_batch(tiny, exact, monkeypatch):  # 
     BROKEN["resample_from_p"](monkeypatch)
     counts, _, _ = batch_counts(tiny, SpecConfig("draft", 3))
     assert chi_square_pvalue(counts, exact, N) < ALPHA
+
+
+@pytest.fixture(scope="module")
+def tiny_mtp(tmp_path_factory):
+    """test_trained_sampled.py's pair: the 4-word llama and a drafter trained on it in seconds
+    (its q is a full distribution: real rejection sampling in the batch's MTP rows)."""
+    from engines.mlx_chat.engine import ChatEngine
+    from tests.engines.mlx_chat import checkpoints
+    from tests.engines.mlx_chat.test_lossless_sampled import WORDS
+    from tests.engines.training.trained import trained_drafter
+
+    d = tmp_path_factory.mktemp("tiny_vocab_mtp")
+    target = checkpoints.make_tiny_llama(d / "target", words=WORDS, scale=0.6)
+    engine = ChatEngine.load(str(target))
+    return engine, str(trained_drafter(engine, target, WORDS, steps=100))
+
+
+@pytest.mark.parametrize("steps", [pytest.param(1, marks=SLOW), 3])
+def test_mtp_rows_follow_the_target_law(tiny_mtp, steps):
+    engine, drafter = tiny_mtp
+    exact_law = exact_distribution(engine)
+    counts, proposed, accepted = batch_counts(engine, SpecConfig("mtp", steps, draft_model=drafter))
+    assert proposed > 0.5 * N and 0.05 * proposed < accepted < 0.95 * proposed, (accepted, proposed)
+    assert chi_square_pvalue(counts, exact_law, N) > ALPHA
+
+
+def test_a_broken_verifier_is_caught_for_mtp_rows(tiny_mtp, monkeypatch):
+    """Must fail: the same test with the rejection sampler resampling from p."""
+    engine, drafter = tiny_mtp
+    exact_law = exact_distribution(engine)
+    BROKEN["resample_from_p"](monkeypatch)
+    counts, _, _ = batch_counts(engine, SpecConfig("mtp", 3, draft_model=drafter))
+    assert chi_square_pvalue(counts, exact_law, N) < ALPHA

@@ -90,3 +90,29 @@ def test_rows_that_rarely_offer_drafts_make_drafting_pay_less():
 def test_row_odds_count_offers_among_the_rounds_asked():
     odds = row_odds(accepted=3, rejections=3, asked=8, offered=2)
     assert odds.acceptance == pytest.approx(0.5) and odds.offers == pytest.approx(3 / 10)
+
+
+def test_one_slow_step_does_not_move_the_costs():
+    """Another process makes one step of a size 10x slower: the median per size ignores it."""
+    b = budget_for(0.02, 0.003)
+    b.observe(4, 1, 0.02 + 0.003 * 4)  # the plain size seen a few times, as in a run
+    b.observe(4, 1, 0.02 + 0.003 * 4)
+    before = b.choose([0.6] * 4)
+    b.observe(4, 1, 0.2)  # a spike at the plain size would make drafting look free
+    assert b.costs.cost(4, 1) == pytest.approx(0.02 + 0.003 * 4)
+    assert b.choose([0.6] * 4) == before
+
+
+def test_a_step_is_priced_at_the_width_its_rows_make():
+    """Rows that never offer drafts leave the step one token wide whatever the cap."""
+    b = budget_for(0.02, 0.003)
+    assert b.choose([RowOdds(0.6, 0.0)] * 4) in range(MAX_STEPS + 1)  # no division by a zero gain
+    rows = [RowOdds(0.9, 0.5)] * 2
+    p_none = 0.25
+    k = b.choose(rows)
+
+    def rate(k):
+        cost = (1 - p_none) * (0.02 + 0.003 * 2 * (1 + k)) + p_none * (0.02 + 0.003 * 2)
+        return sum(r.expected_tokens(k) for r in rows) / cost
+
+    assert rate(k) == pytest.approx(max(rate(j) for j in range(MAX_STEPS + 1)), rel=1e-9)

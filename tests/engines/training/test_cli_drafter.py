@@ -79,3 +79,38 @@ def test_a_full_disk_at_a_checkpoint_keeps_the_previous_one(llama, tmp_path, cap
     assert json.loads((out / "checkpoint" / "state.json").read_text())["step"] == 10
     assert mx.load(str(out / "checkpoint" / "model.safetensors"))
     assert not (out / "checkpoint.partial").exists()
+
+
+def saved_session(kind: str, prompt: str, answer: str) -> None:
+    """A session as the window autosaves it (app/records/sessions.py's Autosave)."""
+    from app.records.bursts import burst_of
+    from app.records.sessions import Autosave, new_autosave_path
+    from engines.speculative.rounds import Round
+    from engines.speculative.session import Session
+
+    session = Session(request={"kind": kind, "prompt": prompt}, model={"name": "tiny"})
+    writer = Autosave(new_autosave_path(kind), session)
+    rnd = Round(index=0, proposed=0, accepted=0, tokens=[1], from_draft=[False], text=answer, accept_flags=[],
+                draft_s=0.0, verify_s=0.0, wall_s=0.0, finish="stop")
+    writer.write_burst(burst_of(rnd, None))
+    writer.write_end("done")
+    writer.close()
+
+
+def test_saved_chats_become_training_text(llama, tmp_path, monkeypatch, capsys):
+    """--sessions: the saved chat sessions' prompts and answers are written once into the
+    drafter's directory and trained on; OCR sessions are left out; no saved chat -> one line."""
+    target, prompts = llama
+    monkeypatch.setenv("SPECSCOPE_HOME", str(tmp_path / "home"))
+    assert main(args(target, prompts, tmp_path / "none", "--sessions", "--steps", "2")) == 2
+    assert "no saved chat session" in one_line(capsys)
+
+    saved_session("chat", "the cat and the dog", "the dog is big and the cat is small")
+    saved_session("ocr", "", "an invoice, read from a page")
+    out = tmp_path / "drafter"
+    assert main(args(target, prompts, out, "--sessions", "--steps", "2")) == 0
+    text = (out / "data" / "saved-chats.txt").read_text()
+    assert "the cat and the dog" in text and "the dog is big and the cat is small" in text
+    assert "invoice" not in text
+    card = json.loads((out / "card.json").read_text())
+    assert str(out / "data" / "saved-chats.txt") in json.dumps(card)

@@ -1,0 +1,90 @@
+"""`--steps auto` against fixed draft lengths (issue "Speculation that tunes itself"): SmolLM2
+with n-gram lookup, on the copy-heavy set and on open chat prompts, decode tok/s per
+configuration -- steps 1..7 fixed, the method's default (5), and auto with a profile `specscope
+tune` measured just before (forward latency by width, acceptance by position on the copy-heavy
+set). Every configuration runs every prompt in turn (round-robin, so a change in the machine's
+load touches them alike); outputs are checked identical.
+
+    python bench/auto_steps.py [--max-tokens 96] [--runs 1] [--open 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--runs", type=int, default=1)
+    ap.add_argument("--open", type=int, default=4, help="open chat prompts used (the first N)")
+    args = ap.parse_args()
+
+    import resources
+    from engines.mlx_chat.engine import ChatEngine
+    from engines.mlx_chat.models import default_chat_model
+    from engines.mlx_chat.tuning import calibrate, forward_latency
+    from engines.speculative.tuning import Profile, machine_id, profile_file, rates
+    from engines.types import Request, SpecConfig
+
+    load = lambda name: [p["prompt"] for p in json.loads(resources.path("prompts", name).read_text())["prompts"]]  # noqa: E731
+    sets = {"copy-heavy": load("copy_heavy.json"), "open chat": load("open_chat.json")[: args.open]}
+    engine = ChatEngine.load(str(default_chat_model()))
+    folder = Path(tempfile.mkdtemp(prefix="specscope-profiles-"))
+    t0 = time.perf_counter()
+    context = engine.tokenizer.encode(" ".join(sets["copy-heavy"]))[:256]
+    latency = forward_latency(engine.model, context)
+    cal = calibrate(engine, sets["copy-heavy"], SpecConfig("ngram", 5), args.max_tokens)
+    profile = Profile(machine_id(), engine.model_path, "ngram", "", latency, cal.draft_s, cal.acceptance, len(context))
+    profile.save(profile_file(folder, engine.model_path, "ngram"))
+    expected = rates(profile.latency().at, profile.draft_s, profile.acceptance, 7)
+    print(f"tune: {time.perf_counter() - t0:.0f} s; forward ms by width "
+          + " ".join(f"{w}:{s * 1000:.0f}" for w, s in sorted(latency.items()))
+          + "; acceptance " + " ".join(f"{a:.2f}" for a in cal.acceptance)
+          + f"; expected tok/s by k " + " ".join(f"{r:.1f}" for r in expected), flush=True)
+
+    configs = {f"steps {k}": SpecConfig("ngram", k) for k in range(1, 8)}
+    configs["plain"] = SpecConfig("off", 0)
+    configs["auto"] = SpecConfig("ngram", 5, auto=True, profile=str(folder))
+    results = {}
+    for set_name, prompts in sets.items():
+        tok_s = {name: [] for name in configs}
+        outputs = {}
+        for _ in range(args.runs):
+            for i, prompt in enumerate(prompts):
+                for name, spec in configs.items():
+                    rounds = list(engine.generate(Request(prompt=prompt, max_tokens=args.max_tokens, spec=spec)))
+                    tokens = [t for r in rounds for t in r.tokens]
+                    assert outputs.setdefault(i, tokens) == tokens, (name, i)  # lossless
+                    tok_s[name].append(sum(len(r.tokens) for r in rounds if not r.prefill)
+                                       / max(sum(r.wall_s for r in rounds if not r.prefill), 1e-9))
+        # per configuration: the median over prompts of its tok/s relative to plain on that prompt
+        plain = tok_s["plain"]
+        rel = {name: statistics.median(v / p for v, p in zip(vals, plain)) for name, vals in tok_s.items()}
+        best = max((n for n in rel if n.startswith("steps")), key=rel.get)
+        results[set_name] = rel
+        print(f"\n{set_name} ({len(prompts)} prompts, {args.max_tokens} tokens, median speed-up over plain):")
+        for name in configs:
+            print(f"  {name:<8} {rel[name]:.2f}x")
+        print(f"  auto vs best fixed ({best}): {rel['auto'] / rel[best]:.2f}; auto vs default (steps 5): "
+              f"{rel['auto'] / rel['steps 5']:.2f}", flush=True)
+    out = ROOT / "bench" / "results" / f"auto-steps-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    import os
+
+    out.write_text(json.dumps({"load": os.getloadavg(), "profile": profile.__dict__ | {"target_s": latency},
+                               "results": results}, indent=1, default=str))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+"""What a target forward costs on this machine, as measured while it runs: the batch
+controller's step costs (engines/batch/controller.py) and `--steps auto`'s round costs
+(engines/speculative/tuning.py) both price a forward by how many tokens it reads."""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+
+
+@dataclass
+class StepCosts:
+    """Measured seconds of a step per forward size (tokens = rows x width): the median of the
+    last few steps of each size seen, linear between sizes, the slope of the largest two beyond
+    them, and never cheaper for more tokens. Why not one straight line through all: on a CPU a
+    forward of a few tokens costs about what one token does (reading the weights dominates) and
+    grows linearly once compute dominates; a line would price small forwards too dear and large
+    ones too cheap. Why a median: another process on the machine makes a step slow now and then,
+    and a mean would carry that spike for many steps -- on a loaded 2-core machine it stopped
+    drafting where drafting paid, and kept it where it did not."""
+
+    recent: int = 7  # steps kept per size
+    history: dict[int, deque] = field(default_factory=dict)
+    seconds: dict[int, float] = field(default_factory=dict)  # the median per size
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        seen = self.history.setdefault(tokens, deque(maxlen=self.recent))
+        seen.append(seconds)
+        self.seconds[tokens] = statistics.median(seen)
+
+    @property
+    def ready(self) -> bool:
+        return len(self.seconds) >= 2
+
+    def at(self, tokens: int) -> float:
+        sizes = sorted(self.seconds)
+        costs = list(itertools.accumulate((self.seconds[t] for t in sizes), max))  # non-decreasing
+        if tokens <= sizes[0]:
+            return costs[0]
+        if tokens >= sizes[-1]:
+            slope = max(0.0, (costs[-1] - costs[-2]) / (sizes[-1] - sizes[-2])) if len(sizes) > 1 else 0.0
+            return costs[-1] + slope * (tokens - sizes[-1])
+        j = bisect.bisect_left(sizes, tokens)
+        if sizes[j] == tokens:
+            return costs[j]
+        w = (tokens - sizes[j - 1]) / (sizes[j] - sizes[j - 1])
+        return costs[j - 1] + w * (costs[j] - costs[j - 1])
+
+    def cost(self, batch: int, width: int) -> float:
+        return self.at(batch * width)

@@ -1,0 +1,248 @@
+"""`--steps auto`: each round, the draft length that maximises expected tokens per second on
+this machine (the MtPC paper's throughput model, as the batch controller uses it):
+
+    k* = argmax_k  E[accepted + 1 | k] / (latency(1 + k) + k * draft_s)
+    E[accepted + 1 | k] = 1 + a1 + a1 a2 + ... + a1 ... ak
+
+with latency(w) the target's forward of w tokens, draft_s what drafting one token costs, and
+a_i the acceptance at draft position i given the positions before it were accepted. Where
+the numbers come from: a profile `specscope tune` measured on this machine for this model and
+drafter (its latency curve, drafting cost and acceptance by position), refined as the run goes
+(the run's own rounds are counted beside the profile's acceptance); without a profile, the
+run's own rounds alone once they have shown two forward widths -- and until then the EMA
+depth controller (schedule.AdaptiveDepth) moves k, which is what shows them.
+
+A profile is JSON; one from another machine or model, or one that does not parse, is ignored
+with one line (`ProfileError`) and the run goes on without it.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from engines.speculative.costs import StepCosts
+
+PROFILE_VERSION = 1
+PRIOR_ROUNDS = 20  # the profile's acceptance counts as this many rounds beside the run's own
+
+
+class ProfileError(ValueError):
+    """A profile that cannot serve this run: one line saying why."""
+
+
+def machine_id() -> str:
+    """What a latency curve depends on: the CPU (or chip), its core count, the OS and the
+    machine type. A profile measured elsewhere is not used."""
+    import os
+
+    cpu = platform.processor() or ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    if platform.system() == "Darwin":
+        import subprocess
+
+        try:
+            cpu = subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True,
+                                 timeout=5).stdout.strip() or cpu
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return f"{platform.system()} {platform.machine()} | {cpu} | {os.cpu_count()} cores"
+
+
+@dataclass
+class Profile:
+    machine: str
+    model: str  # the target's path (or id) as the run names it
+    method: str  # ngram | draft | mtp
+    drafter: str  # the draft model / MTP drafter path, "" for n-gram
+    target_s: dict[int, float]  # forward width -> seconds of one target forward (one sequence)
+    draft_s: float  # seconds to draft one token (n-gram: the lookup)
+    acceptance: list[float]  # by draft position 1..: P(accepted | the positions before it were)
+    context: int = 0  # tokens in the cache while the latency curve was measured
+    created: float = field(default_factory=time.time)
+    version: int = PROFILE_VERSION
+
+    def save(self, path: str | Path) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=1))
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path: str | Path, model: str, method: str, drafter: str = "") -> "Profile":
+        """The profile at `path`, if it was measured here for this model and drafter."""
+        try:
+            data = json.loads(Path(path).read_text())
+            data["target_s"] = {int(w): float(s) for w, s in data["target_s"].items()}
+            profile = cls(**data)
+            if profile.version != PROFILE_VERSION or not profile.target_s or not profile.acceptance:
+                raise ValueError("an older or empty profile")
+        except FileNotFoundError:
+            raise ProfileError(f"no tuning profile at {path}: run `specscope tune` for this model") from None
+        except (OSError, ValueError, TypeError, KeyError) as e:
+            raise ProfileError(f"tuning profile {path} is unreadable ({e}); run `specscope tune` again") from None
+        if profile.machine != machine_id():
+            raise ProfileError(f"tuning profile {path} was measured on another machine ({profile.machine}); "
+                               "run `specscope tune` here")
+        if (profile.model, profile.method, profile.drafter) != (model, method, drafter or ""):
+            raise ProfileError(f"tuning profile {path} is for {profile.model} with {profile.method} "
+                               f"{profile.drafter}".rstrip() + "; run `specscope tune` for this one")
+        return profile
+
+    def latency(self) -> StepCosts:
+        costs = StepCosts()
+        for width, seconds in self.target_s.items():
+            costs.observe(width, seconds)
+        return costs
+
+
+def profile_file(where: str | Path, model: str, method: str, drafter: str = "") -> Path:
+    """The profile for (this machine, model, method, drafter): `where` itself if it is a file,
+    else its file in the folder `where`."""
+    where = Path(where)
+    if where.is_file():
+        return where
+    import hashlib
+
+    key = hashlib.sha256(f"{machine_id()}|{model}|{method}|{drafter}".encode()).hexdigest()[:12]
+    return where / f"{Path(model).name or 'model'}-{method}-{key}.json"
+
+
+def expected_tokens(acceptance: list[float], k: int) -> float:
+    """1 + a1 + a1 a2 + ...: the target's own token plus the accepted prefix of k drafts
+    (positions past the list repeat its last value)."""
+    total, reach = 1.0, 1.0
+    for i in range(k):
+        reach *= acceptance[min(i, len(acceptance) - 1)] if acceptance else 0.0
+        total += reach
+    return total
+
+
+def rates(latency: Callable[[int], float], draft_s: float, acceptance: list[float], max_k: int) -> list[float]:
+    """Expected tokens per second for k = 0..max_k drafts per round."""
+    return [expected_tokens(acceptance, k) / (latency(1 + k) + k * draft_s) for k in range(max_k + 1)]
+
+
+def break_even(latency: Callable[[int], float], draft_s: float, k: int) -> float | None:
+    """The per-position acceptance a (the same at every position) at which k drafts per round
+    give exactly plain decoding's tokens per second on this machine: below it speculation
+    loses. None when even a = 1 cannot pay for the wider verify."""
+    need = (latency(1 + k) + k * draft_s) / latency(1)  # tokens a round must yield to break even
+    if need > k + 1:
+        return None
+    lo, hi = 0.0, 1.0
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if expected_tokens([mid], k) < need else (lo, mid)
+    return (lo + hi) / 2
+
+
+def best_k(latency: Callable[[int], float], draft_s: float, acceptance: list[float], max_k: int) -> int:
+    r = rates(latency, draft_s, acceptance, max_k)
+    return max(range(len(r)), key=r.__getitem__)
+
+
+@dataclass
+class PositionAcceptance:
+    """A drafter's acceptance by draft position as a run shows it: per position, the rounds
+    that reached it (every position before it accepted) and, of those, the ones that accepted
+    it; a prior (the profile's, or one half) weighs as `weight` rounds."""
+
+    positions: int
+    prior: list[float] | None = None
+    weight: float = 2.0
+    reached: list[int] = field(default_factory=list)
+    accepted: list[int] = field(default_factory=list)
+
+    def __post_init__(self):
+        self.reached = [0] * self.positions
+        self.accepted = [0] * self.positions
+
+    def record(self, proposed: int, accepted: int) -> None:
+        """One round: positions 1..accepted accepted, position accepted + 1 rejected (if drafted)."""
+        for i in range(min(proposed, self.positions)):
+            self.reached[i] += 1
+            if i < accepted:
+                self.accepted[i] += 1
+            else:
+                break
+
+    def estimate(self) -> list[float]:
+        out = []
+        for i in range(self.positions):
+            prior = self.prior[min(i, len(self.prior) - 1)] if self.prior else 0.5
+            out.append((self.accepted[i] + prior * self.weight) / (self.reached[i] + self.weight))
+        return out
+
+
+@dataclass
+class AutoSteps:
+    """The draft length of each round under `--steps auto` (see the module docstring)."""
+
+    max_steps: int
+    profile: Profile | None = None
+    costs: StepCosts = field(default_factory=StepCosts)  # this run's rounds: width -> seconds
+    draft_s: float | None = None  # this run's drafting seconds per token (mean)
+    drafted: int = 0
+    last_rates: list[float] = field(default_factory=list)  # expected tok/s per k, at the last choice
+    seen: PositionAcceptance | None = None
+
+    def __post_init__(self):
+        self.seen = PositionAcceptance(self.max_steps)
+
+    def acceptance(self) -> list[float]:
+        """The run's acceptance by position, the profile's as the prior (one half without one)."""
+        if self.profile is not None:
+            self.seen.prior, self.seen.weight = self.profile.acceptance, PRIOR_ROUNDS
+        return self.seen.estimate()
+
+    def latency(self) -> StepCosts:
+        """The profile's curve scaled to what this run's rounds cost (the median ratio over the
+        widths seen: a round costs its forward plus the loop's own work, and the machine's
+        load moves the level, not the shape); the run's own curve without a profile."""
+        if self.profile is None:
+            return self.costs
+        curve = self.profile.latency()
+        ratios = [seconds / curve.at(width) for width, seconds in self.costs.seconds.items()]
+        scale = statistics.median(ratios) if ratios else 1.0
+        out = StepCosts()
+        for width, seconds in self.profile.target_s.items():
+            out.observe(width, seconds * scale)
+        return out
+
+    def ready(self) -> bool:
+        return self.profile is not None or self.costs.ready
+
+    def choose(self) -> int | None:
+        """k for the next round, or None when nothing is known yet (the caller's fallback
+        decides)."""
+        if not self.ready():
+            return None
+        latency = self.latency()
+        draft_s = self.draft_s if self.draft_s is not None else (self.profile.draft_s if self.profile else 0.0)
+        self.last_rates = rates(latency.at, draft_s, self.acceptance(), self.max_steps)
+        return max(range(len(self.last_rates)), key=self.last_rates.__getitem__)
+
+    def record(self, proposed: int, accepted: int, verify_s: float | None = None, draft_s: float | None = None) -> None:
+        """One round: its acceptance by position, its verify and drafting seconds."""
+        self.seen.record(proposed, accepted)
+        if verify_s is not None and verify_s > 0:
+            self.costs.observe(1 + proposed, verify_s)
+        if draft_s is not None and proposed:
+            self.drafted += proposed
+            total = (self.draft_s or 0.0) * (self.drafted - proposed) + draft_s
+            self.draft_s = total / self.drafted
+
+

@@ -1,0 +1,77 @@
+"""`--steps auto` through the real round loop: k changes from round to round with this
+machine's costs and the run's acceptance, and the output stays the target's -- token for token
+at T=0, the target's exact law at T>0 (a broken verifier fails the same test)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import mlx.core as mx
+import pytest
+
+from engines.types import Request, SpecConfig
+from engines.speculative.schedule import MAX_STEPS
+from engines.speculative.tuning import Profile, machine_id
+from tests.engines.broken_verifiers import BROKEN
+from tests.engines.mlx_chat.test_lossless_sampled import PROMPT, SAMPLING, exact_distribution, tiny  # noqa: F401
+from tests.stats import chi_square_pvalue
+
+COPY = "the cat is big and the dog is small . the cat is big and the dog is small ."
+N = 500
+
+
+def tokens(rounds):
+    return [t for r in rounds for t in r.tokens]
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft"])
+def test_auto_equals_plain_at_t0_and_moves_k(engines, llama_draft_dir, method):
+    engine = engines["llama"]
+    plain = tokens(engine.generate(Request(prompt=COPY, max_tokens=80)))
+    spec = SpecConfig(method, 3, auto=True, draft_model=llama_draft_dir if method == "draft" else None)
+    rounds = list(engine.generate(Request(prompt=COPY, max_tokens=80, spec=spec)))
+    assert tokens(rounds) == plain
+    asked = {r.steps for r in rounds if not r.prefill}
+    assert len(asked) > 1, asked  # the fallback, then the chooser: k moved
+    chosen = [r for r in rounds if r.expected_tok_s]  # the telemetry: what auto expected of each k
+    assert chosen and all(len(r.expected_tok_s) == MAX_STEPS + 1 for r in chosen)
+
+
+def flat_profile(engine, tmp_path, method: str, drafter: str = "") -> str:
+    """A machine on which verifying 8 tokens costs what 1 does: auto drafts deep, then less
+    as the run's acceptance falls -- k varies within the first rounds."""
+    path = tmp_path / "profile.json"
+    Profile(machine=machine_id(), model=engine.model_path, method=method, drafter=drafter,
+            target_s={w: 0.01 * (1 + 0.3 * w) for w in range(1, 9)}, draft_s=0.0,
+            acceptance=[0.9, 0.8, 0.6, 0.5, 0.4, 0.3, 0.2]).save(path)
+    return str(path)
+
+
+def law(engine, spec):
+    mx.random.seed(3)
+    counts, proposed, accepted, asked = Counter(), 0, 0, set()
+    for _ in range(N):
+        rounds = list(engine.generate(Request(prompt=PROMPT, max_tokens=5, spec=spec, sampling=SAMPLING,
+                                              ignore_chat_template=True)))
+        counts[tuple(tokens(rounds))[:3]] += 1
+        proposed += sum(r.proposed for r in rounds)
+        accepted += sum(r.accepted for r in rounds)
+        asked |= {r.steps for r in rounds if not r.prefill}
+    return counts, proposed, accepted, asked
+
+
+def test_auto_keeps_the_target_law_at_t_above_0(tiny, tmp_path):  # noqa: F811
+    spec = SpecConfig("draft", 3, auto=True, profile=flat_profile(tiny, tmp_path, "draft", tiny.draft_path))
+    spec.draft_model = tiny.draft_path
+    counts, proposed, accepted, asked = law(tiny, spec)
+    assert proposed > 0.5 * N and 0.03 * proposed < accepted < 0.95 * proposed
+    assert len(asked) > 1 and max(asked) <= MAX_STEPS
+    assert chi_square_pvalue(counts, exact_distribution(tiny), N) > 1e-3
+
+
+def test_a_broken_verifier_fails_the_auto_law(tiny, tmp_path, monkeypatch):  # noqa: F811
+    spec = SpecConfig("draft", 3, auto=True, profile=flat_profile(tiny, tmp_path, "draft", tiny.draft_path))
+    spec.draft_model = tiny.draft_path
+    BROKEN["resample_from_p"](monkeypatch)
+    counts, _, _, _ = law(tiny, spec)
+    assert chi_square_pvalue(counts, exact_distribution(tiny), N) < 1e-3

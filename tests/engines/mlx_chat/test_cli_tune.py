@@ -1,0 +1,60 @@
+"""`specscope tune` on the tiny llama: it writes a profile that `--steps auto` then finds and
+uses (no note), whose latency curve a fresh measurement reproduces; `--json` prints it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from app.cli.main import main
+from engines.types import Request, SpecConfig
+from engines.speculative.schedule import DraftSchedule
+from engines.speculative.tuning import Profile
+
+
+def test_tune_writes_the_profile_auto_uses(engines, llama_dir, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SPECSCOPE_HOME", str(tmp_path / "home"))
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("the cat is big and the dog is small . the cat is big and the dog\nhello world hello world\n")
+    assert main(["tune", "--model", str(llama_dir), "--prompts", str(prompts), "--max-tokens", "24",
+                 "--context", "64", "--reps", "5", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(map(int, out["target_s"])) == set(range(1, 9)) and len(out["acceptance"]) == 7
+    assert all(0 < a < 1 for a in out["acceptance"])
+    profile = Profile.load(out["path"], out["model"], "ngram")
+    # the run finds it by itself: --steps auto's folder of profiles
+    from app.cli.common import profiles_dir
+
+    spec = SpecConfig("ngram", 5, auto=True, profile=str(profiles_dir()))
+    schedule = DraftSchedule.of(spec, out["model"])
+    assert schedule.note is None and schedule.auto.profile == profile
+    rounds = list(engines["llama"].generate(Request(prompt="the cat is big", max_tokens=8, spec=spec)))
+    assert rounds[0].note is None or "tuning profile" not in rounds[0].note
+
+
+def test_auto_without_a_profile_says_so_once_and_runs(llama_dir, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SPECSCOPE_HOME", str(tmp_path / "home"))
+    assert main(["chat", "--model", str(llama_dir), "--prompt", "the cat is big", "--steps", "auto",
+                 "--max-tokens", "12"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("no tuning profile") == 1 and "specscope tune" in err
+    assert main(["chat", "--model", str(llama_dir), "--prompt", "x", "--steps", "seven"]) == 2
+    assert "auto" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_fresh_measurement_reproduces_the_curve():
+    """SmolLM2: the latency curve measured twice -- its shape (each width against one token)
+    agrees within 10%. (Its absolute level moves with whatever else the machine runs, which
+    is why a run refines the profile with its own rounds.)"""
+    from engines.mlx_chat.engine import ChatEngine
+    from engines.mlx_chat.models import default_chat_model
+    from engines.mlx_chat.tuning import forward_latency
+
+    engine = ChatEngine.load(str(default_chat_model()))
+    context = engine.tokenizer.encode("the cat is big and the dog is small . " * 30)[:256]
+    first, second = (forward_latency(engine.model, context, reps=9) for _ in range(2))
+    shape = lambda c: [c[w] / c[1] for w in sorted(c)]  # noqa: E731
+    for a, b in zip(shape(first), shape(second)):
+        assert b == pytest.approx(a, rel=0.10), (shape(first), shape(second))
