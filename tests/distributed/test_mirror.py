@@ -102,3 +102,13 @@ def test_the_replica_follows_rank_zero_through_joins_twins_leaves_and_compaction
     follow_and_compare()
     assert replica.caches == {}  # what rank 0 let go, the replica dropped
     assert replica.stopped
+
+
+def test_an_mtp_request_decodes_plainly_and_says_why(llama):
+    """The MTP drafter reads the target's whole K/V and hidden state; tensor parallel splits
+    them over the ranks: the request decodes plainly, and its first Round says so."""
+    chat = ChatEngine.load(llama)
+    bus = Bus.join(mx.distributed.init())
+    engine = RankZeroEngine(chat, bus=bus)
+    rounds = list(engine.generate(Request(prompt=PROMPTS[0], max_tokens=6, spec=SpecConfig("mtp", 3, draft_model=llama))))
+    assert "tensor parallel splits" in rounds[0].note and sum(r.proposed for r in rounds) == 0
