@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 from engines.types import EngineError
@@ -133,9 +134,14 @@ def run_ranks(cmd: list[str], local_ranks: int | None = None) -> int:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     # stdin: a pipe never written to. mlx.launch relays its stdin to the ranks with select();
     # /dev/null would be always readable and spin it.
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdin=subprocess.PIPE)
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdin=subprocess.PIPE, stderr=subprocess.PIPE)
+    failed = threading.Event()
+    relay = threading.Thread(target=_relay_stderr, args=(proc.stderr, failed), daemon=True)
+    relay.start()
+    stopped_by: list[int] = []
 
     def stop(signum, frame):
+        stopped_by.append(signum)
         _signal_group(proc.pid, signal.SIGTERM)
 
     old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -145,7 +151,21 @@ def run_ranks(cmd: list[str], local_ranks: int | None = None) -> int:
         for s, handler in old.items():
             signal.signal(s, handler)
         _signal_group(proc.pid, signal.SIGKILL)  # stopped or hung ranks too
-    return code
+        relay.join(timeout=5)
+    if stopped_by:  # Ctrl-C or a SIGTERM: the shell's convention
+        return 128 + stopped_by[0]
+    # mlx.launch itself exits 0 whatever its ranks did: a rank that failed is told by its own
+    # warning line, which the relay watched for.
+    return code or (1 if failed.is_set() else 0)
+
+
+def _relay_stderr(stream, failed: threading.Event) -> None:
+    """mlx.launch's stderr (the ranks' lines and its own) to ours, noting a rank that failed."""
+    for line in iter(stream.readline, b""):
+        sys.stderr.buffer.write(line)
+        sys.stderr.buffer.flush()
+        if b"Node with rank" in line and (b"exited with code" in line or b"was killed" in line):
+            failed.set()
 
 
 def _signal_group(pgid: int, sig: int) -> None:

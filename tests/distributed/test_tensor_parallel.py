@@ -37,8 +37,9 @@ def ranked(llama, llama_draft, tmp_path_factory):
     server = start_rank_server(llama, tmp_path_factory.mktemp("ranked"), "--draft-model", llama_draft,
                                "--check-ranks", "--max-batch", "4")
     yield server
-    server.stop()
+    server.stop()  # SIGTERM to the launcher, as a supervisor stops it
     wait_gone(server, 30)
+    assert server.proc.returncode == 128 + 15
 
 
 @pytest.fixture(scope="module")
@@ -162,6 +163,7 @@ def test_a_lost_rank_answers_503_and_every_process_exits(llama, tmp_path, fault)
         assert answer["error"]["code"] == "rank_lost"
         assert time.monotonic() - t0 < 30
         wait_gone(server, 30)
+        assert server.proc.returncode == 1  # the launcher says the ranks failed
         said = f"rank 1 (pid {rank1}) exited" if fault == "killed" else f"rank 1 (pid {rank1}) stopped"
         lines = [line for line in server.stderr().splitlines() if line.startswith("specscope serve: rank")]
         assert len(lines) == 1 and said in lines[0], server.stderr()
