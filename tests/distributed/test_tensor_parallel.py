@@ -109,19 +109,41 @@ def test_a_batch_across_ranks_gives_each_request_its_lone_answer(ranked, single)
 
 
 def test_every_forward_was_checked_identical_on_both_ranks(ranked):
-    ranked.chat(PROMPTS[2], temperature=0, speculative=METHODS["ngram"])
+    ranked.chat(PROMPTS[2], temperature=0, max_tokens=80, speculative=METHODS["ngram"])
+    time.sleep(1.5)  # an idle heartbeat gathers the ranks' times
     status, report = ranked.get("/v1/spec_decode/metrics")
     assert status == 200
     assert report["ranks"] == 2
-    assert report["rank_checked_forwards"] > 50  # a divergence would have failed its request
+    assert report["rank_checked_forwards"] > 30  # a divergence would have failed its request
     step = report["last_step"]
     assert step["forwards"] >= 1 and 0 < step["broadcast_s"] < step["wall_s"]
     times = report["rank_times"]  # gathered at most once a second (and on idle heartbeats)
     assert [t["rank"] for t in times] == [0, 1]
-    assert all(t["forwards"] > 50 and t["compute_s"] > 0 and t["wait_s"] > 0 for t in times), times
+    assert all(t["forwards"] > 30 and t["compute_s"] > 0 and t["wait_s"] > 0 for t in times), times
     metrics = urllib.request.urlopen(f"{ranked.url}/metrics").read().decode()
     assert 'specscope:rank_compute_seconds{rank="1"}' in metrics
     assert "specscope:rank_broadcast_seconds_count" in metrics
+
+
+def test_the_window_s_server_line_shows_the_ranks(ranked):
+    """What the window shows when connected (engines.remote.counters -> the server-load line):
+    each rank's share of time in forwards and rank 0's broadcast per step, from two scrapes."""
+    from app.gui.views.server_load import describe
+    from engines.remote.counters import parse_load_counters, server_load
+    from engines.remote.engine import fetch_metrics
+
+    thread = threading.Thread(target=ranked.chat, args=(PROMPTS[3],),
+                              kwargs=dict(temperature=0, max_tokens=300, speculative=METHODS["off"]))
+    thread.start()
+    time.sleep(1.0)
+    before, t0 = parse_load_counters(fetch_metrics(ranked.url)), time.monotonic()
+    time.sleep(2.5)
+    after = parse_load_counters(fetch_metrics(ranked.url))
+    thread.join(timeout=120)
+    load = server_load(before, after, time.monotonic() - t0)
+    assert load.rank_busy is not None and len(load.rank_busy) == 2 and all(0 < b <= 1 for b in load.rank_busy)
+    assert load.broadcast_s is not None and load.broadcast_s > 0
+    assert " 2 ranks busy " in describe(load) and "broadcast" in describe(load)
 
 
 # -- faults ------------------------------------------------------------------------------------
