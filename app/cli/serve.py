@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -38,6 +39,19 @@ def serve_parser(parser_class) -> argparse.ArgumentParser:
                    help="Host names served besides localhost, 127.0.0.1 and [::1] (a reverse proxy, a .local name)")
     p.add_argument("--allowed-origins", type=comma_list, default=(), metavar="ORIGIN,...",
                    help="browser origins that may call the API (CORS), e.g. http://localhost:3000; others get 403")
+    p.add_argument("--ranks", type=int, default=1, metavar="N",
+                   help="tensor parallel: split the chat model over N processes on this machine (mlx.launch, "
+                        "ring backend over loopback); rank 0 serves HTTP and drafts")
+    p.add_argument("--hostfile", default=None, metavar="FILE",
+                   help="tensor parallel over several machines: mlx.launch's JSON hostfile, one rank per host "
+                        "(see docs/distributed.md)")
+    p.add_argument("--rank-timeout", type=float, default=30.0, metavar="S",
+                   help="longest wait on another rank before it is declared lost (the server answers 503 and exits)")
+    p.add_argument("--memory-limit", type=float, default=None, metavar="GB",
+                   help="the most memory the chat model may take in this process (in each rank with --ranks): "
+                        "MLX's limit (mx.set_memory_limit), checked after loading")
+    p.add_argument("--check-ranks", action="store_true",
+                   help="compare every forward's logits across the ranks (a divergence check; one more collective per forward)")
     add_spec_arguments(p, ["off", "ngram", "draft", "mtp"], "ngram")
     return p
 
@@ -55,13 +69,19 @@ def cmd_serve(argv: list[str]) -> int:
         raise UsageError("--port must be in 1..65535")
     if args.no_chat and not args.ocr_model:
         raise UsageError("--no-chat leaves nothing to serve: give --ocr-model PATH")
+    if args.ranks < 1:
+        raise UsageError("--ranks must be >= 1")
+    if args.ranks > 1 or args.hostfile:
+        return serve_ranks(args, argv, config)
     served: list[Served] = []
     if not args.no_chat:
         pick_drafter(args)
         spec = spec_config(args)
         asked = args.model  # a catalog id names the model better than its cache folder does
         resolve_models(args, spec, "chat")
+        limit_memory(args.memory_limit)
         engine = load_chat_engine(args.model, spec.draft_model)
+        check_memory_limit(args.memory_limit, "the model")
         name = args.model_name or Path(asked or engine.model_path).name
         served.append(Served(ServedModel(name, "chat", spec), engine))
     if args.ocr_model:
@@ -76,3 +96,98 @@ def cmd_serve(argv: list[str]) -> int:
           file=sys.stderr, flush=True)
     serve_forever(app, config)
     return 0
+
+
+def serve_ranks(args: argparse.Namespace, argv: list[str], config: ServeConfig) -> int:
+    """Tensor parallel. Started by the user: launch the ranks (mlx.launch) and wait for them.
+    Started by mlx.launch (MLX_RANK is set): be that rank -- rank 0 serves, the others follow."""
+    from engines.distributed.launch import (check_hostfile, check_hosts_reachable, free_port_run, launch_command,
+                                            pin_local_rank, run_ranks, this_rank)
+
+    if args.ocr_model or args.no_chat:
+        raise UsageError("--ranks / --hostfile split the chat model only: serve GLM-OCR from a server of its own")
+    if args.rank_timeout <= 0:
+        raise UsageError("--rank-timeout must be > 0")
+    pick_drafter(args)
+    spec = spec_config(args)
+    asked = args.model
+    resolve_models(args, spec, "chat")
+    if args.model is None:
+        from engines.mlx_chat.models import default_chat_model
+
+        args.model = str(default_chat_model())
+    rank = this_rank()
+    if rank is None:
+        from engines.distributed.engine import check_model_shardable
+
+        ranks = check_hostfile(args.hostfile) if args.hostfile else args.ranks
+        if args.hostfile:
+            check_hosts_reachable(args.hostfile)
+        check_model_shardable(args.model, ranks)  # one line now, not one per rank later
+        port = None if args.hostfile else free_port_run(ranks)
+        return run_ranks(launch_command(["serve", *argv], ranks, args.hostfile, port),
+                         local_ranks=None if args.hostfile else ranks)
+    if not args.hostfile:
+        pin_local_rank(rank, args.ranks)  # before MLX starts its threads
+
+    import mlx.core as mx
+
+    from engines.distributed.bus import Bus, Watchdog
+    from engines.distributed.engine import RankZeroEngine, follow, load_rank_zero, load_shard
+
+    def unconnected(what: str) -> None:
+        print(f"specscope serve: rank {rank}: the ranks did not connect within {args.rank_timeout:.0f} s "
+              "(a rank that did not start, or a hostfile's ips this machine cannot reach); exiting",
+              file=sys.stderr, flush=True)
+        os._exit(1)
+
+    watchdog = Watchdog(args.rank_timeout, unconnected).start()
+    watchdog.arm("connecting")
+    group = mx.distributed.init(strict=True, backend="ring")
+    bus = Bus.join(group)
+    watchdog.disarm()
+    limit_memory(args.memory_limit)
+    if rank != 0:
+        try:
+            model = load_shard(args.model, group).model
+            check_memory_limit(args.memory_limit, f"rank {rank}'s shard")
+        except Exception:  # rank 0 loads the same model and says what is wrong, once
+            return 2
+        return follow(model, bus, args.rank_timeout)
+    chat = load_rank_zero(args.model, spec.draft_model, group)
+    check_memory_limit(args.memory_limit, "rank 0's shard (and the draft model)")
+    engine = RankZeroEngine(chat, max_batch=max(args.max_batch, 1), bus=bus, timeout_s=args.rank_timeout,
+                            check=args.check_ranks)
+    name = args.model_name or Path(asked or chat.model_path).name
+    config.ranks = group.size()
+    app = build_app(config, [Served(ServedModel(name, "chat", spec), chat, batch=engine)])
+    print(f"specscope serve: {name} over {group.size()} ranks on http://{args.host}:{args.port}/v1",
+          file=sys.stderr, flush=True)
+    # Ctrl-C reaches the launcher, which stops every rank (engines/distributed/launch.py).
+    serve_forever(app, config)
+    return 0
+
+
+def limit_memory(gb: float | None) -> None:
+    """MLX's memory limit: enforced by its Metal allocator; on the CPU backend it is advice,
+    so check_memory_limit measures the load's peak against it as well."""
+    if gb is not None:
+        import mlx.core as mx
+
+        if gb <= 0:
+            raise UsageError("--memory-limit must be > 0 (GB)")
+        mx.set_memory_limit(int(gb * 2**30))
+        mx.reset_peak_memory()
+
+
+def check_memory_limit(gb: float | None, what: str) -> None:
+    if gb is None:
+        return
+    import mlx.core as mx
+
+    from engines.types import EngineError
+
+    peak = mx.get_peak_memory()
+    if peak > gb * 2**30:
+        raise EngineError(f"{what} took {peak / 2**30:.3f} GB to load, over --memory-limit {gb:g} GB: "
+                          "split it over more ranks (--ranks N)")

@@ -8,12 +8,19 @@ own request's coroutine, which streams or collects them exactly as with one requ
 (server.py's EngineQueue, which still serves OCR and `--max-batch 1`).
 
 A client that disconnects sets its `stop` event; the engine reads it at the start of the next
-step, so its row is freed within one step."""
+step, so its row is freed within one step.
+
+Tensor parallel (engines/distributed): the engine is rank 0's. When no step is running, the
+thread sends the other ranks a heartbeat every second. A lost rank cannot be recovered in the
+process: every request in flight and every new one is answered 503, the server says which
+rank in one line on stderr and exits, and mlx.launch stops the other ranks."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import queue
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -26,6 +33,9 @@ from engines.speculative.rounds import Round
 
 RETRY_AFTER_S = 2
 DONE = object()
+IDLE_S = 1.0  # an idle tensor-parallel engine's heartbeat period
+LOST_EXIT_AFTER_S = 1.0  # time for the 503s to go out before the process exits
+LOST_EXIT_CODE = 3
 
 
 @dataclass
@@ -54,12 +64,18 @@ class BatchQueue:
         self.inbox: queue.Queue = queue.Queue()
         self.sinks: dict[int, Admission] = {}  # sequence id -> its request
         self.first_choice: dict[int, object] = {}  # id(request) -> its choice 0's sequence (twins share its prefill)
+        self.idle = getattr(engine, "idle", None)  # tensor parallel: rank 0's heartbeat
+        self.lost: Exception | None = None  # tensor parallel: the lost rank; nothing more is served
+        if hasattr(engine, "on_lost"):
+            engine.on_lost = self._lost
         self.thread = threading.Thread(target=self._loop, name="specscope-batch", daemon=True)
         self.thread.start()
 
     # -- the event loop's side --------------------------------------------------------------------
     def admit(self, count: int = 1) -> None:
         """Room for `count` sequences (a request's n choices), all or none."""
+        if self.lost is not None:
+            raise _unavailable(self.lost)
         with self.lock:
             if self.admitted + count > self.capacity:
                 raise ApiError(503, "the server is busy (its batch and queue are full); retry later", "server_busy",
@@ -81,17 +97,27 @@ class BatchQueue:
 
     # -- the scheduler thread ---------------------------------------------------------------------
     def _loop(self) -> None:
-        while True:
-            self._take_inbox(block=not self.engine.busy)
+        while self.lost is None:
+            self._take_inbox(block=not self.engine.busy, timeout=IDLE_S if self.idle else None)
             if not self.engine.busy:
+                if self.idle is not None and self.inbox.empty():
+                    try:
+                        self.idle()
+                    except Exception:  # a lost rank: _lost has answered everyone
+                        return
                 continue
             t0 = time.perf_counter()
             try:
                 out = self.engine.step()
             except Exception as e:  # a fault in the step: every request in it hears it
+                if self.lost is not None:
+                    return
                 self._fail_all(e)
                 continue
             self.metrics.observe_step(self.engine.size, time.perf_counter() - t0)
+            step = getattr(self.engine, "last_step", None)  # tensor parallel: the ranks' times
+            if step is not None:
+                self.metrics.observe_ranks(step.broadcast_s, self.engine.times)
             for seq, rnd in out:
                 admission = self.sinks[seq.id]
                 self.metrics.count_round(rnd)
@@ -100,12 +126,12 @@ class BatchQueue:
                     self._finish(seq.id)
             self._gauges()
 
-    def _take_inbox(self, block: bool) -> None:
+    def _take_inbox(self, block: bool, timeout: float | None = None) -> None:
         """Submit what arrived: an invalid request never enters the batch (its error goes
         back to it alone)."""
         while True:
             try:
-                a = self.inbox.get(block=block, timeout=None)
+                a = self.inbox.get(block=block, timeout=timeout)
             except queue.Empty:
                 return
             block = False
@@ -138,6 +164,24 @@ class BatchQueue:
         self.engine.joining.clear()
         self.engine.cache = None
 
+    def _lost(self, error: Exception) -> None:
+        """A rank of a tensor-parallel engine was lost (called from the scheduler thread, or
+        from the engine's watchdog while this thread waits in a collective): 503 to everyone,
+        one line, exit."""
+        if self.lost is not None:
+            return
+        self.lost = error
+        self._fail_all(_unavailable(error))
+        while True:  # requests that arrived meanwhile
+            try:
+                a = self.inbox.get_nowait()
+            except queue.Empty:
+                break
+            a.push(_unavailable(error))
+            a.push(DONE)
+        print(f"specscope serve: {error}; exiting", file=sys.stderr, flush=True)
+        threading.Timer(LOST_EXIT_AFTER_S, os._exit, (LOST_EXIT_CODE,)).start()
+
     def _leave(self) -> None:
         with self.lock:
             self.admitted -= 1
@@ -153,3 +197,8 @@ class BatchQueue:
         self.metrics.requests_waiting.set(len(self.engine.joining))
         self.metrics.requests_processing.set(running)
         self.metrics.requests_deferred.set(len(self.engine.joining))
+
+
+def _unavailable(error: Exception) -> ApiError:
+    return ApiError(503, f"the model's ranks are broken ({error}); the server is exiting", "rank_lost",
+                    kind="server_error")

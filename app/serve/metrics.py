@@ -47,6 +47,15 @@ class ServeMetrics:
                                     buckets=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32))
         self.step_seconds = Histogram(PREFIX + "step_latency_seconds", "Wall time of one batch step", registry=r,
                                       buckets=(0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0))
+        # tensor parallel (--ranks): rank 0's broadcast per step, and every rank's running totals
+        self.rank_broadcast = Histogram(PREFIX + "rank_broadcast_seconds",
+                                        "Tensor parallel: rank 0's time per step in broadcasts to the other ranks",
+                                        registry=r, buckets=(0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1))
+        self.rank_compute = Gauge(PREFIX + "rank_compute_seconds", "Tensor parallel: seconds in forwards, per rank "
+                                  "(the sharded layers' all_sums included)", ("rank",), registry=r)
+        self.rank_wait = Gauge(PREFIX + "rank_wait_seconds", "Tensor parallel: seconds waiting on rank 0's messages "
+                               "(rank 0: sending them), per rank", ("rank",), registry=r)
+        self.rank_forwards = Gauge(PREFIX + "rank_forwards", "Tensor parallel: forwards run, per rank", ("rank",), registry=r)
         self.prefix_queries = counter("prefix_cache_queries", "Prompt tokens looked up in the prompt cache")
         self.prefix_hits = counter("prefix_cache_hits", "Prompt tokens found in the prompt cache (not read again)")
         self.spec = SpecDecodeStats()
@@ -55,6 +64,15 @@ class ServeMetrics:
         if batch_size:
             self.batch_size.observe(batch_size)
             self.step_seconds.observe(seconds)
+
+    def observe_ranks(self, broadcast_s: float, times: list) -> None:
+        """A tensor-parallel step: rank 0's broadcast time, and the latest totals of every rank
+        (engines/distributed RankTimes)."""
+        self.rank_broadcast.observe(broadcast_s)
+        for rank, t in enumerate(times):
+            self.rank_compute.labels(rank=str(rank)).set(t.compute_s)
+            self.rank_wait.labels(rank=str(rank)).set(t.wait_s)
+            self.rank_forwards.labels(rank=str(rank)).set(t.forwards)
 
     def count_round(self, rnd: Round) -> None:
         """Called once per round as it is produced, so /metrics moves while a response streams."""

@@ -57,6 +57,7 @@ class ServeConfig:
     prompt_cache_mb: int = 512  # prompts read before, kept for requests that start the same (0: off)
     allowed_hosts: tuple[str, ...] = ()  # Host names served besides the loopback ones (app/serve/guard.py)
     allowed_origins: tuple[str, ...] = ()  # browser origins that may call (CORS); others get 403
+    ranks: int = 1  # processes the chat model is split over (tensor parallel; /health says it)
 
     def check(self) -> None:
         if self.host not in LOOPBACK and not self.api_key and not self.insecure:
@@ -76,6 +77,7 @@ class Served:
 
     model: ServedModel
     engine: Engine
+    batch: object = None  # a BatchEngine built by the caller (tensor parallel's rank 0), driven as given
 
 
 class EngineQueue:
@@ -158,6 +160,10 @@ def batch_queue(served: Served, config: ServeConfig, metrics: ServeMetrics):
     time; a model whose caches cannot be batched says why on stderr once)."""
     from engines.mlx_chat.engine import ChatEngine
 
+    if served.batch is not None:  # its maker checked its memory (each rank holds a shard)
+        from app.serve.batching import BatchQueue
+
+        return BatchQueue(served.batch, config.queue_size, metrics, check_prompt)
     if config.max_batch < 2 or served.model.kind != "chat" or not isinstance(served.engine, ChatEngine):
         return None
     from mlx.utils import tree_flatten
@@ -179,6 +185,24 @@ def batch_queue(served: Served, config: ServeConfig, metrics: ServeMetrics):
     if kept:
         engine.prompt_cache = PromptCache(engine.prefill_chunk, kept)
     return BatchQueue(engine, config.queue_size, metrics, check_prompt)
+
+
+def ranks_report(queues: dict) -> dict:
+    """Tensor parallel: the ranks, the last step's wall and broadcast time on rank 0, and how
+    many forwards the divergence check found identical on every rank."""
+    for q in queues.values():
+        engine = getattr(q, "engine", None)
+        if getattr(engine, "bus", None) is not None:
+            step = engine.last_step
+            return {"ranks": engine.ranks, "rank_checked_forwards": engine.checked,
+                    "rank_times": [{"rank": r, "forwards": t.forwards, "compute_s": round(t.compute_s, 6),
+                                    "wait_s": round(t.wait_s, 6)} for r, t in enumerate(engine.times)],
+                    "rank_broadcasts": engine.bus.sent, "rank_broadcast_s": round(engine.bus.comm_s, 6),
+                    "last_step": None if step is None else {"wall_s": round(step.wall_s, 6),
+                                                            "compute_s": round(step.compute_s, 6),
+                                                            "broadcast_s": round(step.broadcast_s, 6),
+                                                            "forwards": step.forwards}}
+    return {}
 
 
 def check_prompt(served: Served, parsed: ParsedRequest) -> int | None:
@@ -217,7 +241,10 @@ def build_app(config: ServeConfig, served: list[Served]) -> Starlette:
         return error(ApiError(401, "a valid API key is required (Authorization: Bearer KEY)", "invalid_api_key"))
 
     async def health(http: HttpRequest) -> Response:
-        return JSONResponse({"status": "ok"})
+        lost = [q.lost for q in queues.values() if getattr(q, "lost", None) is not None]
+        if lost:
+            return JSONResponse({"status": "rank lost", "ranks": config.ranks, "error": str(lost[0])}, status_code=503)
+        return JSONResponse({"status": "ok", "ranks": config.ranks})
 
     async def list_models(http: HttpRequest) -> Response:
         if not authorized(http):
@@ -236,7 +263,7 @@ def build_app(config: ServeConfig, served: list[Served]) -> Starlette:
     async def spec_decode_metrics(http: HttpRequest) -> Response:
         if not authorized(http):
             return unauthorized()
-        return JSONResponse(metrics.spec.as_dict() | {"max_batch": config.max_batch})
+        return JSONResponse(metrics.spec.as_dict() | {"max_batch": config.max_batch} | ranks_report(queues))
 
     async def chat_completions(http: HttpRequest) -> Response:
         if not authorized(http):
@@ -281,6 +308,9 @@ def build_app(config: ServeConfig, served: list[Served]) -> Starlette:
                 collected[i].append(rnd)
                 if await http.is_disconnected():
                     stop.set()  # the engine stops at its next round
+        except ApiError as e:  # failed mid-request (a lost rank of a tensor-parallel model: 503)
+            metrics.requests.labels(outcome="error").inc()
+            return error(e)
         finally:
             await _drain(rounds, stop, parsed)
         metrics.prompt_tokens.inc((prompt_n[0] if prompt_n else None) or 0)

@@ -272,7 +272,7 @@ class BatchEngine:
             cache, seq.read = self.prompt_cache.fetch(body, self.model)
             if cache is not None:
                 return cache
-        return BatchCache(self.model, 1)
+        return self.new_cache(1)
 
     def _first_token(self, seq: Sequence) -> Round:
         """The prompt's last token through the target: the first token; then the sequence
@@ -397,6 +397,11 @@ class BatchEngine:
         mx.eval(outputs)
         if self.budget is not None:
             self.budget.observe(len(rows), max(len(r) for r in rows), time.perf_counter() - t0)
+
+    def new_cache(self, rows: int) -> BatchCache:
+        """A cache for `rows` sequences. (Tensor parallel, engines/distributed, overrides it and
+        _forward: its caches and forwards are mirrored on every rank.)"""
+        return BatchCache(self.model, rows)
 
     def _forward(self, cache: BatchCache, rows: list[list[int]],
                  seqs: list[Sequence]) -> tuple[mx.array, mx.array | None]:

@@ -31,8 +31,10 @@ class LoadedModel:
     dequantized: bool = False  # quantized layers were expanded to float32 (CPU backend)
 
 
-def load_model(path: str) -> LoadedModel:
-    """An HF-layout directory (config.json + model*.safetensors + tokenizer files) or a .gguf."""
+def load_model(path: str, lazy: bool = False) -> LoadedModel:
+    """An HF-layout directory (config.json + model*.safetensors + tokenizer files) or a .gguf.
+    `lazy`: the weights are read when first used (tensor parallel shards them first, so a rank
+    reads only its part)."""
     p = Path(path).expanduser()
     if not p.exists():
         raise EngineError(f"model not found: {path}")
@@ -41,7 +43,7 @@ def load_model(path: str) -> LoadedModel:
             raise EngineError(f"not a model: {path} (expected a model directory or a .gguf file)")
         loaded = _load_gguf(p)
     else:
-        loaded = _load_hf_dir(p)
+        loaded = _load_hf_dir(p, lazy)
     if not mx.metal.is_available():
         loaded.dequantized = dequantize_layers(loaded.model)
     return loaded
@@ -113,7 +115,7 @@ def _check_architecture(config: dict, p: Path) -> None:
         ) from e
 
 
-def _load_hf_dir(p: Path) -> LoadedModel:
+def _load_hf_dir(p: Path, lazy: bool = False) -> LoadedModel:
     from mlx_lm.utils import load_model as mlx_load_model
     from mlx_lm.utils import load_tokenizer
 
@@ -122,7 +124,7 @@ def _load_hf_dir(p: Path) -> LoadedModel:
         raise EngineError(f"not a model directory: {p} has no model*.safetensors weights")
     _check_architecture(config, p)
     try:
-        model, config = mlx_load_model(p, model_config=_published_overrides(config))
+        model, config = mlx_load_model(p, lazy=lazy, model_config=_published_overrides(config))
     except (ValueError, RuntimeError, OSError, KeyError) as e:
         raise EngineError(f"corrupt or mismatched weights in {p}: {_one_line(e)}") from e
     try:

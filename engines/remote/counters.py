@@ -74,6 +74,10 @@ class ServerLoad:
     step_latency_s: float | None
     tokens_per_s: float | None
     mean_batch: float | None
+    # tensor parallel (`specscope serve --ranks N`): each rank's share of its time in forwards
+    # (the rest it waits for rank 0), and rank 0's broadcast per step, over the interval
+    rank_busy: list[float] | None = None
+    broadcast_s: float | None = None
 
 
 @dataclass
@@ -84,6 +88,10 @@ class LoadCounters:
     step_seconds: float | None = None
     batch_rows: float | None = None  # batch size histogram: sum (rows over all steps)
     tokens: float | None = None  # tokens predicted, in total
+    rank_compute: dict[int, float] = field(default_factory=dict)  # tensor parallel: per rank, totals
+    rank_wait: dict[int, float] = field(default_factory=dict)
+    broadcasts: float | None = None  # rank 0's broadcast histogram: count and sum
+    broadcast_seconds: float | None = None
 
 
 LOAD_NAMES = {  # sample name without its prefix -> LoadCounters field (vLLM / llama.cpp / ours)
@@ -91,7 +99,9 @@ LOAD_NAMES = {  # sample name without its prefix -> LoadCounters field (vLLM / l
     "num_requests_waiting": "waiting", "requests_deferred": "waiting",
     "step_latency_seconds_count": "steps", "step_latency_seconds_sum": "step_seconds",
     "batch_size_sum": "batch_rows", "tokens_predicted_total": "tokens", "generation_tokens_total": "tokens",
+    "rank_broadcast_seconds_count": "broadcasts", "rank_broadcast_seconds_sum": "broadcast_seconds",
 }
+RANK_NAMES = {"rank_compute_seconds": "rank_compute", "rank_wait_seconds": "rank_wait"}  # labelled by rank
 
 
 def parse_load_counters(text: str) -> LoadCounters:
@@ -102,6 +112,9 @@ def parse_load_counters(text: str) -> LoadCounters:
             name = LOAD_NAMES.get(sample.name[len(prefix):]) if prefix else None
             if name is not None and getattr(counters, name) is None:  # the first name found wins
                 setattr(counters, name, sample.value)
+            per_rank = RANK_NAMES.get(sample.name[len(prefix):]) if prefix else None
+            if per_rank is not None and "rank" in sample.labels:
+                getattr(counters, per_rank)[int(sample.labels["rank"])] = sample.value
     return counters
 
 
@@ -111,10 +124,29 @@ def server_load(before: LoadCounters, after: LoadCounters, seconds: float) -> Se
         return None if a is None or b is None else a - b
 
     steps = delta("steps")
+    broadcasts = delta("broadcasts")
     return ServerLoad(
         running=after.running,
         waiting=after.waiting,
         step_latency_s=delta("step_seconds") / steps if steps else None,
         tokens_per_s=delta("tokens") / seconds if delta("tokens") is not None and seconds > 0 else None,
         mean_batch=delta("batch_rows") / steps if steps and delta("batch_rows") is not None else None,
+        rank_busy=_rank_busy(before, after),
+        broadcast_s=delta("broadcast_seconds") / broadcasts if broadcasts else None,
     )
+
+
+def _rank_busy(before: LoadCounters, after: LoadCounters) -> list[float] | None:
+    """Per rank: the share of its time in forwards (compute / (compute + wait)) between the two
+    scrapes; None without ranks, or before every rank has moved."""
+    ranks = sorted(after.rank_compute)
+    if not ranks:
+        return None
+    shares = []
+    for r in ranks:
+        compute = after.rank_compute[r] - before.rank_compute.get(r, 0.0)
+        wait = after.rank_wait.get(r, 0.0) - before.rank_wait.get(r, 0.0)
+        if compute + wait <= 0:
+            return None
+        shares.append(compute / (compute + wait))
+    return shares

@@ -48,6 +48,7 @@ class Round:
     finish: FinishReason | None = None
     note: str | None = None  # e.g. "speculation stopped: drafter raised ValueError(...)"
     draft_spans: list[tuple[int, int]] | None = None
+    ranks: dict | None = None  # tensor parallel only: this step's cost on rank 0 (engines/distributed StepCost)
     draft_source: str | None = None  # who drafted this round's tokens when drafters are composed ("ngram", "mtp")
     expected_tok_s: list[float] | None = None  # --steps auto: the tok/s it expected of k = 0..7 when it chose `steps`
 
@@ -56,7 +57,10 @@ class Round:
             self.draft_spans = [(int(a), int(b)) for a, b in self.draft_spans]
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        if d["ranks"] is None:  # one process: the records stay as they were
+            del d["ranks"]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "Round":

@@ -21,8 +21,10 @@ FORBIDDEN = {
     "engines": ["app"],
     # the batch is built on the single-stream chat engine, never the other way round; the
     # backend-agnostic speculation code knows no engine
-    "engines.mlx_chat": ["engines.batch"],
-    "engines.speculative": ["engines.batch", "engines.mlx_chat", "engines.glm_ocr", "engines.remote"],
+    "engines.mlx_chat": ["engines.batch", "engines.distributed"],
+    # tensor parallel wraps the batch loop from outside: the batch knows nothing of ranks
+    "engines.batch": ["engines.distributed"],
+    "engines.speculative": ["engines.batch", "engines.distributed", "engines.mlx_chat", "engines.glm_ocr", "engines.remote"],
     "resources": ["app", "engines"],
     "app.models": ["app.cli", "app.gui", "app.serve", "app.records"],
     "app.records": ["app.cli", "app.gui", "app.serve", "app.models"],

@@ -22,9 +22,14 @@ def describe(load: ServerLoad) -> str:
     def shown(value, fmt: str) -> str:
         return "?" if value is None else fmt.format(value)
 
-    return (f"Server batch: {shown(load.running, '{:.0f}')} running \u00b7 {shown(load.waiting, '{:.0f}')} waiting "
+    line = (f"Server batch: {shown(load.running, '{:.0f}')} running \u00b7 {shown(load.waiting, '{:.0f}')} waiting "
             f"\u00b7 step {shown(None if load.step_latency_s is None else 1000 * load.step_latency_s, '{:.0f} ms')} "
             f"\u00b7 {shown(load.mean_batch, '{:.1f}')} per step \u00b7 {shown(load.tokens_per_s, '{:.1f} tok/s')} in all")
+    if load.rank_busy:  # tensor parallel: how busy each rank was, and what rank 0's messages cost
+        busy = " / ".join(f"{100 * b:.0f}%" for b in load.rank_busy)
+        line += (f" \u00b7 {len(load.rank_busy)} ranks busy {busy}"
+                 f" \u00b7 broadcast {shown(None if load.broadcast_s is None else 1000 * load.broadcast_s, '{:.1f} ms')}")
+    return line
 
 
 class ServerLoadView(QFrame):
