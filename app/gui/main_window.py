@@ -426,9 +426,11 @@ class MainWindow(QMainWindow):
 
         path = self.controls.model_path()
         if self.mode == "chat" and is_server_url(path):
-            self.server_load.reset()
-            self.server_load.show()
-            self.server_watch.watch(base_url(path.partition("#")[0]), self.controls.engine_options().get("api_key"))
+            base = base_url(path.partition("#")[0])
+            if base != self.server_watch.base or self.server_load.isHidden():  # a new server: its figures anew
+                self.server_load.reset()  # (other settings changing must not wipe figures already shown)
+                self.server_load.show()
+            self.server_watch.watch(base, self.controls.engine_options().get("api_key"))
         else:
             self.server_watch.stop()
             self.server_load.hide()

@@ -132,13 +132,19 @@ def test_the_window_s_server_line_shows_the_ranks(ranked):
     from engines.remote.counters import parse_load_counters, server_load
     from engines.remote.engine import fetch_metrics
 
-    thread = threading.Thread(target=ranked.chat, args=(PROMPTS[3],),
-                              kwargs=dict(temperature=0, max_tokens=300, speculative=METHODS["off"]))
+    scraped = threading.Event()
+
+    def busy():  # one request after another until both scrapes are taken (an answer may end early)
+        while not scraped.is_set():
+            ranked.chat(PROMPTS[3], temperature=0, max_tokens=300, speculative=METHODS["off"])
+
+    thread = threading.Thread(target=busy)
     thread.start()
     time.sleep(1.0)
     before, t0 = parse_load_counters(fetch_metrics(ranked.url)), time.monotonic()
     time.sleep(2.5)
     after = parse_load_counters(fetch_metrics(ranked.url))
+    scraped.set()
     thread.join(timeout=120)
     load = server_load(before, after, time.monotonic() - t0)
     assert load.rank_busy is not None and len(load.rank_busy) == 2 and all(0 < b <= 1 for b in load.rank_busy)
