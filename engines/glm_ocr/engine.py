@@ -424,17 +424,20 @@ class OcrEngine:
         spec = request.spec
         if spec.method not in ("off", "mtp"):
             raise EngineError(f"the OCR engine speculates with 'mtp' (or 'off'), not {spec.method!r}")
+        # --steps auto is measured for chat targets (`specscope tune`); OCR adapts k to acceptance
+        auto_note = ("--steps auto: OCR is not tuned yet (specscope tune measures chat models); the draft "
+                     "length adapts to acceptance instead") if spec.auto and spec.enabled else None
         try:
-            schedule = DraftSchedule(spec.steps if spec.enabled else 0, spec.adaptive, spec.min_steps,
+            schedule = DraftSchedule(spec.steps if spec.enabled else 0, spec.adaptive or spec.auto, spec.min_steps,
                                      spec.max_steps, spec.skip_streak)
         except ValueError as e:
             raise EngineError(str(e)) from e
         if drafter is not None or not spec.enabled:
-            return schedule, drafter if spec.enabled else None, None
+            return schedule, drafter if spec.enabled else None, auto_note
         if self.runtime.mtp_unavailable:
             schedule.disable()
             return schedule, None, f"{self.runtime.mtp_unavailable}; decoding plainly"
-        return schedule, MtpDrafter(self.runtime, positions, self.config.eos_token_ids), None
+        return schedule, MtpDrafter(self.runtime, positions, self.config.eos_token_ids), auto_note
 
     def _guard(self, request: Request) -> RepetitionDetector | None:
         """A fresh detector per run: the request's copies, the engine's span and period."""

@@ -208,3 +208,15 @@ def test_streamed_text_and_draft_spans(engine, trained_glm_ocr):
             assert "".join(r.text[a:b] for a, b in r.draft_spans) == engine.decode(drafted)
             checked += 1
     assert checked > 0
+
+
+def test_steps_auto_is_said_to_adapt_for_ocr(engine, trained_glm_ocr):
+    """--steps auto is tuned for chat models only: an OCR run says so once and adapts k to
+    acceptance instead; its tokens are still plain decoding's."""
+    _, images = trained_glm_ocr
+    plain = list(engine.generate(Request(kind="ocr", image=str(images[0]), max_tokens=12, spec=SpecConfig())))
+    spec = SpecConfig(method="mtp", steps=2, auto=True)
+    rounds = list(engine.generate(Request(kind="ocr", image=str(images[0]), max_tokens=12, spec=spec)))
+    assert [t for r in rounds for t in r.tokens] == [t for r in plain for t in r.tokens]
+    notes = [r.note for r in rounds if r.note]
+    assert len(notes) == 1 and "adapts to acceptance" in notes[0]
