@@ -35,8 +35,7 @@ import torch.nn as nn
 
 from engines.types import EngineError
 from engines.glm_ocr.config import GlmOcrConfig
-from engines.glm_ocr.weights import (MTP_PARTS, build_mtp_reference, load_model, mtp_missing_reason,
-                                     read_mtp_tensors)
+from engines.glm_ocr.weights import load_model, load_with_mtp, mtp_missing_reason
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DTYPE_ENV = "SPECSCOPE_OCR_DTYPE"  # overrides the default choice (e.g. float32 for parity checks)
@@ -178,8 +177,6 @@ class FastRuntime:
              decode_threads: int | None = None, vision_threads: int | None = None, **_twin_options) -> "FastRuntime":
         """`dtype`: float32 | bfloat16 | float16 (default: default_dtype). `seq_len`, a Core ML
         twin option, is accepted and ignored: this runtime has no fixed window."""
-        from transformers.utils import logging as hf_logging
-
         model_dir = Path(model_dir)
         if not any(model_dir.glob("*.safetensors")):
             raise EngineError(f"the torch runtime needs a Hugging Face GLM-OCR checkpoint; {model_dir} has no safetensors")
@@ -187,20 +184,11 @@ class FastRuntime:
         if dtype not in DTYPES:
             raise EngineError(f"unknown dtype {dtype!r} (expected {', '.join(DTYPES)})")
         config = GlmOcrConfig.load(model_dir)
-        verbosity = hf_logging.get_verbosity()
-        hf_logging.set_verbosity_error()  # the MTP keys are "unexpected" to transformers, by design
-        try:
-            model = load_model(model_dir, DTYPES[dtype])
-        except Exception as e:  # noqa: BLE001 -- any load failure is a user-facing one-liner
-            raise EngineError(f"cannot load GLM-OCR weights from {model_dir}: {e}") from e
-        finally:
-            hf_logging.set_verbosity(verbosity)
-        tensors = read_mtp_tensors(model_dir, config.text.mtp_layer_index)
+        model, reference = load_with_mtp(model_dir, config, lambda: load_model(model_dir, DTYPES[dtype]))
         mtp = None
-        if all(f"{p}.weight" in tensors for p in MTP_PARTS):
-            mtp = MtpModule(build_mtp_reference(model.config.text_config, tensors)).to(DTYPES[dtype]).eval()
+        if reference is not None:
+            mtp = MtpModule(reference).to(DTYPES[dtype]).eval()
             mtp.requires_grad_(False)
-        del tensors
         return cls(model, config, mtp, mtp_missing_reason(model_dir, config, mtp is not None), cache_length,
                    DTYPES[dtype], decode_threads, vision_threads)
 

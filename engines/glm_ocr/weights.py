@@ -135,23 +135,31 @@ def load_model(model_dir: str | os.PathLike, dtype: torch.dtype) -> nn.Module:
     return model.eval().requires_grad_(False)
 
 
-def load_reference(model_dir: str | os.PathLike) -> Reference:
-    from transformers import GlmOcrForConditionalGeneration
+def load_with_mtp(model_dir: str | os.PathLike, config: GlmOcrConfig, load) -> tuple[nn.Module, dict | None]:
+    """`load()`'s transformers model, quietly (the MTP keys are "unexpected" to transformers,
+    by design; any failure is one EngineError line), and the MTP layer's reference modules
+    built from the checkpoint's tensors (None when it has none)."""
     from transformers.utils import logging as hf_logging
 
-    config = GlmOcrConfig.load(model_dir)
     verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()  # the MTP keys are "unexpected" to transformers, by design
+    hf_logging.set_verbosity_error()
     try:
-        model = GlmOcrForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
+        model = load()
     except Exception as e:  # noqa: BLE001 -- any load failure is a user-facing one-liner
         raise EngineError(f"cannot load GLM-OCR weights from {model_dir}: {e}") from e
     finally:
         hf_logging.set_verbosity(verbosity)
     tensors = read_mtp_tensors(model_dir, config.text.mtp_layer_index)
-    mtp = None
-    if all(f"{p}.weight" in tensors for p in MTP_PARTS):
-        mtp = build_mtp_reference(model.config.text_config, tensors)
+    if not all(f"{p}.weight" in tensors for p in MTP_PARTS):
+        return model, None
+    return model, build_mtp_reference(model.config.text_config, tensors)
+
+
+def load_reference(model_dir: str | os.PathLike) -> Reference:
+    from transformers import GlmOcrForConditionalGeneration
+
+    model, mtp = load_with_mtp(model_dir, GlmOcrConfig.load(model_dir), lambda: GlmOcrForConditionalGeneration
+                               .from_pretrained(model_dir, dtype=torch.float32).eval())
     return Reference(model, mtp)
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.engines.mlx_chat import checkpoints
+from tests.engines.mlx_chat.conftest import ckpt_dir, llama_dir, llama_draft_dir  # noqa: F401  (pytest fixtures)
 
 pytest.importorskip("mlx.core")
 
@@ -27,19 +27,14 @@ MODEL = "tiny-llama"
 
 
 @pytest.fixture(scope="session")
-def tp_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("tensor_parallel")
+def llama(llama_dir):
+    """The chat tests' tiny llama (tests/engines/mlx_chat): 4 query / 2 KV heads, splits in two."""
+    return llama_dir
 
 
 @pytest.fixture(scope="session")
-def llama(tp_dir):
-    """4 query / 2 KV heads: splits in two."""
-    return str(checkpoints.make_tiny_llama(tp_dir / "llama"))
-
-
-@pytest.fixture(scope="session")
-def llama_draft(tp_dir, llama):
-    return str(checkpoints.perturbed_copy(llama, tp_dir / "llama_draft"))
+def llama_draft(llama_draft_dir):
+    return llama_draft_dir
 
 
 def free_port() -> int:

@@ -213,12 +213,12 @@ def test_a_stopped_rank_zero_is_ended_by_its_follower(llama, tmp_path):
         server.stop()
 
 
-def test_a_model_over_one_process_memory_limit_runs_on_two(tp_dir, tmp_path):
+def test_a_model_over_one_process_memory_limit_runs_on_two(tmp_path):
     from tests.engines.mlx_chat import checkpoints
     from tests.reliability.test_cli_faults import specscope
 
-    big = str(checkpoints.make_tiny_llama(tp_dir / "big", hidden=512, layers=8))
-    weights = sum(p.stat().st_size for p in (tp_dir / "big").glob("*.safetensors"))
+    big = str(checkpoints.make_tiny_llama(tmp_path / "big", hidden=512, layers=8))
+    weights = sum(p.stat().st_size for p in (tmp_path / "big").glob("*.safetensors"))
     limit = f"{0.7 * weights / 2**30:.4f}"  # GB: 70% of the weights
     alone = specscope("serve", "--model", big, "--memory-limit", limit, "--port", "9")
     assert alone.returncode != 0
