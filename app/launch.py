@@ -10,12 +10,22 @@ forwards (measured [8,576]x[576,1536]: 5.8 ms vs 0.22 ms with OpenBLAS). Specula
 off on it. When the system's OpenBLAS is installed (scripts/setup installs it on Debian), the
 process re-executes itself once with it preloaded, so MLX's BLAS calls go to OpenBLAS. macOS is
 untouched (Metal / Accelerate).
+
+The preload is for MLX only. torch carries its own BLAS (MKL, linked into libtorch_cpu), but
+its calls to sgemm_ / sgemv_ go through the dynamic linker like any other, so a preloaded
+OpenBLAS takes them over too: GLM-OCR's float32 decode, one row through 1536 x 9216 linears,
+then runs 2.8x slower (a linear: 2.9 ms instead of 1.0; the fixture page's time to first token
+1.94 s instead of 0.68). So torch's extension module is loaded with RTLD_DEEPBIND, which makes
+libtorch_cpu resolve its symbols in itself before the preloaded library (`TorchOwnBlas`;
+tests/unit/test_launch.py reads the dynamic linker's bindings to check it).
 """
 
 from __future__ import annotations
 
 import ctypes
 import glob
+import importlib.abc
+import importlib.machinery
 import os
 import shutil
 import sys
@@ -46,6 +56,43 @@ def preload_openblas() -> None:
     env = dict(os.environ)
     env["LD_PRELOAD"] = ":".join(p for p in (lib, env.get("LD_PRELOAD")) if p)
     os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
+
+
+class _DeepBoundExtension(importlib.machinery.ExtensionFileLoader):
+    """An extension module loaded with RTLD_DEEPBIND: it and the libraries it pulls in look up
+    symbols in themselves before the process's global scope (where LD_PRELOAD puts OpenBLAS)."""
+
+    def create_module(self, spec):
+        flags = sys.getdlopenflags()
+        sys.setdlopenflags(flags | os.RTLD_DEEPBIND)
+        try:
+            return super().create_module(spec)
+        finally:
+            sys.setdlopenflags(flags)
+
+
+class TorchOwnBlas(importlib.abc.MetaPathFinder):
+    """Finds torch._C (which loads libtorch_cpu) and has it loaded deep-bound; every other
+    module is left to the usual finders. Lazy: torch is imported when OCR first needs it."""
+
+    def find_spec(self, name, path, target=None):
+        if name != "torch._C":
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is not None and type(spec.loader) is importlib.machinery.ExtensionFileLoader:
+            spec.loader = _DeepBoundExtension(spec.loader.name, spec.loader.path)
+        return spec
+
+
+def keep_torch_on_its_own_blas() -> None:
+    """When OpenBLAS is preloaded (for MLX), load torch so that it keeps its own BLAS. Call it
+    before anything imports torch: the entry point and the tests' conftest do."""
+    lib = system_openblas()
+    if sys.platform != "linux" or lib is None or lib not in os.environ.get("LD_PRELOAD", ""):
+        return
+    if "torch" in sys.modules or any(isinstance(f, TorchOwnBlas) for f in sys.meta_path):
+        return
+    sys.meta_path.insert(0, TorchOwnBlas())
 
 
 # What Qt's xcb platform plugin (PySide6's libqxcb.so and libQt6XcbQpa.so.6) links from the
@@ -126,6 +173,7 @@ def check_xcb_libraries(libraries: dict[str, str] = XCB_LIBRARIES) -> int:
 
 def entry() -> int:
     preload_openblas()
+    keep_torch_on_its_own_blas()
     argv = sys.argv[1:]
     if opens_xcb_window(argv, dict(os.environ)):
         status = check_xcb_libraries()

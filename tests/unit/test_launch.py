@@ -1,6 +1,7 @@
 """The launcher preloads the system OpenBLAS on Linux (MLX's wheel there links the reference BLAS)."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -22,3 +23,32 @@ def test_opt_out():
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"} | {"SPECSCOPE_NO_OPENBLAS": "1"}
     out = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, env=env, check=True)
     assert out.stdout.strip() == ""
+
+
+TORCH_LINEAR = ("import torch; torch.nn.functional.linear(torch.randn(1, 64), torch.randn(64, 64)); "
+                "torch.randn(8, 64) @ torch.randn(64, 64)")
+
+
+def blas_calls_taken_by_openblas(code: str, tmp_path) -> list[str]:
+    """The BLAS symbols (sgemm_, sgemv_, ...) that libtorch_cpu was bound to the preloaded
+    OpenBLAS for while `code` ran, as the dynamic linker reports its bindings (LD_DEBUG)."""
+    tmp_path.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    env |= {"LD_PRELOAD": system_openblas(), "LD_DEBUG": "bindings", "LD_DEBUG_OUTPUT": str(tmp_path / "ld")}
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True)
+    log = "".join(p.read_text() for p in tmp_path.glob("ld.*"))
+    assert "binding file" in log  # the linker did write its report
+    openblas = os.path.basename(os.path.realpath(system_openblas()))
+    return re.findall(rf"libtorch_cpu\.so \[0\] to \S*{re.escape(openblas)} \[0\]: normal symbol `(\w*gem[mv]_)'", log)
+
+
+@pytest.mark.skipif(sys.platform != "linux" or system_openblas() is None, reason="no system OpenBLAS to preload")
+def test_torch_keeps_its_own_blas_when_openblas_is_preloaded(tmp_path):
+    pytest.importorskip("torch")
+    # as the app runs: the import hook, then torch; its matrix products stay in libtorch_cpu (MKL)
+    hooked = blas_calls_taken_by_openblas(
+        "from app.launch import keep_torch_on_its_own_blas; keep_torch_on_its_own_blas(); " + TORCH_LINEAR, tmp_path / "a")
+    # without it the preload takes them (what made float32 OCR decode 2.8x slower): the check sees it
+    plain = blas_calls_taken_by_openblas(TORCH_LINEAR, tmp_path / "b")
+    assert hooked == []
+    assert "sgemm_" in plain and "sgemv_" in plain
