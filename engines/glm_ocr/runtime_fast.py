@@ -42,6 +42,11 @@ from engines.glm_ocr.weights import load_model, load_with_mtp, mtp_missing_reaso
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DTYPE_ENV = "SPECSCOPE_OCR_DTYPE"  # overrides the default choice (e.g. float32 for parity checks)
+# torch's intra-op threads for decode and the vision tower. Default: torch's own (one per core),
+# 1.6x (decode) and 1.9x (vision) faster than one thread on an idle 2-core machine; on a machine
+# kept busy by other work each op waits for its slower half, and one thread is the safer choice
+# (docs/benchmarks.md, issue 27's measurements).
+THREADS_ENV = "SPECSCOPE_OCR_THREADS"
 
 
 def default_dtype(model_dir: Path) -> str:
@@ -209,6 +214,11 @@ class FastRuntime:
         dtype = dtype or default_dtype(model_dir)
         if dtype not in DTYPES:
             raise EngineError(f"unknown dtype {dtype!r} (expected {', '.join(DTYPES)})")
+        if os.environ.get(THREADS_ENV):
+            threads = os.environ[THREADS_ENV]
+            if not threads.isdigit() or int(threads) < 1:
+                raise EngineError(f"{THREADS_ENV} must be a whole number of threads, at least 1; got {threads!r}")
+            decode_threads, vision_threads = decode_threads or int(threads), vision_threads or int(threads)
         config = GlmOcrConfig.load(model_dir)
         model, reference = load_with_mtp(model_dir, config, lambda: load_model(model_dir, DTYPES[dtype]))
         mtp = None

@@ -26,7 +26,8 @@ from PIL import Image
 from engines.types import Request, SpecConfig
 from engines.glm_ocr.engine import OcrEngine
 from engines.glm_ocr.positions import text_positions, text_rope
-from engines.glm_ocr.runtime_fast import DTYPE_ENV, FastRuntime, default_dtype, stored_dtype
+from engines.glm_ocr.runtime_fast import DTYPE_ENV, THREADS_ENV, FastRuntime, default_dtype, stored_dtype
+from engines.types import EngineError
 from engines.glm_ocr.weights import load_reference, read_mtp_tensors
 from tests.engines.glm_ocr.checkpoints import hf_greedy, reference_prompt
 
@@ -212,3 +213,26 @@ def test_the_default_dtype_is_float32_and_the_environment_overrides_it(tmp_path,
     assert default_dtype(published) == "float32" and default_dtype(trained_glm_ocr[0]) == "float32"
     monkeypatch.setenv(DTYPE_ENV, "bfloat16")
     assert default_dtype(published) == "bfloat16"
+
+
+
+def test_the_thread_count_comes_from_the_environment_and_applies_to_each_stage(monkeypatch, trained_glm_ocr):
+    """SPECSCOPE_OCR_THREADS sets torch's intra-op threads for decode and the vision tower (for a
+    busy machine, where one thread is safer); the process's own count is restored after each."""
+    model_dir, images = trained_glm_ocr
+    monkeypatch.setenv(THREADS_ENV, "0")
+    with pytest.raises(EngineError, match=THREADS_ENV):
+        OcrEngine.load(model_dir, runtime="torch")
+    monkeypatch.setenv(THREADS_ENV, "3")
+    engine = OcrEngine.load(model_dir, runtime="torch")
+    seen = {"vision": [], "decode": []}
+    hooks = [engine.runtime.visual.blocks[0].register_forward_pre_hook(lambda *_: seen["vision"].append(torch.get_num_threads())),
+             engine.runtime.lm.layers[0].register_forward_pre_hook(lambda *_: seen["decode"].append(torch.get_num_threads()))]
+    before = torch.get_num_threads()
+    try:
+        list(engine.generate(Request(kind="ocr", image=str(images[0]), max_tokens=4, spec=SpecConfig(method="off", steps=0))))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert before != 3 and torch.get_num_threads() == before
+    assert set(seen["vision"]) == {3} and set(seen["decode"]) == {3} and len(seen["decode"]) >= 2
