@@ -357,10 +357,12 @@ class OcrEngine:
             # roll forward; the MTP layer learns the verified rows
             if drafter is not None:
                 drafter.accept(rows[: verdict.accepted], drafts[: verdict.accepted])
-            schedule.record(len(drafts), verdict.accepted)
+            schedule.record(len(drafts), verdict.accepted, t2 - t1, t1 - t0)
             seq.advance(verdict, rows)
             rnd = out.round(index, verdict, drafts, t0, t1 - t0, t2 - t1, steps=k)
             rnd.note = _join(note, rnd.note)
+            if schedule.auto is not None and schedule.auto.last_rates:  # what auto expected of each k
+                rnd.expected_tok_s = [round(r, 2) for r in schedule.auto.last_rates]
             if rnd.finish is None and should_stop is not None and should_stop():
                 rnd.finish = "cancelled"
             yield rnd
@@ -424,14 +426,13 @@ class OcrEngine:
         spec = request.spec
         if spec.method not in ("off", "mtp"):
             raise EngineError(f"the OCR engine speculates with 'mtp' (or 'off'), not {spec.method!r}")
-        # --steps auto is measured for chat targets (`specscope tune`); OCR adapts k to acceptance
-        auto_note = ("--steps auto: OCR is not tuned yet (specscope tune measures chat models); the draft "
-                     "length adapts to acceptance instead") if spec.auto and spec.enabled else None
+        # --steps auto: k from this run's measured verify costs and acceptance (`specscope tune`
+        # profiles chat models; an OCR run measures itself, the adaptive controller until it can)
         try:
-            schedule = DraftSchedule(spec.steps if spec.enabled else 0, spec.adaptive or spec.auto, spec.min_steps,
-                                     spec.max_steps, spec.skip_streak)
+            schedule = DraftSchedule.of(spec, self.model_path)
         except ValueError as e:
             raise EngineError(str(e)) from e
+        auto_note = schedule.note
         if drafter is not None or not spec.enabled:
             return schedule, drafter if spec.enabled else None, auto_note
         if self.runtime.mtp_unavailable:

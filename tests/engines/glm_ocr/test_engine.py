@@ -210,13 +210,40 @@ def test_streamed_text_and_draft_spans(engine, trained_glm_ocr):
     assert checked > 0
 
 
-def test_steps_auto_is_said_to_adapt_for_ocr(engine, trained_glm_ocr):
-    """--steps auto is tuned for chat models only: an OCR run says so once and adapts k to
-    acceptance instead; its tokens are still plain decoding's."""
-    _, images = trained_glm_ocr
-    plain = list(engine.generate(Request(kind="ocr", image=str(images[0]), max_tokens=12, spec=SpecConfig())))
+def auto_run(engine, image, max_tokens=48):
     spec = SpecConfig(method="mtp", steps=2, auto=True)
-    rounds = list(engine.generate(Request(kind="ocr", image=str(images[0]), max_tokens=12, spec=spec)))
-    assert [t for r in rounds for t in r.tokens] == [t for r in plain for t in r.tokens]
-    notes = [r.note for r in rounds if r.note]
-    assert len(notes) == 1 and "adapts to acceptance" in notes[0]
+    rounds = list(engine.generate(Request(kind="ocr", image=str(image), max_tokens=max_tokens, spec=spec)))
+    return rounds, [r.steps for r in rounds if not r.prefill and r.expected_tok_s]
+
+
+def test_steps_auto_picks_k_from_this_runs_costs(engine, trained_glm_ocr, monkeypatch):
+    """--steps auto on OCR prices each k by what this run's verify forwards cost and what its
+    drafts were accepted at. The runtime is given a cost shaped like float32 on this CPU (MKL
+    reads the weights once per 3 rows: 1-3 rows cost one unit, 4-6 two, 7-8 three): auto then
+    drafts at most 2 (verify of 3); with a flat cost the same drafts pay longer chains. Tokens
+    stay plain decoding's either way."""
+    import math
+    import time
+
+    _, images = trained_glm_ocr
+    plain = [t for r in engine.generate(Request(kind="ocr", image=str(images[0]), max_tokens=48, spec=SpecConfig()))
+             for t in r.tokens]
+    decode = engine.runtime.decode
+
+    def costed(blocks):
+        def decode_at_a_cost(embeds, start, cos, sin):
+            if embeds.shape[0] <= 8:  # round forwards, not the prompt
+                time.sleep(0.03 * blocks(embeds.shape[0]))
+            return decode(embeds, start, cos, sin)
+        return decode_at_a_cost
+
+    chosen = {}
+    for shape, blocks in (("steps", lambda rows: math.ceil(rows / 3)), ("flat", lambda rows: 1)):
+        monkeypatch.setattr(engine.runtime, "decode", costed(blocks))
+        rounds, ks = auto_run(engine, images[0])
+        assert [t for r in rounds for t in r.tokens] == plain
+        assert not [r.note for r in rounds if r.note]  # no "not tuned" line: it measured itself
+        assert len(ks) >= 5 and all(len(r.expected_tok_s) == 8 for r in rounds if r.expected_tok_s)
+        chosen[shape] = ks[len(ks) // 2:]  # once it has seen the costs
+    assert max(chosen["steps"]) <= 2, chosen
+    assert sum(k >= 3 for k in chosen["flat"]) > len(chosen["flat"]) / 2, chosen
