@@ -13,7 +13,7 @@ run decodes exactly --tokens tokens.
 
 A run is KIND:DTYPE:THREADS[:STEPS][@448]:
   ours      the engine on runtime "torch" (runtime_fast.py); STEPS given: after the plain run,
-            MTP rounds at those steps (e.g. 2+3) with a replay drafter -- the plain run's own
+            MTP rounds at those steps (e.g. 2+3+auto) with a replay drafter -- the plain run's own
             tokens, each draft replaced by a wrong token with probability --error-rate (0.25:
             about 1.75 tokens per target forward at one step, the middle of the 1.69-1.81 that
             vLLM / SGLang report for GLM-OCR's MTP) -- and with the checkpoint's own random MTP
@@ -87,8 +87,9 @@ def run_ours(checkpoint: Path, page: Path, dtype: str, threads: int, tokens: int
     engine.config.eos_token_ids = []  # random weights: decode exactly `tokens`
     engine.repetition = None
 
-    def one(steps: int = 0, drafter=None) -> tuple[dict, list[int]]:
-        spec = SpecConfig(method="mtp" if steps else "off", steps=steps)
+    def one(steps: int | str = 0, drafter=None) -> tuple[dict, list[int]]:
+        auto = steps == "auto"  # --steps auto: k from the run's own verify costs (from 2)
+        spec = SpecConfig(method="mtp" if steps else "off", steps=2 if auto else steps, auto=auto)
         request = Request(kind="ocr", image=str(page), max_tokens=tokens, spec=spec)
         start = time.perf_counter()
         first = None
@@ -101,13 +102,13 @@ def run_ours(checkpoint: Path, page: Path, dtype: str, threads: int, tokens: int
         out = [t for r in rounds for t in r.tokens]
         decode_rounds = [r for r in rounds if not r.prefill]
         return {"ttft_s": first - start, "decode_tok_s": (len(out) - 1) / (end - first), "tokens": len(out),
-                "forwards": len(decode_rounds),
+                "forwards": len(decode_rounds), "steps_chosen": [r.steps for r in decode_rounds],
                 "tokens_per_forward": (len(out) - 1) / max(1, len(decode_rounds))}, out
 
     plain, reference = one()
     result = {"load_s": load_s, "plain": plain, **loaded}
     for k in steps:
-        drafter = ReplayDrafter(reference, error_rate, engine.config.text.vocab_size, seed=k)
+        drafter = ReplayDrafter(reference, error_rate, engine.config.text.vocab_size, seed=0 if k == "auto" else k)
         # same_tokens: in half precision a batched verify forward may round differently from a
         # one-row forward, and random weights leave near-ties between logits (said, not hidden)
         result[f"replay_steps{k}"], emitted = one(k, drafter)
@@ -299,7 +300,7 @@ def child(args) -> None:
     fields = args.child.split(":")
     kind, dtype = fields[:2]
     threads = fields[2] if len(fields) > 2 else "0"
-    steps = [int(s) for s in fields[3].split("+")] if len(fields) > 3 else []
+    steps = [s if s == "auto" else int(s) for s in fields[3].split("+")] if len(fields) > 3 else []
     load = os.getloadavg()
     if kind == "parts":
         result = run_parts(args.checkpoint, args.page, dtype)
@@ -381,6 +382,8 @@ def main() -> None:
         for name, r in result.items():
             if isinstance(r, dict) and "ttft_s" in r:
                 extra = f", {r['tokens_per_forward']:.2f} tok/forward" if "tokens_per_forward" in r else ""
+                if name.endswith("auto"):
+                    extra += f", k chosen {r['steps_chosen']}"
                 print(f"{run:24} {name:18} ttft {r['ttft_s']:5.2f} s  decode {r['decode_tok_s']:5.2f} tok/s{extra}", flush=True)
         after_load = (f"  after load: RSS {result['rss_after_load_gb']:.2f} GB, peak {result['peak_after_load_gb']:.2f} GB"
                       if "rss_after_load_gb" in result else "")
