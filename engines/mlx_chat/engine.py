@@ -342,11 +342,12 @@ class ChatEngine:
     @staticmethod
     def _expected(run: Run) -> tuple[list[float], list[float]] | None:
         """What --steps auto expected of each k as it chose this step's: kept with the step, since
-        the next step is chosen (and the rates overwritten) before this one's Round is built."""
-        auto = run.schedule.auto
-        if auto is None or not auto.last_rates:
+        the next step is chosen (and the schedule's figures overwritten) before this one's Round
+        is built."""
+        if run.schedule.expected is None:
             return None
-        return [round(r, 2) for r in auto.last_rates], [round(t, 3) for t in auto.last_tokens]
+        rates, tokens = run.schedule.expected
+        return [round(r, 2) for r in rates], [round(t, 3) for t in tokens]
 
     def _propose(self, run: Run, steps: int) -> Draft:
         try:
