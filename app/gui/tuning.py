@@ -106,16 +106,17 @@ def profile_problem(note: str | None) -> str | None:
     return note if note and "tuning profile" in note else None
 
 
-# What each ProfileError means, said without the CLI's wording (the note stays the tooltip)
-PROBLEMS = [("no tuning profile", "no tuning profile for this model and method on this machine yet"),
+# What each ProfileError means, said without the CLI's wording (the whole note is the tooltip)
+PROBLEMS = [("no tuning profile", "this model is not tuned on this machine yet"),
             ("unreadable", "its tuning profile is unreadable"),
-            ("another machine", "its tuning profile was measured on another machine"),
-            (" is for ", "its tuning profile is for another model or drafter")]
+            ("another machine", "its tuning profile is from another machine"),
+            (" is for ", "its tuning profile is for another model")]
 
 
 def offer_text(note: str) -> str:
+    """One line: why Auto has no profile, and what it does instead (Tune… is the button)."""
     reason = next((said for key, said in PROBLEMS if key in note), "its tuning profile could not be used")
-    return f"Auto: {reason}, so this run measures its own costs as it goes. Tune\u2026 measures them once."
+    return f"Auto: {reason} \u2014 this run measures its own costs."
 
 
 class Tuner(QObject):
@@ -227,7 +228,10 @@ class Tuner(QObject):
         """The telemetry of `session` (None: no run shown): its profile's break-even line and
         whether Auto chose its draft lengths."""
         spec = (session.request.get("spec") or {}) if session is not None else {}
-        telemetry.set_tuning(self.profile_of(session) if session is not None else None, bool(spec.get("auto")))
+        profile = self.profile_of(session) if session is not None else None
+        telemetry.set_tuning(profile, bool(spec.get("auto")))
+        if profile is not None and spec.get("auto"):
+            self.offer.hide()  # an offer a profile has since answered
 
     @staticmethod
     def profile_of(session) -> Profile | None:

@@ -19,6 +19,7 @@ from app.settings import AppSettings, profiles_dir
 from engines.speculative.tuning import Profile, best_k, break_even
 from tests.app.conftest import Recorder, chat_settings
 from tests.app.test_chat_window import run_and_wait
+from tests.app.test_layout import styled  # noqa: F401 (a fixture: the app's own style sheet)
 
 COPY = "the cat is big and the dog is small . the cat is big and the dog is small ."
 RUN_TIMEOUT_MS = 120_000
@@ -136,7 +137,8 @@ def test_tune_writes_the_profile_the_next_auto_run_uses(qtbot, make_window):
     rec = auto_run(qtbot, window)
     assert len(tuning_notes(rec.rounds)) == 1
     offer = window.tuner.offer
-    assert offer.isVisibleTo(window) and "no tuning profile" in offer.label.text()
+    assert offer.isVisibleTo(window) and "not tuned on this machine" in offer.label.text()
+    assert "no tuning profile" in offer.label.toolTip()  # the engine's own line
     assert offer.action_button.text() == "Tune\u2026"
     assert window.telemetry.tuning_label.text().startswith("Auto \u00b7 no tuning profile")
     assert window.telemetry.break_even is None
@@ -169,7 +171,7 @@ def test_tune_writes_the_profile_the_next_auto_run_uses(qtbot, make_window):
     assert telemetry.break_even == (k, value)
     level = 100 * (value if value is not None else 1.0)
     assert list(telemetry.break_even_curve.yData) == pytest.approx([level, level])
-    assert telemetry.legend_names()["position"][-1] in (f"break-even, k={k}", f"k={k} never pays here")
+    assert telemetry.legend_names()["position"][-1] in (f"break-even k={k}", f"k={k} never pays")
 
     # on a machine where verifying wide costs little (the tuned one may say drafting does not pay
     # on this loaded CPU), Auto moves k round by round: shown with what it expected of each
@@ -186,7 +188,7 @@ def test_tune_writes_the_profile_the_next_auto_run_uses(qtbot, make_window):
     assert list(expected[np.isfinite(expected)]) == [r.expected_tokens[r.steps] for r in auto]
     assert np.allclose(telemetry.expected_accepted.yData, finite_rolling_mean(expected, ROLLING) - 1, equal_nan=True)
     legends = telemetry.legend_names()
-    assert legends["drafts"] == ["asked", "accepted", "k chosen", "expected"]
+    assert legends["drafts"] == ["asked", "accepted", "k", "expected"]
     assert legends["speed"] == ["tok/s", "expected"]
 
     # a corrupt profile is ignored with one line, and Tune… offered again
@@ -231,3 +233,56 @@ def test_a_tune_that_fails_says_why_in_one_line(qtbot, make_window, tmp_path):
     assert not window.tuner.running
     window.controls.set_engine("ocr")  # OCR is not tuned: said, nothing started
     assert not window.tune() and "chat models" in dialog.error.text()
+
+
+@pytest.mark.parametrize("width", [1100, 1440])
+def test_the_new_controls_and_lines_fit_at_1100_and_1440_px(qtbot, tiny_chat, trained_pair, styled, width,
+                                                             specscope_home):
+    """After a composed Auto run with a profile (k chosen, expected, break-even, split bars,
+    n-gram swatch) and one without (the offer): nothing overlaps, lies outside its parent or is
+    cut short. The screenshot is kept (SPECSCOPE_SHOTS=folder keeps it outside the test's home)."""
+    import os
+    import shutil
+
+    from app.gui.main_window import MainWindow
+    from engines.speculative.tuning import machine_id, profile_file
+    from tests.app.test_layout import layout_problems, settled_at
+
+    target, drafter, prompt = trained_pair
+    window = MainWindow(chat_settings(tiny_chat, chat_method="mtp", draft_model=str(drafter), steps_auto=True,
+                                      compose_ngram=True, max_tokens=48), persist=False)
+    qtbot.addWidget(window)
+    window.show()
+    window.ensure_telemetry()
+    try:
+        path = profile_file(profiles_dir(), target, "mtp", str(drafter))
+        Profile(machine=machine_id(), model=target, method="mtp", drafter=str(drafter),
+                target_s={w: 0.01 * (1 + 0.05 * w) for w in range(1, 9)}, draft_s=0.0,
+                acceptance=[0.9, 0.8, 0.6, 0.5, 0.4, 0.3, 0.2]).save(path)
+        window.controls.compose_check.setChecked(False)
+        window.controls.steps_slider.setValue(3)
+        window.controls.auto_check.setChecked(False)
+        window.chat.prompt.setPlainText(prompt)
+        run_and_wait(qtbot, window)  # a plain drafter run, then a composed one: both sources in the text
+        window.controls.compose_check.setChecked(True)
+        window.chat.prompt.setPlainText(prompt)
+        run_and_wait(qtbot, window)
+        assert window.transcript.ngram_swatch.isVisibleTo(window.transcript)
+        window.controls.auto_check.setChecked(True)
+        path.unlink()
+        window.chat.prompt.setPlainText(prompt)
+        run_and_wait(qtbot, window)  # Auto without a profile: the offer
+        assert window.tuner.offer.isVisibleTo(window)
+        settled_at(window, width, 860)
+        window.telemetry.refresh(force=True)
+        problems = layout_problems(window)
+        assert problems == [], f"at {width} px:\n" + "\n".join(problems)
+        assert window.controls.auto_check.isVisible() and window.controls.tune_button.isVisible()
+        for w in (window.controls.auto_check, window.controls.tune_button, window.controls.compose_check):
+            assert w.width() >= w.minimumSizeHint().width(), w.text()
+        shot = specscope_home / f"tuning-{width}.png"
+        assert window.grab().save(str(shot))
+        if os.environ.get("SPECSCOPE_SHOTS"):
+            shutil.copy(shot, os.environ["SPECSCOPE_SHOTS"])
+    finally:
+        window.shutdown()

@@ -307,7 +307,7 @@ class TelemetryView(QWidget):
             pen=pg.mkPen(DARK_GREEN, width=2, style=Qt.PenStyle.DashLine), connect="finite")
         self.drafts_plot.setToolTip(
             "asked: drafts proposed per round; accepted: those the target kept (moving averages, thin: per round).\n"
-            "With Auto: k chosen, the draft length it chose each round, and expected (dashed), the drafts it "
+            "With Auto: k, the draft length it chose each round, and expected (dashed), the drafts it "
             "expected to be accepted at that k (tokens per round minus the target's own).")
         self.speed_plot = make_plot("Decode speed", "time since start (s)", "tokens / s")
         self.baseline_curve = self.speed_plot.plot(pen=pg.mkPen(BASELINE, width=2, style=pg.QtCore.Qt.PenStyle.DashLine))
@@ -548,7 +548,7 @@ class TelemetryView(QWidget):
             self.proposed_mean.setData(x, s.rolling_mean("proposed", window))
             self.accepted_mean.setData(x, s.rolling_mean("accepted", window))
             auto = s.auto_rounds > 0
-            self._in_legend(self.drafts_plot, self.steps_curve, "k chosen" if auto else None)
+            self._in_legend(self.drafts_plot, self.steps_curve, "k" if auto else None)
             self._in_legend(self.drafts_plot, self.expected_accepted, "expected" if auto else None)
             chosen = np.where(np.isfinite(s.column("expected_tokens")), s.column("steps"), np.nan)
             self.steps_curve.setData(x if auto else [], (chosen if raw else finite_rolling_mean(chosen, window)) if auto else [])
@@ -571,6 +571,7 @@ class TelemetryView(QWidget):
             self.speed_plot.setXRange(0, max(MIN_SECONDS_SHOWN, end), padding=0.02)
             auto = s.auto_rounds > 0
             self._in_legend(self.speed_plot, self.expected_speed, "expected" if auto else None)
+            self.speed_plot.getPlotItem().legend.setColumnCount(1 if auto else 2)  # fits a plot at its narrowest
             if auto:
                 self._set_finite(self.expected_speed, t, s.rolling_finite_mean("expected_tok_s", window))
             else:
@@ -589,6 +590,8 @@ class TelemetryView(QWidget):
             self.position_plot.getAxis("bottom").setTicks([ticks])
             self.position_plot.setXRange(0.4, max(3, len(rates)) + 0.6, padding=0)
             self._draw_break_even(max(3, len(rates)))
+            # one name a row once there is more than "accepted": they fit a plot at its narrowest
+            self.position_plot.getPlotItem().legend.setColumnCount(1 if s.by_source or self.profile else 2)
             self.position_plot.setYRange(0, 100 * legend_headroom(self.position_plot), padding=0)
 
     def _draw_position_bars(self, positions: np.ndarray, rates: np.ndarray) -> None:
@@ -632,7 +635,7 @@ class TelemetryView(QWidget):
         self.break_even = (k, value)
         level = 100.0 * (value if value is not None else 1.0)
         self.break_even_curve.setData([0.4, positions + 0.6], [level, level])
-        name = f"break-even, k={k}" if value is not None else f"k={k} never pays here"
+        name = f"break-even k={k}" if value is not None else f"k={k} never pays"
         self._in_legend(self.position_plot, self.break_even_curve, name)
 
     def _in_legend(self, plot, item, name: str | None) -> None:
