@@ -108,10 +108,13 @@ def test_auto_and_compose_are_kept_in_the_settings(qtbot, make_window):
     c = window.controls
     assert c.auto_check.isChecked() and c.compose_check.isChecked()
     assert not c.steps_slider.isEnabled() and c.steps_label.text() == "auto"
-    c.auto_check.setChecked(False)
     saved = AppSettings()
     c.store_settings(saved)
-    assert saved.steps_auto is False and saved.compose_ngram is True
+    assert saved.steps_auto is True and saved.compose_ngram is True
+    c.auto_check.setChecked(False)
+    c.compose_check.setChecked(False)
+    c.store_settings(saved)
+    assert saved.steps_auto is False and saved.compose_ngram is False
     assert c.steps_slider.isEnabled() and not c.spec_config().auto
     c.set_method("ngram")  # composing needs a model drafter: neither shown nor sent
     assert not c.compose_check.isVisibleTo(c) and not c.spec_config().compose_ngram
