@@ -362,6 +362,7 @@ class MainWindow(QMainWindow):
             self.telemetry.round_selected.connect(lambda index: self.transcript.select_round(index))
             self.telemetry_holder.layout().addWidget(self.telemetry)
             if self.session is not None:  # rounds that arrived before the plots existed
+                self.tuner.show_in(self.telemetry, self.session)
                 for rnd in self.session.rounds:
                     self.telemetry.append(rnd)
             self.telemetry_ready.emit()
@@ -536,7 +537,7 @@ class MainWindow(QMainWindow):
     def _start(self, label: str, spec: SpecConfig | None = None, image: str | None = None) -> bool:
         if self.tuner.running:  # a run beside the measurement would skew it, and share its model
             self.transcript.show_message("Tune\u2026 is measuring this machine: runs wait until it ends "
-                                         "(or cancel it in its window)", "info")
+                                         "(or cancel it: Run \u203a Tune Speculation\u2026)", "info")
             return False
         try:
             request = self.build_request(spec, image)

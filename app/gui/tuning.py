@@ -228,9 +228,11 @@ class Tuner(QObject):
         """The telemetry of `session` (None: no run shown): its profile's break-even line and
         whether Auto chose its draft lengths."""
         spec = (session.request.get("spec") or {}) if session is not None else {}
+        # OCR's Auto adapts to acceptance (its engine says so); only chat's chooses from costs
+        auto = bool(spec.get("auto")) and session.request.get("kind") == "chat"
         profile = self.profile_of(session) if session is not None else None
-        telemetry.set_tuning(profile, bool(spec.get("auto")))
-        if profile is not None and spec.get("auto"):
+        telemetry.set_tuning(profile, auto)
+        if profile is not None and auto:
             self.offer.hide()  # an offer a profile has since answered
 
     @staticmethod
