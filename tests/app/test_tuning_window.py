@@ -19,7 +19,7 @@ from app.settings import AppSettings, profiles_dir
 from engines.speculative.tuning import Profile, best_k, break_even
 from tests.app.conftest import Recorder, chat_settings
 from tests.app.test_chat_window import run_and_wait
-from tests.app.test_layout import styled  # noqa: F401 (a fixture: the app's own style sheet)
+from tests.app.test_layout import layout_problems, styled  # noqa: F401 (styled: a fixture, the app's style sheet)
 
 COPY = "the cat is big and the dog is small . the cat is big and the dog is small ."
 RUN_TIMEOUT_MS = 120_000
@@ -120,6 +120,11 @@ def test_auto_and_compose_are_kept_in_the_settings(qtbot, make_window):
     assert not c.compose_check.isVisibleTo(c) and not c.spec_config().compose_ngram
 
 
+def height_fits(label) -> bool:
+    """A word-wrapped label is as tall as its lines at its width (layout_problems checks one-line labels)."""
+    return label.height() >= label.heightForWidth(label.width())
+
+
 def auto_run(qtbot, window) -> Recorder:
     rec = Recorder(window)
     window.chat.prompt.setPlainText(COPY)
@@ -151,6 +156,7 @@ def test_tune_writes_the_profile_the_next_auto_run_uses(qtbot, make_window):
     path = tuned.args[0]
     assert not offer.isVisibleTo(window)
     assert window.tuner.dialog.stage.text() == "Done" and path in window.tuner.dialog.detail.text()
+    assert layout_problems(window.tuner.dialog) == [] and height_fits(window.tuner.dialog.detail)
     assert [str(p) for p in profiles_dir().iterdir()] == [path]
     saved = json.loads(open(path).read())
     profile = Profile.load(path, saved["model"], "ngram")
@@ -249,7 +255,7 @@ def test_the_new_controls_and_lines_fit_at_1100_and_1440_px(qtbot, tiny_chat, tr
 
     from app.gui.main_window import MainWindow
     from engines.speculative.tuning import machine_id, profile_file
-    from tests.app.test_layout import layout_problems, settled_at
+    from tests.app.test_layout import settled_at
 
     target, drafter, prompt = trained_pair
     window = MainWindow(chat_settings(tiny_chat, chat_method="mtp", draft_model=str(drafter), steps_auto=True,

@@ -20,7 +20,7 @@ class TuneDialog(QDialog):
         super().__init__(parent)
         self.setWindowTitle("Tune Speculation")
         self.setModal(False)
-        self.setMinimumWidth(420)
+        self.setMinimumWidth(460)
         self.what = QLabel(wordWrap=True, objectName="paneTitle")
         self.stage = QLabel(objectName="muted")
         self.bar = QProgressBar(minimum=0, maximum=1000, textVisible=False)
@@ -53,17 +53,20 @@ class TuneDialog(QDialog):
         self.bar.setValue(0)
         self.bar.show()
         self.cancel_button.setEnabled(True)
+        self.adjustSize()
 
     def show_progress(self, p: JobProgress) -> None:
         self.stage.setText(STAGES.get(p.phase, p.phase))
         self.detail.setText(p.text[0].upper() + p.text[1:] if p.text else "")
         self.bar.setValue(round(1000 * p.fraction))
+        self.adjustSize()  # wrapped lines: a shown dialog does not grow by itself
 
     def show_finished(self, path: str, summary: str = "") -> None:
         self.stage.setText("Done")
         self.bar.setValue(1000)
         self.detail.setText(f"{summary} The profile is saved ({path}); the next run with Auto uses it.".lstrip())
         self.cancel_button.setEnabled(False)
+        self.adjustSize()
 
     def show_cancelled(self) -> None:
         self.stage.setText("Cancelled")
@@ -75,6 +78,7 @@ class TuneDialog(QDialog):
         self.error.setText(message)
         self.error.show()
         self.cancel_button.setEnabled(False)
+        self.adjustSize()
 
     def _cancel(self) -> None:
         self.stage.setText("Cancelling after this step\u2026")
