@@ -31,6 +31,12 @@ def data_dir() -> Path:
     return Path(platformdirs.user_data_dir(APP_NAME, appauthor=False))
 
 
+def profiles_dir() -> Path:
+    """Where `specscope tune` and the window's Tune… keep the tuning profiles that --steps auto
+    (Auto in the window) reads: one per machine, model and drafter."""
+    return data_dir() / "profiles"
+
+
 @dataclass
 class AppSettings:
     engine: str = "chat"  # "chat" | "ocr"
@@ -42,6 +48,8 @@ class AppSettings:
     chat_method: str = "ngram"
     ocr_method: str = "mtp"
     steps: int | None = None  # None: the method's default (engines.speculative.schedule.DEFAULT_STEPS)
+    steps_auto: bool = False  # Auto: each round's draft length from this machine's costs (--steps auto)
+    compose_ngram: bool = False  # with a model drafter: n-gram lookup beside it (--with-ngram)
     preset: str | None = None
     temperature: float = 0.0
     max_tokens: int = 256

@@ -112,10 +112,10 @@ def spec_config(args: argparse.Namespace, builtin_drafter: bool = False) -> Spec
 
 
 def profiles_dir():
-    """Where `specscope tune` keeps its profiles (one per machine, model and drafter)."""
-    from app.settings import data_dir
+    """Where `specscope tune` keeps its profiles (app.settings: the window's Tune… too)."""
+    from app.settings import profiles_dir
 
-    return data_dir() / "profiles"
+    return profiles_dir()
 
 
 def sampling(args: argparse.Namespace) -> Sampling:

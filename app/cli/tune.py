@@ -26,8 +26,8 @@ def parser() -> Parser:
 
 
 def cmd_tune(argv: list[str]) -> int:
-    from engines.speculative.tuning import Profile, break_even, machine_id, profile_file, rates
-    from engines.mlx_chat.tuning import calibrate, forward_latency
+    from engines.speculative.tuning import break_even, profile_file, rates
+    from engines.mlx_chat.tuning import measure
 
     args = parser().parse_args(argv)
     if args.context < 8 or args.reps < 1:
@@ -41,16 +41,18 @@ def cmd_tune(argv: list[str]) -> int:
     say(f"loading {args.model or DEFAULT_CHAT_ID}")
     engine = load_chat_engine(args.model, spec.draft_model)
     model = engine.model_path
-    tok = engine.tokenizer
-    filler = tok.encode(" ".join(prompts))
-    context = (filler * (args.context // max(len(filler), 1) + 1))[: args.context]
-    say(f"the target's forward latency for 1..8 tokens after {len(context)} tokens of context ({args.reps} each)")
-    latency = forward_latency(engine.model, context, reps=args.reps)
-    say(f"acceptance by draft position: {len(prompts)} calibration prompts at 7 drafts per round")
-    cal = calibrate(engine, prompts, spec, args.max_tokens,
-                    on_prompt=lambda i, n: say(f"  prompt {i + 1}/{n}"))
-    profile = Profile(machine=machine_id(), model=model, method=spec.method, drafter=spec.draft_model or "",
-                      target_s=latency, draft_s=cal.draft_s, acceptance=cal.acceptance, context=len(context))
+    stages = {"latency": f"the target's forward latency for 1..8 tokens after {args.context} tokens of context "
+                         f"({args.reps} each)",
+              "acceptance": f"acceptance by draft position: {len(prompts)} calibration prompts at 7 drafts per round"}
+
+    def progress(p) -> None:
+        if p.done == 0:
+            say(stages[p.stage])
+        if p.stage == "acceptance":
+            say(f"  prompt {p.done + 1}/{p.total}")
+
+    profile, cal = measure(engine, spec, prompts, args.max_tokens, args.context, args.reps, on_progress=progress)
+    latency = profile.target_s
     path = profile_file(profiles_dir(), model, spec.method, spec.draft_model or "")
     profile.save(path)
     if args.json:

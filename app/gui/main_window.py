@@ -49,6 +49,7 @@ from app.gui.views.models_dialog import ModelOffer, ModelsDialog, missing_model
 from app.gui.views.notice import Notice
 from app.gui.views.ocr_pane import OcrPane
 from app.gui.server_watch import ServerWatch
+from app.gui.tuning import Tuner
 from app.gui.views.server_dialog import ServerDialog
 from app.gui.views.server_load import ServerLoadView
 from app.gui.views.sessions_dialog import SessionsDialog
@@ -161,6 +162,10 @@ class MainWindow(QMainWindow):
         output_col.addWidget(self.model_offer)
         self.recovery = Notice()  # offers a run a crash cut short
         output_col.addWidget(self.recovery)
+        self.tuner = Tuner(self.engines, self)  # Tune…, and its offer when an Auto run has no profile
+        self.tuner.tune_requested.connect(self.tune)
+        self.round_shown.connect(self.tuner.round_shown)
+        output_col.addWidget(self.tuner.offer)
         self.server_load = ServerLoadView()  # the server's batch, while the model is a server's
         self.server_watch = ServerWatch(self)
         self.server_watch.load_measured.connect(self.server_load.show_load)
@@ -195,6 +200,7 @@ class MainWindow(QMainWindow):
         self.controls.run_requested.connect(self.run)
         self.controls.stop_requested.connect(self.stop)
         self.controls.compare_requested.connect(self.start_compare)
+        self.controls.tune_requested.connect(self.tune)
         self.controls.engine_changed.connect(self._on_engine_changed)
         self.controls.method_combo.currentIndexChanged.connect(self.update_model_offer)
         self.controls.model_combo.currentTextChanged.connect(self.update_model_offer)
@@ -356,6 +362,7 @@ class MainWindow(QMainWindow):
             self.telemetry.round_selected.connect(lambda index: self.transcript.select_round(index))
             self.telemetry_holder.layout().addWidget(self.telemetry)
             if self.session is not None:  # rounds that arrived before the plots existed
+                self.tuner.show_in(self.telemetry, self.session)
                 for rnd in self.session.rounds:
                     self.telemetry.append(rnd)
             self.telemetry_ready.emit()
@@ -396,6 +403,7 @@ class MainWindow(QMainWindow):
         telemetry.clear()
         telemetry.set_baseline(self._series_of(compare.off) if compare else None)
         telemetry.set_speedup(f"{compare.decode_speedup:.2f}\u00d7" if compare else "\u2013")
+        self.tuner.show_in(telemetry, session)
         for rnd in session.rounds if session else []:
             telemetry.append(rnd)
         telemetry.refresh(force=True)
@@ -527,6 +535,10 @@ class MainWindow(QMainWindow):
                 self._show_repetition(result.session, result.page.label)
 
     def _start(self, label: str, spec: SpecConfig | None = None, image: str | None = None) -> bool:
+        if self.tuner.running:  # a run beside the measurement would skew it, and share its model
+            self.transcript.show_message("Tune\u2026 is measuring this machine: runs wait until it ends "
+                                         "(or cancel it: Run \u203a Tune Speculation\u2026)", "info")
+            return False
         try:
             request = self.build_request(spec, image)
         except EngineError as e:
@@ -561,6 +573,11 @@ class MainWindow(QMainWindow):
         self.status.setText("Loading the model\u2026")
         self.run_started.emit(run)
         return True
+
+    def tune(self) -> bool:
+        """Tune…: measures this machine's costs for the sidebar's chat model, method and
+        drafter in the background (app.gui.tuning); the next Auto run uses the profile."""
+        return self.tuner.tune(self.controls, self.running, self._pick_paired_drafter)
 
     def _pick_paired_drafter(self, request: Request) -> None:
         """MTP without a drafter chosen: the chat target's paired assistant, as the CLI does."""
@@ -598,6 +615,8 @@ class MainWindow(QMainWindow):
         self.model_label.setText(f"{m.get('name', '?')} \u00b7 {runtime_text(session.request.get('kind'), m)} "
                                  f"\u00b7 {m.get('hash', '')}")
         self.status.setText(self.ocr.progress_text() or "Running\u2026")  # "Reading page 2 (2 of 5)…"
+        if self.telemetry is not None:
+            self.tuner.show_in(self.telemetry, session)
 
     def _on_prefill_progressed(self, progress) -> None:
         self.status.setText(progress.describe().capitalize() + " \u2014 Esc stops")
@@ -949,6 +968,7 @@ class MainWindow(QMainWindow):
         if self.worker is not None:
             self.worker.request_stop()
         self.model_jobs.shutdown(timeout_ms)
+        self.tuner.shutdown(timeout_ms)
         for thread, worker in list(self.threads):  # runs and the background model load
             thread.quit()
             if isinstance(worker, EnginePreload):

@@ -57,6 +57,8 @@ def build_menus(window) -> MenuActions:
     run_action = action(run, "Send", window.run, "Ctrl+R")
     stop = action(run, "Stop", window.stop, "Esc")
     action(run, "A/B Compare", window.start_compare, "Ctrl+Shift+R")
+    run.addSeparator()
+    action(run, "Tune Speculation\u2026", window.tune)
     models = window.menuBar().addMenu("&Models")
     models_action = action(models, "Models\u2026", window.open_models_dialog, "Ctrl+Shift+M")
     toolbar = window.addToolBar("Models")

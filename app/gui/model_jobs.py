@@ -56,6 +56,7 @@ class Job(QObject):
     done = Signal()  # always last
 
     cancellations: tuple[type[BaseException], ...] = ()
+    kind = "download"  # what the job does, for the views that watch it: "download" | "train" | "tune"
 
     def __init__(self, model_id: str):
         super().__init__()
@@ -135,6 +136,7 @@ class DrafterJob(Job):
     (`finished` with the drafter's directory)."""
 
     cancellations = (KeyboardInterrupt,)  # cancelled before the first step: nothing to resume
+    kind = "train"
 
     def __init__(self, model_id: str, out: str, minutes: float | None = 15.0, **settings):
         super().__init__(model_id)
@@ -180,7 +182,7 @@ class ModelJobs(QObject):
         self.job: Job | None = None
         self.thread: QThread | None = None
         self.threads: list[tuple[QThread, Job]] = []  # kept alive until each thread ends
-        self.kind = "download"  # of the job running or last run: "download" | "train"
+        self.kind = "download"  # of the job running or last run: Job.kind
 
     @property
     def running_id(self) -> str | None:
@@ -190,8 +192,8 @@ class ModelJobs(QObject):
         """Starts getting `model_id` (or `job`); False if another job runs (one at a time)."""
         if self.job is not None:
             return False
-        self.kind = "train" if isinstance(job, DrafterJob) else "download"
         job = job or ModelJob(model_id)
+        self.kind = job.kind
         thread = QThread()
         thread.setObjectName("specscope-model-job")
         job.moveToThread(thread)

@@ -93,6 +93,7 @@ class Step:
     token: mx.array | None = None  # [1] T>0 plain sample
     hidden: mx.array | None = None  # [k+1, D] when the proposer needs it
     note: str | None = None  # said by this step's Round (speculation stopped while it ran)
+    expected: tuple[list[float], list[float]] | None = None  # --steps auto: tok/s and tokens per k when k was chosen
     verify_s: float = 0.0  # set when settled
     wall_s: float = 0.0
 
@@ -320,7 +321,7 @@ class ChatEngine:
         last = after.next_token if after is not None else mx.array(run.ctx.tokens[-1:], dtype=mx.uint32)
         inputs = mx.concatenate([last.astype(mx.uint32), draft.tokens]) if draft.size else last.astype(mx.uint32)
         logits, hidden = self._forward(run, inputs)
-        step = Step(steps, draft, t1 - t0, hidden=hidden)
+        step = Step(steps, draft, t1 - t0, hidden=hidden, expected=self._expected(run) if after is None else None)
         sampling = run.ctx.sampling
         if sampling.greedy:
             step.argmax = mx.argmax(logits, axis=-1)
@@ -337,6 +338,16 @@ class ChatEngine:
         if run.proposer is not None and run.proposer.drafts_ahead and run.schedule.enabled:
             self._anticipate(run, step)
         return step
+
+    @staticmethod
+    def _expected(run: Run) -> tuple[list[float], list[float]] | None:
+        """What --steps auto expected of each k as it chose this step's: kept with the step, since
+        the next step is chosen (and the schedule's figures overwritten) before this one's Round
+        is built."""
+        if run.schedule.expected is None:
+            return None
+        rates, tokens = run.schedule.expected
+        return [round(r, 2) for r in rates], [round(t, 3) for t in tokens]
 
     def _propose(self, run: Run, steps: int) -> Draft:
         try:
@@ -437,8 +448,8 @@ class ChatEngine:
             note=run.note or step.note,
             draft_spans=spans,
             draft_source=step.draft.source if step.k else None,
-            expected_tok_s=[round(r, 2) for r in run.schedule.auto.last_rates]
-            if run.schedule.auto is not None and run.schedule.auto.last_rates and not prefill else None,
+            expected_tok_s=step.expected[0] if step.expected and not prefill else None,
+            expected_tokens=step.expected[1] if step.expected and not prefill else None,
         )
         run.note = None
         run.index += 1

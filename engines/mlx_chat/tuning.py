@@ -1,7 +1,8 @@
-"""What `specscope tune` measures for a chat target on this machine (the numbers
-engines/speculative/tuning.py chooses from): the target's forward latency by width, and, over
-a calibration set run at the deepest draft length, the drafter's cost per token and the
-acceptance by draft position."""
+"""What `specscope tune` (and the window's Tune…) measures for a chat target on this machine
+(the numbers engines/speculative/tuning.py chooses from): the target's forward latency by
+width, and, over a calibration set run at the deepest draft length, the drafter's cost per
+token and the acceptance by draft position. `measure` does both and makes the Profile; both
+callers report its progress and may stop it (TuneCancelled)."""
 
 from __future__ import annotations
 
@@ -12,24 +13,35 @@ from typing import Callable
 
 import mlx.core as mx
 
-from engines.types import Request, SpecConfig
+from engines.types import Request, ShouldStop, SpecConfig
 from engines.mlx_chat.cache import cache_arrays, make_rollback_cache, rollback
 from engines.mlx_chat.prefill import feed_prompt
 from engines.speculative.schedule import MAX_STEPS
+from engines.speculative.tuning import Profile, machine_id
 
 WIDTHS = range(1, MAX_STEPS + 2)  # 1 (plain) .. 1 + MAX_STEPS drafts
 
 
-def forward_latency(model, context: list[int], reps: int = 9, widths=WIDTHS) -> dict[int, float]:
+class TuneCancelled(Exception):
+    """The caller's should_stop said stop: nothing was measured to keep."""
+
+
+def forward_latency(model, context: list[int], reps: int = 9, widths=WIDTHS,
+                    on_pass: Callable[[int, int], None] | None = None,
+                    should_stop: ShouldStop | None = None) -> dict[int, float]:
     """Median seconds of one target forward of w tokens after `context` (the cache rolled
     back after each, so every forward sees the same context), widths interleaved so a change
-    in the machine's load touches them alike."""
+    in the machine's load touches them alike. `on_pass(i, n)` before each pass over the widths."""
     cache = make_rollback_cache(model)
     feed_prompt(model, cache, mx.array(context, dtype=mx.uint32), lambda: False, None)
     mx.eval(cache_arrays(cache))
     token = context[-1]
     seen: dict[int, list[float]] = {w: [] for w in widths}
-    for _ in range(reps + 1):  # the first pass warms every shape up and is not counted
+    for i in range(reps + 1):  # the first pass warms every shape up and is not counted
+        if should_stop is not None and should_stop():
+            raise TuneCancelled
+        if on_pass is not None:
+            on_pass(i, reps + 1)
         for w in widths:
             t0 = time.perf_counter()
             logits = model(mx.array([[token] * w], dtype=mx.uint32), cache=cache)
@@ -48,16 +60,20 @@ class Calibration:
 
 
 def calibrate(engine, prompts: list[str], spec: SpecConfig, max_tokens: int,
-              on_prompt: Callable[[int, int], None] | None = None) -> Calibration:
+              on_prompt: Callable[[int, int], None] | None = None,
+              should_stop: ShouldStop | None = None) -> Calibration:
     """Run the prompts at the deepest draft length and count, per draft position, how often
-    it was reached (every position before it accepted) and accepted."""
+    it was reached (every position before it accepted) and accepted. `should_stop` is polled
+    between rounds: a stopped calibration raises TuneCancelled (a partial count is no profile)."""
     spec = SpecConfig(**{**spec.__dict__, "steps": MAX_STEPS, "adaptive": False, "auto": False, "profile": None})
     reached, accepted = [0] * MAX_STEPS, [0] * MAX_STEPS
     draft_s, drafted, rounds = 0.0, 0, 0
     for i, prompt in enumerate(prompts):
         if on_prompt is not None:
             on_prompt(i, len(prompts))
-        for rnd in engine.generate(Request(prompt=prompt, max_tokens=max_tokens, spec=spec)):
+        for rnd in engine.generate(Request(prompt=prompt, max_tokens=max_tokens, spec=spec), should_stop):
+            if rnd.finish == "cancelled":
+                raise TuneCancelled
             if rnd.prefill or not rnd.proposed:
                 continue
             rounds += 1
@@ -71,3 +87,32 @@ def calibrate(engine, prompts: list[str], spec: SpecConfig, max_tokens: int,
                     break
     acceptance = [(a + 0.5) / (r + 1) for a, r in zip(accepted, reached)]  # half a round of prior: no 0/0
     return Calibration(acceptance, reached, draft_s / drafted if drafted else 0.0, rounds)
+
+
+@dataclass(frozen=True)
+class TuneProgress:
+    stage: str  # "latency" | "acceptance"
+    done: int  # passes over the widths / prompts done
+    total: int
+    text: str  # one line: what is being measured
+
+
+def measure(engine, spec: SpecConfig, prompts: list[str], max_tokens: int = 256, context: int = 256, reps: int = 9,
+            on_progress: Callable[[TuneProgress], None] | None = None,
+            should_stop: ShouldStop | None = None) -> tuple[Profile, Calibration]:
+    """The profile of (this machine, engine's target, spec's method and drafter): the forward
+    latency after `context` tokens of the prompts' own text, then the acceptance over the
+    prompts. Raises TuneCancelled when `should_stop` says so."""
+    say = on_progress or (lambda _p: None)
+    filler = engine.tokenizer.encode(" ".join(prompts))
+    tokens = (filler * (context // max(len(filler), 1) + 1))[:context]
+    latency = forward_latency(
+        engine.model, tokens, reps=reps, should_stop=should_stop,
+        on_pass=lambda i, n: say(TuneProgress("latency", i, n, f"the target's forward latency for 1..{MAX_STEPS + 1} "
+                                              f"tokens after {len(tokens)} tokens of context: pass {i + 1} of {n}")))
+    cal = calibrate(engine, prompts, spec, max_tokens, should_stop=should_stop,
+                    on_prompt=lambda i, n: say(TuneProgress("acceptance", i, n, f"acceptance by draft position at "
+                                                            f"{MAX_STEPS} drafts per round: prompt {i + 1} of {n}")))
+    profile = Profile(machine=machine_id(), model=engine.model_path, method=spec.method, drafter=spec.draft_model or "",
+                      target_s=latency, draft_s=cal.draft_s, acceptance=cal.acceptance, context=len(tokens))
+    return profile, cal

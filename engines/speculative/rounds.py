@@ -51,6 +51,7 @@ class Round:
     ranks: dict | None = None  # tensor parallel only: this step's cost on rank 0 (engines/distributed StepCost)
     draft_source: str | None = None  # who drafted this round's tokens when drafters are composed ("ngram", "mtp")
     expected_tok_s: list[float] | None = None  # --steps auto: the tok/s it expected of k = 0..7 when it chose `steps`
+    expected_tokens: list[float] | None = None  # and the tokens per round (accepted + 1) it expected of each k
 
     def __post_init__(self):
         if self.draft_spans is not None:  # read back from JSON as lists

@@ -123,6 +123,7 @@ class DraftSchedule:
         self.fixed_steps = steps
         self.skip = SkipStreak(skip_streak)
         self.note: str | None = None  # e.g. why a tuning profile was not used (the run's first Round says it)
+        self.expected: tuple[list[float], list[float]] | None = None  # auto's tok/s and tokens per k, this choice
 
     @classmethod
     def of(cls, spec, model: str = "") -> "DraftSchedule":
@@ -152,9 +153,12 @@ class DraftSchedule:
     def next_steps(self, remaining: int) -> int:
         """Drafts to propose this round; never more than remaining - 1, since the target adds
         one token of its own and max_tokens must not be exceeded."""
+        self.expected = None
         if not self.enabled or remaining <= 1 or self.skip.should_skip():
             return 0
         chosen = self.auto.choose() if self.auto is not None else None
+        if chosen is not None:  # what the Round of this step reports (the next step overwrites auto's)
+            self.expected = (list(self.auto.last_rates), list(self.auto.last_tokens))
         return min(self.steps if chosen is None else chosen, remaining - 1)
 
     def record(self, proposed: int, accepted: int, verify_s: float | None = None, draft_s: float | None = None) -> None:

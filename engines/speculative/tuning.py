@@ -197,6 +197,7 @@ class AutoSteps:
     draft_s: float | None = None  # this run's drafting seconds per token (mean)
     drafted: int = 0
     last_rates: list[float] = field(default_factory=list)  # expected tok/s per k, at the last choice
+    last_tokens: list[float] = field(default_factory=list)  # expected tokens per round (E[accepted + 1]) per k, ditto
     seen: PositionAcceptance | None = None
 
     def __post_init__(self):
@@ -232,7 +233,9 @@ class AutoSteps:
             return None
         latency = self.latency()
         draft_s = self.draft_s if self.draft_s is not None else (self.profile.draft_s if self.profile else 0.0)
-        self.last_rates = rates(latency.at, draft_s, self.acceptance(), self.max_steps)
+        acceptance = self.acceptance()
+        self.last_rates = rates(latency.at, draft_s, acceptance, self.max_steps)
+        self.last_tokens = [expected_tokens(acceptance, k) for k in range(self.max_steps + 1)]
         return max(range(len(self.last_rates)), key=self.last_rates.__getitem__)
 
     def record(self, proposed: int, accepted: int, verify_s: float | None = None, draft_s: float | None = None) -> None:

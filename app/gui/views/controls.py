@@ -1,7 +1,9 @@
-"""The sidebar: engine, model, OCR task, speculation (method, preset <-> spec-step slider),
-sampling, Read (OCR's primary action; chat's is Send beside the prompt) / Stop / A/B compare.
-Holds no run state; the window reads it into a Request. Choosing a method sets the drafts per
-round to that method's default, the same as the CLI's (engines.speculative.schedule)."""
+"""The sidebar: engine, model, OCR task, speculation (method, preset <-> spec-step slider, Auto
+and Tune…, composing n-gram with a model drafter), sampling, Read (OCR's primary action; chat's
+is Send beside the prompt) / Stop / A/B compare. Holds no run state; the window reads it into a
+Request. Choosing a method sets the drafts per round to that method's default, the same as the
+CLI's (engines.speculative.schedule). Auto is the CLI's --steps auto: the slider gives way to
+the machine's measured costs (Tune… measures them; the window runs it)."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from PySide6.QtWidgets import (
     QVBoxLayout, QWidget,
 )
 
-from app.settings import AppSettings
+from app.settings import AppSettings, profiles_dir
 from engines.types import Sampling, SpecConfig
 from engines.speculative.schedule import DEFAULT_STEPS, MAX_STEPS, PRESETS, preset_for_steps
 
@@ -25,6 +27,8 @@ METHODS = {  # what each engine can speculate with
     "chat": [("ngram", "N-gram lookup"), ("draft", "Draft model"), ("mtp", "Gemma 4 assistant (MTP)")],
     "ocr": [("mtp", "GLM-OCR MTP layer")],
 }
+TUNE_TIP = ("Measure what speculation costs and gains on this machine for this model and method "
+            "(as `specscope tune`): Auto then chooses from it")
 OCR_TASKS = [("text", "Text"), ("table", "Table"), ("formula", "Formula")]
 
 
@@ -59,6 +63,7 @@ class ControlsPanel(QWidget):
     run_requested = Signal()
     stop_requested = Signal()
     compare_requested = Signal()
+    tune_requested = Signal()
     engine_changed = Signal(str)
 
     def __init__(self, parent: QWidget | None = None):
@@ -125,6 +130,15 @@ class ControlsPanel(QWidget):
         self.steps_label = QLabel(objectName="value")
         self.steps_label.setMinimumWidth(44)
         self.adaptive_check = QCheckBox("Adaptive depth")
+        self.auto_check = QCheckBox("Auto", toolTip=(
+            "Each round, the draft length this machine's measured costs expect to be fastest (--steps auto). "
+            "Without a tuning profile the run measures its own costs as it goes; Tune\u2026 measures them once."))
+        self.auto_check.toggled.connect(self._on_auto_toggled)
+        self.tune_button = QToolButton(text="Tune\u2026", toolTip=TUNE_TIP)
+        self.tune_button.clicked.connect(self.tune_requested)
+        self.compose_check = QCheckBox("Compose with n-gram", toolTip=(
+            "N-gram lookup beside the model drafter: each round drafts from whichever this run's costs and "
+            "acceptance expect to pay more (--with-ngram). The text shows which drafted each token."))
 
         self.temperature_spin = QDoubleSpinBox(minimum=0.0, maximum=2.0, singleStep=0.1, decimals=2)
         self.max_tokens_spin = QSpinBox(minimum=1, maximum=32768, singleStep=64)
@@ -186,8 +200,14 @@ class ControlsPanel(QWidget):
         steps_row = QHBoxLayout()
         steps_row.addWidget(self.steps_slider, 1)
         steps_row.addWidget(self.steps_label)
+        steps_row.addWidget(self.auto_check)
         form.addRow("Drafts", steps_row)
-        form.addRow("", self.adaptive_check)
+        tune_row = QHBoxLayout()
+        tune_row.addWidget(self.adaptive_check)
+        tune_row.addStretch(1)
+        tune_row.addWidget(self.tune_button)
+        form.addRow("", tune_row)
+        form.addRow("", self.compose_check)
         col.addLayout(form)
         self.speculation_form = form
 
@@ -333,6 +353,9 @@ class ControlsPanel(QWidget):
         self.steps_slider.setValue(DEFAULT_STEPS.get(self.method, self.steps_slider.value()))
 
     def _on_steps_changed(self, steps: int) -> None:
+        if self.auto_check.isChecked():
+            self.steps_label.setText("auto")
+            return
         self.steps_label.setText("off" if steps == 0 else f"{steps} draft{'s' if steps > 1 else ''}")
         current = self.preset_combo.currentData()
         name = "off" if steps == 0 else (preset_for_steps(steps, current) or "custom")
@@ -354,6 +377,13 @@ class ControlsPanel(QWidget):
                 self.preset_combo.setCurrentIndex(self.preset_combo.findData(name))
                 self.preset_combo.blockSignals(False)
 
+    def _on_auto_toggled(self, auto: bool) -> None:
+        """Auto replaces the slider, the presets and the adaptive depth (its fallback until it
+        knows this machine's costs), so they are greyed while it is on."""
+        for w in (self.steps_slider, self.preset_combo, self.adaptive_check):
+            w.setEnabled(not auto)
+        self._on_steps_changed(self.steps_slider.value())
+
     def set_preset(self, name: str) -> None:
         self.preset_combo.setCurrentIndex(self.preset_combo.findData(name))
 
@@ -369,17 +399,44 @@ class ControlsPanel(QWidget):
         self.system_edit.setVisible(not ocr)
         needs_drafter = not ocr and self.method in ("draft", "mtp")
         self.speculation_form.setRowVisible(self.draft_row_widget, needs_drafter)
+        self.speculation_form.setRowVisible(self.compose_check, needs_drafter)
+        self.tune_button.setEnabled(not ocr)
+        self.tune_button.setToolTip(TUNE_TIP if not ocr else
+                                    "Tune measures chat models; OCR's Auto adapts the draft length to acceptance")
+
+    @property
+    def drafter(self) -> str | None:
+        """The draft model / assistant, only where the method drafts with one (chat's draft and
+        mtp): a tuning profile is keyed by it, so an n-gram run must not carry a stale path."""
+        if self._engine != "chat" or self.method not in ("draft", "mtp"):
+            return None
+        return self.draft_edit.text().strip() or None
+
+    @property
+    def composes(self) -> bool:
+        return self.compose_check.isChecked() and self._engine == "chat" and self.method in ("draft", "mtp")
 
     def spec_config(self) -> SpecConfig:
-        steps = self.steps_slider.value()
-        preset = PRESETS.get(self.preset)
+        auto = self.auto_check.isChecked()
+        # Auto starts where the CLI's --steps auto does: the method's default, moved by the
+        # adaptive fallback until the costs are known
+        steps = DEFAULT_STEPS.get(self.method, 3) if auto else self.steps_slider.value()
+        preset = None if auto else PRESETS.get(self.preset)
         return SpecConfig(
             method=self.method if steps > 0 else "off",
             steps=steps,
-            adaptive=self.adaptive_check.isChecked(),
+            adaptive=self.adaptive_check.isChecked() and not auto,
             max_steps=preset.max_steps if preset else MAX_STEPS,
-            draft_model=self.draft_edit.text().strip() or None,
+            draft_model=self.drafter,
+            compose_ngram=self.composes,
+            auto=auto,
+            profile=str(profiles_dir()) if auto else None,
         )
+
+    def tune_spec(self) -> SpecConfig:
+        """What Tune… measures: the chosen method and drafter at every draft length (whatever
+        the slider says; `specscope tune` the same)."""
+        return SpecConfig(method=self.method, steps=1, draft_model=self.drafter, compose_ngram=self.composes)
 
     def sampling(self) -> Sampling:
         return Sampling(temperature=float(self.temperature_spin.value()))
@@ -408,6 +465,7 @@ class ControlsPanel(QWidget):
         self.stop_button.setEnabled(running)
         for w in (self.chat_button, self.ocr_button, self.model_combo, self.browse_button):
             w.setEnabled(not running)
+        self.tune_button.setEnabled(not running and self._engine == "chat")
 
     def apply_settings(self, s: AppSettings) -> None:
         self._recent = [p for p in s.recent_models if p][:10]
@@ -429,6 +487,8 @@ class ControlsPanel(QWidget):
         self.temperature_spin.setValue(float(s.temperature))
         self.max_tokens_spin.setValue(int(s.max_tokens))
         self.max_repeat_spin.setValue(max(1, int(s.max_repeat)))  # 0 (off) shows as the minimum, "Off"
+        self.auto_check.setChecked(bool(s.steps_auto))
+        self.compose_check.setChecked(bool(s.compose_ngram))
 
     def store_settings(self, s: AppSettings) -> None:
         s.engine = self._engine
@@ -445,6 +505,8 @@ class ControlsPanel(QWidget):
         s.temperature = float(self.temperature_spin.value())
         s.max_tokens = int(self.max_tokens_spin.value())
         s.max_repeat = self.max_repeat
+        s.steps_auto = self.auto_check.isChecked()
+        s.compose_ngram = self.compose_check.isChecked()
         path = self.model_path()
         if path:
             s.recent_models = [path] + [p for p in s.recent_models if p != path][:9]

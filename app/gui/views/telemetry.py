@@ -10,7 +10,15 @@ per-round lines give way to their rolling means alone, over a window that grows 
 never shrink below MIN_ROUNDS_SHOWN rounds / MIN_SECONDS_SHOWN seconds and carry no SI
 prefix, so a run stopped in its first round draws sane axes. One plot is redrawn per tick, in turn, because painting all three at
 once can keep the event loop busy for tens of milliseconds on a slow CPU. Hovering names a round; clicking selects it (the transcript then
-highlights its burst)."""
+highlights its burst).
+
+Auto (--steps auto) and composed drafting add, only while a run shows them (so each legend
+names only what is drawn): the k chosen each round and the drafts Auto expected to be accepted
+at it (Round.expected_tokens - 1, beside the accepted ones) on the drafts plot; the tok/s it
+expected (Round.expected_tok_s at that k) beside the measured on the speed plot; the per-position
+bars split by who drafted (Round.draft_source), n-gram hatched; and, from this machine's tuning
+profile, the break-even acceptance (engines.speculative.tuning.break_even) as a line on the
+position plot. Expected lines are dashed, so they read without colour."""
 
 from __future__ import annotations
 
@@ -19,10 +27,12 @@ import math
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QSize, Qt, QTimer, Signal
-from PySide6.QtGui import QColor, QFont
+from PySide6.QtGui import QBrush, QColor, QFont
 from PySide6.QtWidgets import QBoxLayout, QFrame, QGridLayout, QHBoxLayout, QLabel, QScrollArea, QVBoxLayout, QWidget
 
+from app.gui.views.elided_label import ElidedLabel
 from engines.speculative.rounds import Round
+from engines.speculative.tuning import Profile, best_k, break_even
 
 REDRAW_HZ = 20  # timer ticks per second; each tick redraws one plot (see refresh)
 ROLLING = 16  # rounds in the moving averages, at least
@@ -31,6 +41,29 @@ MIN_ROUNDS_SHOWN = 10
 MIN_SECONDS_SHOWN = 1.0
 
 GREEN, GREY, BLUE, AMBER, BASELINE = "#1f9d55", "#a1a1a6", "#0a84ff", "#ff9f0a", "#c7c7cc"
+INDIGO, DARK_GREEN, DARK_BLUE, INK = "#5e5ce6", "#0b6b3a", "#0040dd", "#3a3a3c"
+# Who drafted (Round.draft_source): the model drafter keeps the accepted-draft green, the n-gram
+# lookup is blue and hatched (the transcript underlines it): told apart without colour too
+NGRAM = "ngram"
+SOURCE_BRUSH = {NGRAM: QBrush(QColor(BLUE), Qt.BrushStyle.BDiagPattern)}
+SOURCE_NAMES = {NGRAM: "n-gram", "mtp": "MTP drafter", "draft": "draft model"}
+
+
+def source_name(source: str) -> str:
+    return SOURCE_NAMES.get(source, source)
+
+
+def finite_rolling_mean(values: np.ndarray, window: int) -> np.ndarray:
+    """The mean of the finite values among the last `window`; NaN where the value itself is
+    not finite (a round Auto did not choose: the line breaks there)."""
+    finite = np.isfinite(values)
+    total = np.cumsum(np.where(finite, values, 0.0))
+    count = np.cumsum(finite.astype(float))
+    lag = lambda a: np.concatenate([np.zeros(window), a])[: len(a)]  # noqa: E731
+    with np.errstate(divide="ignore", invalid="ignore"):
+        mean = (total - lag(total)) / (count - lag(count))
+    mean[~finite] = np.nan
+    return mean
 
 
 class RoundSeries:
@@ -39,7 +72,8 @@ class RoundSeries:
 
     def __init__(self, capacity: int = 1024):
         self.n = 0
-        self._cols = ("index", "proposed", "accepted", "tokens", "wall", "t", "prefill")
+        self._cols = ("index", "proposed", "accepted", "tokens", "wall", "t", "prefill", "steps",
+                      "expected_tok_s", "expected_tokens")  # the expected ones NaN where Auto did not choose
         for c in self._cols:
             setattr(self, "_" + c, np.zeros(capacity))
         self.decode_rounds = self.decode_tokens = 0
@@ -47,6 +81,8 @@ class RoundSeries:
         self.proposed = self.accepted = self.tokens_total = 0
         self.offered_at = np.zeros(0)  # per draft position: how often it was proposed
         self.accepted_at = np.zeros(0)  # and accepted
+        self.by_source: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # the same per Round.draft_source
+        self.auto_rounds = 0  # rounds whose k Auto chose (they carry what it expected)
 
     def _grow(self) -> None:
         for c in self._cols:
@@ -61,6 +97,11 @@ class RoundSeries:
         i = self.n
         self._index[i], self._proposed[i], self._accepted[i] = r.index, r.proposed, r.accepted
         self._tokens[i], self._wall[i], self._t[i], self._prefill[i] = len(r.tokens), r.wall_s, r.t_s, r.prefill
+        self._steps[i] = r.steps
+        chosen = r.expected_tok_s is not None and r.expected_tokens is not None and r.steps < len(r.expected_tok_s)
+        self._expected_tok_s[i] = r.expected_tok_s[r.steps] if chosen else np.nan
+        self._expected_tokens[i] = r.expected_tokens[r.steps] if chosen else np.nan
+        self.auto_rounds += chosen
         self.n += 1
         self.proposed += r.proposed
         self.accepted += r.accepted
@@ -77,6 +118,13 @@ class RoundSeries:
             self.accepted_at = np.pad(self.accepted_at, (0, depth - len(self.accepted_at)))
         self.offered_at[:depth] += 1
         self.accepted_at[:depth] += np.asarray(r.accept_flags, dtype=float)
+        if r.draft_source and depth:
+            offered, accepted = self.by_source.get(r.draft_source, (np.zeros(0), np.zeros(0)))
+            if depth > len(offered):
+                offered, accepted = np.pad(offered, (0, depth - len(offered))), np.pad(accepted, (0, depth - len(accepted)))
+            offered[:depth] += 1
+            accepted[:depth] += np.asarray(r.accept_flags, dtype=float)
+            self.by_source[r.draft_source] = (offered, accepted)
 
     def column(self, name: str) -> np.ndarray:
         return getattr(self, "_" + name)[: self.n]
@@ -106,9 +154,14 @@ class RoundSeries:
         count = np.minimum(np.arange(1, self.n + 1), window)
         return (total - lagged) / count
 
-    def per_position(self) -> np.ndarray:
+    def rolling_finite_mean(self, name: str, window: int = ROLLING) -> np.ndarray:
+        return finite_rolling_mean(self.column(name), window)
+
+    def per_position(self, source: str | None = None) -> np.ndarray:
+        """Acceptance by draft position: of all rounds, or of those `source` drafted."""
+        offered, accepted = (self.offered_at, self.accepted_at) if source is None else self.by_source[source]
         with np.errstate(divide="ignore", invalid="ignore"):
-            return np.where(self.offered_at > 0, self.accepted_at / self.offered_at, 0.0)
+            return np.where(offered > 0, accepted / offered, 0.0)
 
     @property
     def tau(self) -> float:
@@ -248,10 +301,22 @@ class TelemetryView(QWidget):
         self.proposed_mean = self.drafts_plot.plot(pen=pg.mkPen(GREY, width=2), name="asked")
         self.accepted_mean = self.drafts_plot.plot(pen=pg.mkPen(GREEN, width=2), name="accepted")
         self.drafts_plot.setYRange(0, 4)
+        # Auto's rounds only (NaN elsewhere, so a line breaks where Auto did not choose)
+        self.steps_curve = self.drafts_plot.plot(pen=pg.mkPen(INDIGO, width=1.5), connect="finite")
+        self.expected_accepted = self.drafts_plot.plot(
+            pen=pg.mkPen(DARK_GREEN, width=2, style=Qt.PenStyle.DashLine), connect="finite")
+        self.drafts_plot.setToolTip(
+            "asked: drafts proposed per round; accepted: those the target kept (moving averages, thin: per round).\n"
+            "With Auto: k, the draft length it chose each round, and expected (dashed), the drafts it "
+            "expected to be accepted at that k (tokens per round minus the target's own).")
         self.speed_plot = make_plot("Decode speed", "time since start (s)", "tokens / s")
         self.baseline_curve = self.speed_plot.plot(pen=pg.mkPen(BASELINE, width=2, style=pg.QtCore.Qt.PenStyle.DashLine))
         self.speed_dots = self.speed_plot.plot(pen=pg.mkPen(QColor(10, 132, 255, 70), width=1))  # per round
         self.speed_curve = self.speed_plot.plot(pen=pg.mkPen(BLUE, width=2), connect="finite", name="tok/s")
+        self.expected_speed = self.speed_plot.plot(pen=pg.mkPen(DARK_BLUE, width=2, style=Qt.PenStyle.DashLine),
+                                                   connect="finite")
+        self.speed_plot.setToolTip("tok/s: the decode speed measured (moving average; faint: per round). With Auto, "
+                                   "expected (dashed): the tok/s it expected of the k it chose.")
         self.position_plot = make_plot("By draft position", "draft position", "accepted (%)")
         self.position_plot.getPlotItem().setDownsampling(False)
         self.position_plot.getAxis("left").setTicks([[(v, str(v)) for v in range(0, 101, 20)]])
@@ -259,6 +324,16 @@ class TelemetryView(QWidget):
         self.bars = pg.BarGraphItem(x=[], height=[], width=0.7, brush=pg.mkBrush(GREEN), pen=pg.mkPen(None),
                                     name="accepted")
         self.position_plot.addItem(self.bars)
+        self.source_bars: dict[str, pg.BarGraphItem] = {}  # composed runs: one set per Round.draft_source
+        self.break_even_curve = self.position_plot.plot(pen=pg.mkPen(INK, width=2, style=Qt.PenStyle.DashDotLine))
+        self.position_plot.setToolTip(
+            "Acceptance by draft position; in a composed run split by who drafted: n-gram blue and hatched, the "
+            "model drafter green.\nDash-dot line: the break-even acceptance from this machine's tuning profile at "
+            "the k shown; below it, drafting that many per round is slower here than plain decoding.")
+        self.legend_shown: dict[int, str | None] = {id(self.bars): "accepted"}  # id(item) -> its legend name
+        self.profile: Profile | None = None  # this machine's tuning profile for the shown run's model
+        self.auto = False  # the shown run chose its draft length with Auto
+        self.break_even: tuple[int, float | None] | None = None  # (k, acceptance) as drawn
         self.window_rounds = ROLLING  # the moving averages' window, as titled
 
         self.hover_lines = []
@@ -304,6 +379,9 @@ class TelemetryView(QWidget):
         title_row = QHBoxLayout()
         title_row.setContentsMargins(12, 8, 12, 0)
         title_row.addWidget(QLabel("Speculation", objectName="paneTitle"))
+        self.tuning_label = ElidedLabel(objectName="muted")  # "Auto · tuned …": which costs Auto chose from
+        title_row.addSpacing(8)
+        title_row.addWidget(self.tuning_label, 1)
         title_row.addStretch(1)
         title_row.addWidget(self.hover_label)
         col = QVBoxLayout(self)
@@ -345,6 +423,21 @@ class TelemetryView(QWidget):
 
     def set_speedup(self, text: str) -> None:
         self.cards["speedup"].setText(text)
+
+    def set_tuning(self, profile: Profile | None, auto: bool) -> None:
+        """This machine's tuning profile for the shown run (its break-even line) and whether
+        the run chose its draft length with Auto (said in the title row)."""
+        import time
+
+        self.profile, self.auto = profile, auto
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(profile.created)) if profile else ""
+        if auto:
+            self.tuning_label.setText(f"Auto \u00b7 tuning profile of {when}" if profile else
+                                      "Auto \u00b7 no tuning profile: costs measured in the run")
+        else:
+            self.tuning_label.setText(f"tuning profile of {when}" if profile else "")
+        self.tuning_label.setToolTip(f"measured on {profile.machine}" if profile else "")
+        self.dirty = True
 
     # --- drawing --------------------------------------------------------------------------
     # --- reflow ---------------------------------------------------------------------------
@@ -454,7 +547,14 @@ class TelemetryView(QWidget):
             self.accepted_curve.setData(x if raw else [], s.column("accepted") if raw else [])
             self.proposed_mean.setData(x, s.rolling_mean("proposed", window))
             self.accepted_mean.setData(x, s.rolling_mean("accepted", window))
-            top = max(3.0, float(s.column("proposed").max()) if s.n else 3.0)
+            auto = s.auto_rounds > 0
+            self._in_legend(self.drafts_plot, self.steps_curve, "k" if auto else None)
+            self._in_legend(self.drafts_plot, self.expected_accepted, "expected" if auto else None)
+            chosen = np.where(np.isfinite(s.column("expected_tokens")), s.column("steps"), np.nan)
+            self.steps_curve.setData(x if auto else [], (chosen if raw else finite_rolling_mean(chosen, window)) if auto else [])
+            self.expected_accepted.setData(x if auto else [], s.rolling_finite_mean("expected_tokens", window) - 1
+                                           if auto else [])
+            top = max(3.0, float(s.column("proposed").max()) if s.n else 3.0, float(np.nanmax(chosen)) if auto else 0.0)
             self.drafts_plot.setYRange(0, top * legend_headroom(self.drafts_plot), padding=0)
             last = float(x[-1]) if s.n else 0.0
             self.drafts_plot.setXRange(0, max(MIN_ROUNDS_SHOWN, last), padding=0.02)
@@ -469,7 +569,15 @@ class TelemetryView(QWidget):
             else:
                 self.baseline_curve.setData([], [])
             self.speed_plot.setXRange(0, max(MIN_SECONDS_SHOWN, end), padding=0.02)
-            rates = [c.yData for c in (self.speed_curve, self.baseline_curve) if c.yData is not None and len(c.yData)]
+            auto = s.auto_rounds > 0
+            self._in_legend(self.speed_plot, self.expected_speed, "expected" if auto else None)
+            self.speed_plot.getPlotItem().legend.setColumnCount(1 if auto else 2)  # fits a plot at its narrowest
+            if auto:
+                self._set_finite(self.expected_speed, t, s.rolling_finite_mean("expected_tok_s", window))
+            else:
+                self.expected_speed.setData([], [])
+            rates = [c.yData for c in (self.speed_curve, self.baseline_curve, self.expected_speed)
+                     if c.yData is not None and len(c.yData)]
             if raw and self.speed_dots.yData is not None and len(self.speed_dots.yData):
                 rates.append(self.speed_dots.yData)
             top = max((float(np.max(r)) for r in rates), default=0.0)
@@ -477,11 +585,68 @@ class TelemetryView(QWidget):
         else:
             rates = s.per_position() * 100
             positions = np.arange(1, len(rates) + 1)
-            self.bars.setOpts(x=positions, height=rates, width=0.7)
+            self._draw_position_bars(positions, rates)
             ticks = [(i, str(i)) for i in range(1, max(3, len(rates)) + 1)]
             self.position_plot.getAxis("bottom").setTicks([ticks])
             self.position_plot.setXRange(0.4, max(3, len(rates)) + 0.6, padding=0)
+            self._draw_break_even(max(3, len(rates)))
+            # one name a row once there is more than "accepted": they fit a plot at its narrowest
+            self.position_plot.getPlotItem().legend.setColumnCount(1 if s.by_source or self.profile else 2)
             self.position_plot.setYRange(0, 100 * legend_headroom(self.position_plot), padding=0)
+
+    def _draw_position_bars(self, positions: np.ndarray, rates: np.ndarray) -> None:
+        """One set of bars, or (composed runs) one per source side by side."""
+        s = self.series
+        split = bool(s.by_source)
+        self.bars.setOpts(x=positions, height=rates if not split else np.zeros(0), width=0.7)
+        self._in_legend(self.position_plot, self.bars, None if split else "accepted")
+        sources = sorted(s.by_source, key=lambda src: src != NGRAM)  # n-gram first, left
+        width = 0.7 / max(len(sources), 1)
+        for i, source in enumerate(sources):
+            bars = self.source_bars.get(source)
+            if bars is None:
+                brush = SOURCE_BRUSH.get(source, pg.mkBrush(GREEN))
+                pen = pg.mkPen(BLUE, width=1) if source == NGRAM else pg.mkPen(None)
+                bars = self.source_bars[source] = pg.BarGraphItem(x=[], height=[], width=width, brush=brush, pen=pen)
+                self.position_plot.addItem(bars)
+            own = s.per_position(source) * 100
+            x = np.arange(1, len(own) + 1) - 0.35 + width * (i + 0.5)
+            bars.setOpts(x=x, height=own, width=width)
+            self._in_legend(self.position_plot, bars, source_name(source))
+        for source, bars in self.source_bars.items():
+            if source not in s.by_source:
+                bars.setOpts(x=[], height=[])
+                self._in_legend(self.position_plot, bars, None)
+
+    def _draw_break_even(self, positions: int) -> None:
+        """The profile's break-even acceptance at the k of the run's last Auto round (else the
+        profile's best k): a drafter accepted less than this at each position loses here."""
+        if self.profile is None:
+            self.break_even = None
+            self.break_even_curve.setData([], [])
+            self._in_legend(self.position_plot, self.break_even_curve, None)
+            return
+        s = self.series
+        chosen = s.column("steps")[np.isfinite(s.column("expected_tokens")) & (s.column("steps") > 0)]
+        latency = self.profile.latency().at
+        k = int(chosen[-1]) if len(chosen) else max(1, best_k(latency, self.profile.draft_s, self.profile.acceptance,
+                                                               len(self.profile.acceptance)))
+        value = break_even(latency, self.profile.draft_s, k)
+        self.break_even = (k, value)
+        level = 100.0 * (value if value is not None else 1.0)
+        self.break_even_curve.setData([0.4, positions + 0.6], [level, level])
+        name = f"break-even k={k}" if value is not None else f"k={k} never pays"
+        self._in_legend(self.position_plot, self.break_even_curve, name)
+
+    def _in_legend(self, plot, item, name: str | None) -> None:
+        """Names `item` in its plot's legend (None: not in it); a no-op when already so."""
+        if self.legend_shown.get(id(item)) == name:
+            return
+        legend = plot.getPlotItem().legend
+        legend.removeItem(item)
+        if name is not None:
+            legend.addItem(item, name)
+        self.legend_shown[id(item)] = name
 
     @staticmethod
     def _set_finite(curve, x: np.ndarray, y: np.ndarray) -> None:
@@ -528,8 +693,11 @@ class TelemetryView(QWidget):
             line.setVisible(True)
         rate = s.tok_s()[row]
         speed = "prefill" if math.isnan(rate) else f"{rate:.1f} tok/s"
+        expected = s.column("expected_tok_s")[row]
+        auto = "" if math.isnan(expected) else (f"Auto k {int(s.column('steps')[row])}, expected {expected:.1f} tok/s, "
+                                                f"{s.column('expected_tokens')[row]:.2f} tokens \u00b7 ")
         self.hover_label.setText(
-            f"round {index} \u00b7 {int(s.column('proposed')[row])} drafted \u00b7 "
+            f"round {index} \u00b7 {auto}{int(s.column('proposed')[row])} drafted \u00b7 "
             f"{int(s.column('accepted')[row])} accepted \u00b7 {speed} \u00b7 {s.column('t')[row]:.2f} s")
         self.round_hovered.emit(index)
 

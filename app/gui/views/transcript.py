@@ -1,5 +1,7 @@
 """The output pane: text streams in bursts, one per round. Characters that came from accepted
-drafts are tinted; the target's own tokens are plain (the legend says so). The text is kept
+drafts are tinted; the target's own tokens are plain (the legend says so). In a composed run
+(n-gram beside a model drafter) the drafts the n-gram lookup made are blue and underlined, the
+model drafter's keep the green (Round.draft_source): told apart without colour too. The text is kept
 verbatim (Markdown, tables, LaTeX stay as the engine wrote them), so copying gives plain text;
 "Render Markdown" shows it rendered, Markdown and HTML tables (GLM-OCR writes either) as
 tables. Chat turns stack into a conversation; OCR pages follow each other under their names."""
@@ -19,6 +21,7 @@ from PySide6.QtWidgets import (
 from app.records.bursts import Burst
 
 DRAFT_FG, DRAFT_BG = QColor("#0b6b3a"), QColor("#d9f2e3")
+NGRAM_FG, NGRAM_BG = QColor("#0b3d91"), QColor("#dbeafe")  # composed runs: the n-gram lookup's drafts
 SELECTED_BG = QColor("#ffd666")
 ROLE_FG = QColor("#6e6e73")
 
@@ -65,9 +68,10 @@ class OutputEdit(QPlainTextEdit):
                 self.burst_clicked.emit(span.round_index)
 
 
-def legend_swatch(text: str, fg: QColor, bg: QColor | None) -> QLabel:
+def legend_swatch(text: str, fg: QColor, bg: QColor | None, tip: str, underline: bool = False) -> QLabel:
     style = f"color:{fg.name()};" + (f"background:{bg.name()};" if bg else "border:1px solid #c7c7cc;")
-    label = QLabel(text, objectName="legend")
+    style += "text-decoration:underline;" if underline else ""
+    label = QLabel(text, objectName="legend", toolTip=tip)
     label.setStyleSheet(style + "border-radius:4px;padding:1px 6px;")
     return label
 
@@ -102,6 +106,10 @@ class TranscriptView(QWidget):
         self.draft_format = QTextCharFormat()
         self.draft_format.setForeground(DRAFT_FG)
         self.draft_format.setBackground(DRAFT_BG)
+        self.ngram_format = QTextCharFormat()
+        self.ngram_format.setForeground(NGRAM_FG)
+        self.ngram_format.setBackground(NGRAM_BG)
+        self.ngram_format.setFontUnderline(True)
         self.target_format = QTextCharFormat()
         self.role_format = QTextCharFormat()
         self.role_format.setForeground(ROLE_FG)
@@ -127,8 +135,15 @@ class TranscriptView(QWidget):
         self.legend = QWidget()
         legend_row = QHBoxLayout(self.legend)
         legend_row.setContentsMargins(0, 0, 0, 0)
-        legend_row.addWidget(legend_swatch("accepted draft", DRAFT_FG, DRAFT_BG))
-        legend_row.addWidget(legend_swatch("target token", QColor("#1d1d1f"), None))
+        legend_row.addWidget(legend_swatch("accepted draft", DRAFT_FG, DRAFT_BG,
+                                           "Tokens the target accepted from a drafter (in a composed run: the model "
+                                           "drafter's, MTP or draft model)"))
+        self.ngram_swatch = legend_swatch("n-gram draft", NGRAM_FG, NGRAM_BG, "Composed runs: tokens the target "
+                                          "accepted from the n-gram lookup (blue, underlined)", underline=True)
+        self.ngram_swatch.hide()  # shown once a composed run's n-gram drafts are
+        legend_row.addWidget(self.ngram_swatch)
+        legend_row.addWidget(legend_swatch("target token", QColor("#1d1d1f"), None,
+                                           "Tokens the target produced itself (one per round at least)"))
         legend_row.addStretch(1)
         bar = QHBoxLayout()
         bar.setContentsMargins(12, 8, 8, 6)
@@ -175,7 +190,10 @@ class TranscriptView(QWidget):
 
     def resizeEvent(self, event) -> None:  # noqa: N802 (Qt's name)
         super().resizeEvent(event)
-        below = event.size().width() < self.one_line_width()
+        self._place_legend(event.size().width())
+
+    def _place_legend(self, width: int) -> None:
+        below = width < self.one_line_width()
         if below != (self.legend_line.indexOf(self.legend) >= 0):
             (self.bar if below else self.legend_line).removeWidget(self.legend)
             if below:
@@ -227,8 +245,14 @@ class TranscriptView(QWidget):
         following = bar.value() >= bar.maximum() - 4
         cursor = self._cursor_at_end()
         start = cursor.position()
+        drafted_format = self.draft_format
+        if burst.round.draft_source == "ngram" and burst.spans:
+            drafted_format = self.ngram_format
+            if self.ngram_swatch.isHidden():  # the legend grows: it may need its own line now
+                self.ngram_swatch.show()
+                self._place_legend(self.width())
         for piece, drafted in burst.segments():
-            cursor.insertText(piece, self.draft_format if drafted else self.target_format)
+            cursor.insertText(piece, drafted_format if drafted else self.target_format)
             self.markdown_parts.append(piece)
         self.spans.append(Span(burst.round.index, start, cursor.position(), burst))
         self._starts.append(start)
