@@ -361,8 +361,9 @@ class OcrEngine:
             seq.advance(verdict, rows)
             rnd = out.round(index, verdict, drafts, t0, t1 - t0, t2 - t1, steps=k)
             rnd.note = _join(note, rnd.note)
-            if schedule.auto is not None and schedule.auto.last_rates:  # what auto expected of each k
-                rnd.expected_tok_s = [round(r, 2) for r in schedule.auto.last_rates]
+            if schedule.expected is not None:  # what --steps auto expected of each k as it chose this one
+                rnd.expected_tok_s = [round(r, 2) for r in schedule.expected[0]]
+                rnd.expected_tokens = [round(t, 3) for t in schedule.expected[1]]
             if rnd.finish is None and should_stop is not None and should_stop():
                 rnd.finish = "cancelled"
             yield rnd

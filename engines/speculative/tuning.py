@@ -22,6 +22,7 @@ import json
 import platform
 import statistics
 import time
+from collections import deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -29,7 +30,20 @@ from typing import Callable
 from engines.speculative.costs import StepCosts
 
 PROFILE_VERSION = 1
-PRIOR_ROUNDS = 20  # the profile's acceptance counts as this many rounds beside the run's own
+# The profile's acceptance counts as this many rounds beside the run's own, at each position.
+# Not more: a position deep in the chain is reached only by the rounds whose drafts held until
+# there, so a heavy prior keeps it at the profile's figure long after the run shows otherwise
+# (measured at 20: a copy-heavy prompt whose drafts failed kept k = 7 for 80 rounds, each verify
+# 1.5x a plain step, because positions 2..7 still had the calibration set's 0.7-0.98).
+PRIOR_ROUNDS = 5
+# Every PROBE_AFTER + 1 rounds, one round drafts one token more than the chooser picked. Why:
+# a position of the chain is measured only by rounds that draft that deep, so a choice is
+# otherwise final -- k = 0 measures nothing, k = 1 never tells what a second draft would
+# fetch -- and one bad start (a rejected first draft, a profile from other prompts) would hold
+# the run below what pays. One wider verify in nine costs little (a CPU's verify of k + 2 rows
+# is about the price of k + 1) and finds depth that pays when the text starts to repeat.
+PROBE_AFTER = 8
+DRAFT_COSTS_KEPT = 16  # rounds whose per-token drafting cost is kept (their median is the cost)
 
 
 class ProfileError(ValueError):
@@ -194,8 +208,9 @@ class AutoSteps:
     max_steps: int
     profile: Profile | None = None
     costs: StepCosts = field(default_factory=StepCosts)  # this run's rounds: width -> seconds
-    draft_s: float | None = None  # this run's drafting seconds per token (mean)
-    drafted: int = 0
+    draft_costs: deque = field(default_factory=lambda: deque(maxlen=DRAFT_COSTS_KEPT))  # seconds per drafted token
+    since_probe: int = 0  # rounds chosen since the last probe (PROBE_AFTER)
+    draft_warm: bool = False  # the drafter's first round was seen (its cost is not counted)
     last_rates: list[float] = field(default_factory=list)  # expected tok/s per k, at the last choice
     last_tokens: list[float] = field(default_factory=list)  # expected tokens per round (E[accepted + 1]) per k, ditto
     seen: PositionAcceptance | None = None
@@ -232,11 +247,23 @@ class AutoSteps:
         if not self.ready():
             return None
         latency = self.latency()
-        draft_s = self.draft_s if self.draft_s is not None else (self.profile.draft_s if self.profile else 0.0)
         acceptance = self.acceptance()
-        self.last_rates = rates(latency.at, draft_s, acceptance, self.max_steps)
+        self.last_rates = rates(latency.at, self.draft_s(), acceptance, self.max_steps)
         self.last_tokens = [expected_tokens(acceptance, k) for k in range(self.max_steps + 1)]
-        return max(range(len(self.last_rates)), key=self.last_rates.__getitem__)
+        k = max(range(len(self.last_rates)), key=self.last_rates.__getitem__)
+        self.since_probe += 1
+        if self.since_probe > PROBE_AFTER and k < self.max_steps:
+            self.since_probe = 0
+            return k + 1  # a probe (see PROBE_AFTER)
+        return k
+
+    def draft_s(self) -> float:
+        """Seconds to draft one token: the median of this run's recent rounds, else the
+        profile's, else free. The drafter's first round is not counted: it warms up (graphs
+        built, caches allocated) and may take a second, which a mean would carry for the run."""
+        if self.draft_costs:
+            return statistics.median(self.draft_costs)
+        return self.profile.draft_s if self.profile else 0.0
 
     def record(self, proposed: int, accepted: int, verify_s: float | None = None, draft_s: float | None = None) -> None:
         """One round: its acceptance by position, its verify and drafting seconds."""
@@ -244,8 +271,8 @@ class AutoSteps:
         if verify_s is not None and verify_s > 0:
             self.costs.observe(1 + proposed, verify_s)
         if draft_s is not None and proposed:
-            self.drafted += proposed
-            total = (self.draft_s or 0.0) * (self.drafted - proposed) + draft_s
-            self.draft_s = total / self.drafted
+            if self.draft_warm:
+                self.draft_costs.append(draft_s / proposed)
+            self.draft_warm = True
 
 

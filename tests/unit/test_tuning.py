@@ -6,6 +6,7 @@ line and the run measures itself instead."""
 from __future__ import annotations
 
 import json
+import statistics
 
 import pytest
 
@@ -129,3 +130,64 @@ def test_break_even_is_where_drafting_pays_exactly_plain():
         assert expected_tokens([a], k) / latency(1 + k) == pytest.approx(1 / latency(1), rel=1e-6)
     assert break_even(MACHINES["gpu, flat to 8"], 0.0, 3) == pytest.approx(0.0, abs=1e-9)  # free verify: any a pays
     assert break_even(lambda w: 0.05 * w ** 2, 0.0, 3) is None  # a verify dearer than k + 1 tokens: never pays
+
+
+BENCH_LATENCY = {1: 0.073, 2: 0.083, 3: 0.088, 4: 0.093, 5: 0.099, 6: 0.105, 7: 0.106, 8: 0.108}  # SmolLM2 here
+COPY_HEAVY = [0.41, 0.69, 0.80, 0.92, 0.77, 0.98, 0.93]  # the calibration set's acceptance by position
+
+
+def drive(auto: AutoSteps, rounds: int, acc: list[float], seed: int = 0, draft_s=lambda r: 0.0005) -> list[int]:
+    """`rounds` rounds at auto's choices, drafts accepted by position with `acc`; the k chosen."""
+    import random
+
+    rng = random.Random(seed)
+    chosen = []
+    for r in range(rounds):
+        k = auto.choose()
+        accepted = 0
+        while accepted < k and rng.random() < acc[min(accepted, len(acc) - 1)]:
+            accepted += 1
+        auto.record(k, accepted, BENCH_LATENCY[1 + k], draft_s(r) * k)
+        chosen.append(k)
+    return chosen
+
+
+def test_a_run_whose_drafts_fail_stops_trusting_the_profile(tmp_path, monkeypatch):
+    """A profile tuned where drafts held (copy-heavy) meets a prompt where they fail: the run's
+    own rounds take over within a few dozen rounds, at every position of the chain. (With the
+    prior at 20 rounds a position, as before, k stayed 7 -- the positions past the first are
+    reached too rarely to move; the second half of this test shows it.)"""
+    import engines.speculative.tuning as tuning
+
+    p = Profile(machine=machine_id(), model="/m", method="ngram", drafter="", target_s=BENCH_LATENCY, draft_s=0.0005,
+                acceptance=COPY_HEAVY)
+    failing = [0.1, 0.25]
+    chosen = drive(AutoSteps(MAX_STEPS, profile=p), 60, failing)
+    assert chosen[0] == MAX_STEPS and statistics.mean(chosen[30:]) < 1.5, chosen
+    monkeypatch.setattr(tuning, "PRIOR_ROUNDS", 20)
+    assert statistics.mean(drive(AutoSteps(MAX_STEPS, profile=p), 60, failing)[30:]) > 4
+
+
+def test_a_choice_is_probed_one_deeper_and_drafting_comes_back_when_it_pays():
+    """k = 0 measures nothing, k = 1 nothing of a second draft; every PROBE_AFTER + 1 rounds
+    one round drafts one token more, so a run that chose plain after a bad start finds the
+    drafts, and the depth, that pay later."""
+    from engines.speculative.tuning import PROBE_AFTER
+
+    p = Profile(machine=machine_id(), model="/m", method="ngram", drafter="", target_s=BENCH_LATENCY, draft_s=0.0005,
+                acceptance=[0.05])
+    auto = AutoSteps(MAX_STEPS, profile=p)
+    chosen = drive(auto, 3 * (PROBE_AFTER + 1), [0.0])
+    assert chosen.count(0) == 3 * PROBE_AFTER and chosen.count(1) == 3  # nothing pays: one probe in 9
+    later = drive(auto, 160, [0.95], seed=1)  # the text starts to repeat: a position at a time
+    assert min(later[-10:]) >= 6, later
+
+
+def test_a_slow_first_draft_does_not_end_speculation():
+    """A drafter's first call (warming up) may take a second: the cost is the median of the
+    recent rounds, so it is not carried as a mean would carry it."""
+    p = Profile(machine=machine_id(), model="/m", method="ngram", drafter="", target_s=BENCH_LATENCY, draft_s=0.0005,
+                acceptance=COPY_HEAVY)
+    auto = AutoSteps(MAX_STEPS, profile=p)
+    chosen = drive(auto, 12, COPY_HEAVY, draft_s=lambda r: 1.0 if r == 0 else 0.0005)
+    assert chosen[0] == MAX_STEPS and min(chosen[1:]) >= 3, chosen
