@@ -43,6 +43,7 @@ def cmd_tune(argv: list[str]) -> int:
     model = engine.model_path
     stages = {"latency": f"the target's forward latency for 1..8 tokens after {args.context} tokens of context "
                          f"({args.reps} each)",
+              "batch": "a batch's forward latency: 2, 4 and 8 sequences of 1, 2, 4 and 8 tokens",
               "acceptance": f"acceptance by draft position: {len(prompts)} calibration prompts at 7 drafts per round"}
 
     def progress(p) -> None:
@@ -63,6 +64,8 @@ def cmd_tune(argv: list[str]) -> int:
     print(f"profile: {path}")
     print(f"machine: {profile.machine}")
     print("forward ms by width: " + "  ".join(f"{w}:{s * 1000:.1f}" for w, s in sorted(latency.items())))
+    print("a batch's forward ms by sequences x width: " + "  ".join(
+        f"{b}x{w}:{s * 1000:.1f}" for b, by_width in sorted(profile.batch_s.items()) for w, s in sorted(by_width.items())))
     print("acceptance by position: " + "  ".join(f"{i + 1}:{a:.2f}" for i, a in enumerate(cal.acceptance))
           + f"  ({cal.rounds} rounds)")
     print(f"drafting: {cal.draft_s * 1000:.2f} ms per token")

@@ -25,7 +25,9 @@ from app.settings import profiles_dir
 from engines.types import Request, SpecConfig
 from engines.speculative.tuning import Profile, ProfileError, profile_file
 
-LATENCY_SHARE = 0.2  # of the progress bar: the latency passes are quick beside the calibration runs
+# Of the progress bar, where each stage starts: the latency passes (one sequence, then the batch
+# sizes) are quick beside the calibration runs.
+STAGE_STARTS = {"latency": 0.0, "batch": 0.15, "acceptance": 0.3}
 
 
 def calibration_prompts() -> list[str]:
@@ -75,15 +77,14 @@ class TuneJob(Job):
         return str(path)
 
     def _measured(self, p) -> None:
-        share = (0.0, LATENCY_SHARE) if p.stage == "latency" else (LATENCY_SHARE, 1.0 - LATENCY_SHARE)
-        self._progress(p.stage, share[0] + share[1] * p.done / max(p.total, 1), p.text)
+        start = STAGE_STARTS[p.stage]
+        end = min([v for v in STAGE_STARTS.values() if v > start], default=1.0)
+        self._progress(p.stage, start + (end - start) * p.done / max(p.total, 1), p.text)
 
 
 def read_profile(path: str) -> Profile:
     """A profile just written (by whichever machine and model: it is shown, not used)."""
-    data = json.loads(open(path, encoding="utf-8").read())
-    data["target_s"] = {int(w): float(s) for w, s in data["target_s"].items()}
-    return Profile(**data)
+    return Profile.read(path)
 
 
 def describe(profile: Profile) -> str:

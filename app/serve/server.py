@@ -170,11 +170,13 @@ def batch_queue(served: Served, config: ServeConfig, metrics: ServeMetrics):
 
     from app.serve.batching import BatchQueue
     from engines.batch.cache import UnbatchableModel, check_memory, physical_memory
+    from engines.batch.controller import DraftBudget
     from engines.batch.engine import BatchEngine
     from engines.batch.prompt_cache import PromptCache
 
     try:
-        engine = BatchEngine(served.engine, max_batch=config.max_batch)
+        engine = BatchEngine(served.engine, max_batch=config.max_batch,
+                             budget=DraftBudget.tuned(served.model.spec, served.engine.model_path))
     except UnbatchableModel as e:
         print(f"specscope serve: {served.model.id} runs one request at a time: {e}", file=sys.stderr, flush=True)
         return None

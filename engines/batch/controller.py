@@ -43,6 +43,23 @@ class DraftBudget:
     def new(cls) -> "DraftBudget":
         return cls(StepCosts())
 
+    @classmethod
+    def tuned(cls, spec, model: str) -> "DraftBudget":
+        """Priced from the first step by this machine's tuning profile for the model (`specscope
+        tune` measures forwards of 2, 4 and 8 sequences), when the spec names one (--steps auto);
+        otherwise -- or for a profile that cannot serve, which each request's run says once --
+        learned from the steps as they run. The steps' own times take over as they come."""
+        from engines.speculative.tuning import Profile, ProfileError, profile_file
+
+        if not spec.profile:
+            return cls.new()
+        drafter = spec.draft_model or ""
+        try:
+            profile = Profile.load(profile_file(spec.profile, model, spec.method, drafter), model, spec.method, drafter)
+        except ProfileError:
+            return cls.new()
+        return cls(profile.batch_costs()) if profile.batch_s else cls.new()
+
     def observe(self, batch: int, width: int, seconds: float) -> None:
         self.costs.observe(batch * width, seconds)
 

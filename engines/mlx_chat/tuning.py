@@ -20,6 +20,11 @@ from engines.speculative.schedule import MAX_STEPS
 from engines.speculative.tuning import Profile, machine_id
 
 WIDTHS = range(1, MAX_STEPS + 2)  # 1 (plain) .. 1 + MAX_STEPS drafts
+# The batch's forwards (engines/batch): B sequences of w tokens each. The batch controller
+# prices a step by its B x w tokens (engines/speculative/costs.StepCosts); these give it this
+# machine's curve from the first step instead of after the steps it has seen.
+BATCHES = (2, 4, 8)
+BATCH_WIDTHS = (1, 2, 4, 8)
 
 
 class TuneCancelled(Exception):
@@ -28,12 +33,16 @@ class TuneCancelled(Exception):
 
 def forward_latency(model, context: list[int], reps: int = 9, widths=WIDTHS,
                     on_pass: Callable[[int, int], None] | None = None,
-                    should_stop: ShouldStop | None = None) -> dict[int, float]:
+                    should_stop: ShouldStop | None = None, batch: int = 1) -> dict[int, float]:
     """Median seconds of one target forward of w tokens after `context` (the cache rolled
     back after each, so every forward sees the same context), widths interleaved so a change
-    in the machine's load touches them alike. `on_pass(i, n)` before each pass over the widths."""
+    in the machine's load touches them alike. `on_pass(i, n)` before each pass over the widths.
+    `batch`: B rows of the same context, each forward B x w tokens (the batch's forwards)."""
     cache = make_rollback_cache(model)
-    feed_prompt(model, cache, mx.array(context, dtype=mx.uint32), lambda: False, None)
+    if batch == 1:
+        feed_prompt(model, cache, mx.array(context, dtype=mx.uint32), lambda: False, None)
+    else:
+        model(mx.array([context] * batch, dtype=mx.uint32), cache=cache)
     mx.eval(cache_arrays(cache))
     token = context[-1]
     seen: dict[int, list[float]] = {w: [] for w in widths}
@@ -44,8 +53,8 @@ def forward_latency(model, context: list[int], reps: int = 9, widths=WIDTHS,
             on_pass(i, reps + 1)
         for w in widths:
             t0 = time.perf_counter()
-            logits = model(mx.array([[token] * w], dtype=mx.uint32), cache=cache)
-            mx.eval(mx.argmax(logits[0], axis=-1))
+            logits = model(mx.array([[token] * w] * batch, dtype=mx.uint32), cache=cache)
+            mx.eval(mx.argmax(logits, axis=-1))
             seen[w].append(time.perf_counter() - t0)
             rollback(cache, w)
     return {w: statistics.median(s[1:]) for w, s in seen.items()}
@@ -91,7 +100,7 @@ def calibrate(engine, prompts: list[str], spec: SpecConfig, max_tokens: int,
 
 @dataclass(frozen=True)
 class TuneProgress:
-    stage: str  # "latency" | "acceptance"
+    stage: str  # "latency" | "batch" | "acceptance"
     done: int  # passes over the widths / prompts done
     total: int
     text: str  # one line: what is being measured
@@ -110,9 +119,16 @@ def measure(engine, spec: SpecConfig, prompts: list[str], max_tokens: int = 256,
         engine.model, tokens, reps=reps, should_stop=should_stop,
         on_pass=lambda i, n: say(TuneProgress("latency", i, n, f"the target's forward latency for 1..{MAX_STEPS + 1} "
                                               f"tokens after {len(tokens)} tokens of context: pass {i + 1} of {n}")))
+    batch_s = {}
+    for i, b in enumerate(BATCHES):
+        say(TuneProgress("batch", i, len(BATCHES), f"a batch's forward latency: {b} sequences of "
+                                                   f"{', '.join(map(str, BATCH_WIDTHS))} tokens"))
+        batch_s[b] = forward_latency(engine.model, tokens, reps=max(3, reps // 3), widths=BATCH_WIDTHS,
+                                     should_stop=should_stop, batch=b)
     cal = calibrate(engine, prompts, spec, max_tokens, should_stop=should_stop,
                     on_prompt=lambda i, n: say(TuneProgress("acceptance", i, n, f"acceptance by draft position at "
                                                             f"{MAX_STEPS} drafts per round: prompt {i + 1} of {n}")))
     profile = Profile(machine=machine_id(), model=engine.model_path, method=spec.method, drafter=spec.draft_model or "",
-                      target_s=latency, draft_s=cal.draft_s, acceptance=cal.acceptance, context=len(tokens))
+                      target_s=latency, draft_s=cal.draft_s, acceptance=cal.acceptance, context=len(tokens),
+                      batch_s=batch_s)
     return profile, cal

@@ -84,6 +84,7 @@ class Profile:
     draft_s: float  # seconds to draft one token (n-gram: the lookup)
     acceptance: list[float]  # by draft position 1..: P(accepted | the positions before it were)
     context: int = 0  # tokens in the cache while the latency curve was measured
+    batch_s: dict[int, dict[int, float]] = field(default_factory=dict)  # B -> width -> seconds (B sequences)
     created: float = field(default_factory=time.time)
     version: int = PROFILE_VERSION
 
@@ -95,12 +96,19 @@ class Profile:
         tmp.replace(path)
 
     @classmethod
+    def read(cls, path: str | Path) -> "Profile":
+        """The profile stored at `path`, whatever machine and model it was measured for."""
+        data = json.loads(Path(path).read_text())
+        data["target_s"] = {int(w): float(s) for w, s in data["target_s"].items()}
+        data["batch_s"] = {int(b): {int(w): float(s) for w, s in by_width.items()}
+                           for b, by_width in data.get("batch_s", {}).items()}  # absent before batch curves
+        return cls(**data)
+
+    @classmethod
     def load(cls, path: str | Path, model: str, method: str, drafter: str = "") -> "Profile":
         """The profile at `path`, if it was measured here for this model and drafter."""
         try:
-            data = json.loads(Path(path).read_text())
-            data["target_s"] = {int(w): float(s) for w, s in data["target_s"].items()}
-            profile = cls(**data)
+            profile = cls.read(path)
             if profile.version != PROFILE_VERSION or not profile.target_s or not profile.acceptance:
                 raise ValueError("an older or empty profile")
         except FileNotFoundError:
@@ -119,6 +127,17 @@ class Profile:
         costs = StepCosts()
         for width, seconds in self.target_s.items():
             costs.observe(width, seconds)
+        return costs
+
+    def batch_costs(self) -> StepCosts:
+        """The batch controller's prices: a forward by its B x w tokens, one sequence's curve
+        and the batches' (where two shapes have as many tokens, the median of both)."""
+        costs = StepCosts()
+        for width, seconds in self.target_s.items():
+            costs.observe(width, seconds)
+        for b, by_width in sorted(self.batch_s.items()):
+            for width, seconds in by_width.items():
+                costs.observe(b * width, seconds)
         return costs
 
 

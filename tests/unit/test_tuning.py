@@ -11,7 +11,8 @@ import statistics
 import pytest
 
 from engines.speculative.schedule import MAX_STEPS, DraftSchedule
-from engines.speculative.tuning import AutoSteps, Profile, ProfileError, best_k, expected_tokens, machine_id, rates
+from engines.speculative.tuning import (AutoSteps, Profile, ProfileError, best_k, expected_tokens, machine_id,
+                                        profile_file, rates)
 from engines.types import SpecConfig
 
 
@@ -191,3 +192,38 @@ def test_a_slow_first_draft_does_not_end_speculation():
     auto = AutoSteps(MAX_STEPS, profile=p)
     chosen = drive(auto, 12, COPY_HEAVY, draft_s=lambda r: 1.0 if r == 0 else 0.0005)
     assert chosen[0] == MAX_STEPS and min(chosen[1:]) >= 3, chosen
+
+
+def test_a_profiles_batch_curve_prices_the_batch_controller_from_its_first_step(tmp_path):
+    """`specscope tune` measures forwards of 2, 4 and 8 sequences; with --steps auto the server's
+    batch controller starts from them (DraftBudget.tuned) instead of from nothing, where it
+    lets every row draft its full k until two step sizes were seen."""
+    from engines.batch.controller import DraftBudget
+
+    dear = lambda tokens: 0.07 + 0.01 * tokens  # noqa: E731 -- a CPU where tokens cost
+    p = Profile(machine=machine_id(), model="/m", method="ngram", drafter="", target_s={w: dear(w) for w in range(1, 9)},
+                draft_s=0.0005, acceptance=[0.3],
+                batch_s={b: {w: dear(b * w) for w in (1, 2, 4, 8)} for b in (2, 4, 8)})
+    folder = tmp_path / "profiles"
+    p.save(profile_file(folder, "/m", "ngram"))
+    assert Profile.read(profile_file(folder, "/m", "ngram")).batch_s == p.batch_s  # ints back, not JSON's strings
+    costs = p.batch_costs()
+    assert costs.seconds[16] == pytest.approx(dear(16)) and costs.seconds[1] == pytest.approx(dear(1))
+
+    rows = [0.6] * 4  # four rows accepted at 0.6 a position
+    spec = SpecConfig("ngram", 5, auto=True, profile=str(folder))
+    # k = 0: 4 tokens / 0.11 s = 36; k = 1: 4 x 1.6 / 0.15 = 43; k = 2: 4 x 1.96 / 0.19 = 41
+    assert DraftBudget.tuned(spec, "/m").choose(rows) == 1  # what the measured prices make pay
+    assert DraftBudget.new().choose(rows) == MAX_STEPS  # unseeded: no cap yet
+    assert DraftBudget.tuned(SpecConfig("ngram", 5), "/m").choose(rows) == MAX_STEPS  # not asked for auto
+    assert DraftBudget.tuned(spec, "/other").choose(rows) == MAX_STEPS  # a profile for another model: not used
+
+
+def test_a_profile_from_before_batch_curves_still_loads(tmp_path):
+    path = tmp_path / "old.json"
+    p = Profile(machine=machine_id(), model="/m", method="ngram", drafter="", target_s={1: 0.07, 2: 0.08},
+                draft_s=0.0, acceptance=[0.5])
+    data = json.loads(json.dumps(p.__dict__))
+    del data["batch_s"]
+    path.write_text(json.dumps(data))
+    assert Profile.load(path, "/m", "ngram").batch_s == {}

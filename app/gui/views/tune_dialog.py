@@ -10,7 +10,8 @@ from PySide6.QtWidgets import QDialog, QHBoxLayout, QLabel, QProgressBar, QPushB
 
 from app.gui.model_jobs import JobProgress
 
-STAGES = {"load": "Loading the model", "latency": "Forward latency by width", "acceptance": "Acceptance on the calibration set"}
+STAGES = {"load": "Loading the model", "latency": "Forward latency by width", "batch": "Forward latency by batch size",
+          "acceptance": "Acceptance on the calibration set"}
 
 
 class TuneDialog(QDialog):

@@ -21,6 +21,7 @@ def test_tune_writes_the_profile_auto_uses(engines, llama_dir, tmp_path, monkeyp
                  "--context", "64", "--reps", "5", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert set(map(int, out["target_s"])) == set(range(1, 9)) and len(out["acceptance"]) == 7
+    assert {int(b): sorted(map(int, w)) for b, w in out["batch_s"].items()} == {b: [1, 2, 4, 8] for b in (2, 4, 8)}
     assert all(0 < a < 1 for a in out["acceptance"])
     profile = Profile.load(out["path"], out["model"], "ngram")
     # the run finds it by itself: --steps auto's folder of profiles
