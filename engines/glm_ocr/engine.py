@@ -2,7 +2,9 @@
 
 Where things happen (read `OcrEngine.generate` top to bottom):
   prefill        the prompt (image tokens included) in prefill_len chunks -> the first token
-  draft          MtpDrafter.propose: catch up the MTP cache, then chain k MTP steps
+  draft          MtpDrafter.propose: catch up the MTP cache, then chain k MTP steps (or, with
+                 --with-ngram, ComposedDrafter: the n-gram continuation of the output so far,
+                 the chain, or the chain and the n-gram tokens after it, as the costs say)
   verify         one target forward over [token, draft_1 .. draft_k] -> verify_greedy /
                  rejection sampling -> accepted drafts + exactly one target token
   roll back      nothing to undo here: the next forward is written right after the accepted
@@ -28,6 +30,9 @@ from engines.glm_ocr.config import GlmOcrConfig
 from engines.glm_ocr.positions import prompt_positions, text_positions, text_rope
 from engines.glm_ocr.prompts import GlmTokenizer, TextStream, prompt_ids
 from engines.glm_ocr.runtime import Runtime
+from engines.speculative.composed import Chooser
+from engines.speculative.costs import StepCosts
+from engines.speculative.ngram import NGramProposer as NGramIndex
 from engines.speculative.repetition import RepetitionDetector, clip_at_repetition
 from engines.speculative.rounds import Round
 from engines.speculative.sampling import rejection_verify, target_probs
@@ -64,7 +69,8 @@ class Drafter(Protocol):
     of the image tokens), `propose(hidden, token, k)` every round with the last verified hidden
     state and the newest token (k may be 0: a plain round), and `accept(hiddens, drafts)` with
     the accepted drafts and the verified hidden state before each of them. The target's own
-    token of the round comes back in the next `propose`."""
+    token of the round comes back in the next `propose`. A drafter that composes sources
+    says which drafted its last proposal in `source` (Round.draft_source); others need not."""
 
     def start(self, hiddens: np.ndarray, embeds: np.ndarray) -> None: ...
 
@@ -86,6 +92,8 @@ class MtpDrafter:
       output before shared_head.norm, one position further per step; chain steps past the
       first write rows that the next round overwrites (rejected drafts leave nothing behind).
     """
+
+    name = "mtp"
 
     def __init__(self, runtime: Runtime, positions: Positions, eos_ids: list[int]):
         self.runtime = runtime
@@ -149,6 +157,93 @@ class MtpDrafter:
 
     def _greedy(self, head_hidden: np.ndarray) -> int:
         return int(np.argmax(self.runtime.logits(head_hidden[None])[0]))
+
+
+class NgramDrafter:
+    """Prompt lookup over the prompt's ids and the output so far (engines/speculative/ngram.py):
+    the tokens that followed the latest earlier occurrence of the longest recurring suffix --
+    a page of repeated rows or a repeated header is read ahead for free. Only verified tokens
+    enter the index (the target's token in `propose`, accepted drafts in `accept`)."""
+
+    name = "ngram"
+
+    def __init__(self, prompt_ids: list[int], n_min: int = 1, n_max: int = 4):
+        self.prompt = prompt_ids
+        self.index = NGramIndex(n_min, n_max)
+
+    def start(self, hiddens: np.ndarray, embeds: np.ndarray) -> None:
+        self.index.reset(self.prompt)
+
+    def propose(self, hidden: np.ndarray, token: int, k: int) -> list[int]:
+        self.index.extend([token])
+        return self.index.propose(k)
+
+    def accept(self, hiddens: np.ndarray, tokens: list[int]) -> None:
+        self.index.extend(tokens)
+
+
+class ComposedDrafter:
+    """--with-ngram: each round the n-gram continuation alone, the MTP chain of k, the chain
+    and the n-gram tokens that continue it, or no drafts, whichever the chooser of
+    engines/speculative/composed.py expects to give more tokens per second.
+
+    The MTP layer sees every verified pair whichever source drafted: a round that drafts from
+    n-gram still hands it the round's (hidden, token) pair (propose with k = 0: queued, no
+    MTP call) and its accepted n-gram drafts (accept), so its cache rows below `slot` hold
+    exactly what a lone MTP run's would, and the next chain starts from the right state.
+
+    Costs are timed here, not passed in: from propose's return to accept is the verify
+    forward of 1 + len(drafts) rows (the loop does nothing else between them), and a chain's
+    share of propose is the MTP drafting cost; once two widths are seen, rounds are priced in
+    seconds (flat until then).
+    """
+
+    timed = True  # False: priced flat all run (tests whose choices must not hang on timing)
+
+    def __init__(self, mtp: MtpDrafter, ngram: NgramDrafter, max_drafts: int):
+        self.mtp, self.ngram = mtp, ngram
+        self.chooser = Chooser(mtp.name, max_drafts)
+        self.costs = StepCosts()
+        self.chain_s, self.chained = 0.0, 0  # MTP drafting: seconds and tokens, over the run
+        self.chain, self.proposed = 0, 0  # this round: chain drafts, all drafts
+        self.source: str | None = None
+        self.sent = 0.0  # when this round's drafts were handed to the verify
+
+    def start(self, hiddens: np.ndarray, embeds: np.ndarray) -> None:
+        self.mtp.start(hiddens, embeds)
+        self.ngram.start(hiddens, embeds)
+
+    def propose(self, hidden: np.ndarray, token: int, k: int) -> list[int]:
+        found = self.ngram.propose(hidden, token, self.chooser.max_drafts)
+        m, chain = self.chooser.plan(len(found), k)
+        if chain:
+            t0 = time.perf_counter()
+            drafts = self.mtp.propose(hidden, token, chain)
+            self.chain_s, self.chained = self.chain_s + time.perf_counter() - t0, self.chained + len(drafts)
+            self.chain = len(drafts)
+            drafts = drafts + self._tail(drafts)
+        else:  # the n-gram continuation, or a plain round
+            self.mtp.propose(hidden, token, 0)  # the verified pair still goes to the MTP layer
+            drafts, self.chain = found[:m], 0
+        self.proposed, self.source = len(drafts), self.chooser.source(self.chain, len(drafts))
+        self.sent = time.perf_counter()
+        return drafts
+
+    def _tail(self, chain: list[int]) -> list[int]:
+        """The n-gram tokens after the chain, as many as pay (none after an end of sequence)."""
+        room = self.chooser.max_drafts - len(chain)
+        if not chain or room <= 0 or chain[-1] in self.mtp.eos:
+            return []
+        found = self.ngram.index.propose(room, after=chain)
+        return found[: self.chooser.tail(len(chain), len(found))]
+
+    def accept(self, hiddens: np.ndarray, tokens: list[int]) -> None:
+        self.costs.observe(1 + self.proposed, time.perf_counter() - self.sent)
+        if self.costs.ready and self.timed:
+            self.chooser.measured(self.costs, self.chain_s / self.chained if self.chained else 0.0)
+        self.chooser.record(self.chain, self.proposed, len(tokens))
+        self.mtp.accept(hiddens, tokens)
+        self.ngram.accept(hiddens, tokens)
 
 
 # ----------------------------------------------------------------------------- the run
@@ -313,7 +408,7 @@ class OcrEngine:
         `on_prefill` is accepted for the Engine protocol; the image prompt's prefill, bounded
         by the converted cache length, reports no progress yet."""
         prompt = self._prompt(request)
-        schedule, drafter, note = self._drafting(request, prompt.positions, drafter)
+        schedule, drafter, note = self._drafting(request, prompt, drafter)
         sampler = Sampler(request.sampling)
         out = Output(self.tokenizer, self.config.eos_token_ids, request.max_tokens, self._guard(request))
 
@@ -360,6 +455,7 @@ class OcrEngine:
             schedule.record(len(drafts), verdict.accepted)
             seq.advance(verdict, rows)
             rnd = out.round(index, verdict, drafts, t0, t1 - t0, t2 - t1, steps=k)
+            rnd.draft_source = getattr(drafter, "source", None) if drafts else None  # composed only
             rnd.note = _join(note, rnd.note)
             if rnd.finish is None and should_stop is not None and should_stop():
                 rnd.finish = "cancelled"
@@ -420,10 +516,10 @@ class OcrEngine:
         return fitted, (f"image read at {w2}x{h2} instead of {w}x{h} to fit the context of "
                         f"{self.runtime.cache_length} tokens (convert with a larger --cache-length for full resolution)")
 
-    def _drafting(self, request: Request, positions: Positions, drafter: Drafter | None):
+    def _drafting(self, request: Request, prompt: Prompt, drafter: Drafter | None):
         spec = request.spec
-        if spec.method not in ("off", "mtp"):
-            raise EngineError(f"the OCR engine speculates with 'mtp' (or 'off'), not {spec.method!r}")
+        if spec.method not in ("off", "mtp", "ngram"):
+            raise EngineError(f"the OCR engine speculates with 'mtp' or 'ngram' (or 'off'), not {spec.method!r}")
         # --steps auto is measured for chat targets (`specscope tune`); OCR adapts k to acceptance
         auto_note = ("--steps auto: OCR is not tuned yet (specscope tune measures chat models); the draft "
                      "length adapts to acceptance instead") if spec.auto and spec.enabled else None
@@ -434,10 +530,16 @@ class OcrEngine:
             raise EngineError(str(e)) from e
         if drafter is not None or not spec.enabled:
             return schedule, drafter if spec.enabled else None, auto_note
+        ngram = NgramDrafter(prompt.ids, spec.ngram_min, spec.ngram_max)
+        if spec.method == "ngram":
+            return schedule, ngram, auto_note
         if self.runtime.mtp_unavailable:
             schedule.disable()
             return schedule, None, f"{self.runtime.mtp_unavailable}; decoding plainly"
-        return schedule, MtpDrafter(self.runtime, positions, self.config.eos_token_ids), auto_note
+        mtp = MtpDrafter(self.runtime, prompt.positions, self.config.eos_token_ids)
+        if spec.compose_ngram:
+            return schedule, ComposedDrafter(mtp, ngram, self.runtime.seq_len - 1), auto_note
+        return schedule, mtp, auto_note
 
     def _guard(self, request: Request) -> RepetitionDetector | None:
         """A fresh detector per run: the request's copies, the engine's span and period."""
