@@ -19,7 +19,9 @@ Each round feeds [token, drafts...] at main cache rows length.. and keeps 1 + ac
 from __future__ import annotations
 
 import os
+import statistics
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Iterator, Protocol
 
@@ -194,8 +196,10 @@ class ComposedDrafter:
 
     Costs are timed here, not passed in: from propose's return to accept is the verify
     forward of 1 + len(drafts) rows (the loop does nothing else between them), and a chain's
-    share of propose is the MTP drafting cost; once two widths are seen, rounds are priced in
-    seconds (flat until then).
+    share of propose is the MTP drafting cost per chain token (the median of the last few
+    chains). Rounds are priced flat until two widths have each been verified twice, then in
+    seconds (`verify_costs`). Why so wary: on a shared machine one round slowed by another
+    process would price its width out, and a width no longer chosen is never measured again.
     """
 
     timed = True  # False: priced flat all run (tests whose choices must not hang on timing)
@@ -203,8 +207,8 @@ class ComposedDrafter:
     def __init__(self, mtp: MtpDrafter, ngram: NgramDrafter, max_drafts: int):
         self.mtp, self.ngram = mtp, ngram
         self.chooser = Chooser(mtp.name, max_drafts)
-        self.costs = StepCosts()
-        self.chain_s, self.chained = 0.0, 0  # MTP drafting: seconds and tokens, over the run
+        self.verify_s: dict[int, deque[float]] = {}  # verify width -> seconds of its last rounds
+        self.chain_s: deque[float] = deque(maxlen=7)  # MTP drafting: seconds per chain token, last chains
         self.chain, self.proposed = 0, 0  # this round: chain drafts, all drafts
         self.source: str | None = None
         self.sent = 0.0  # when this round's drafts were handed to the verify
@@ -219,7 +223,7 @@ class ComposedDrafter:
         if chain:
             t0 = time.perf_counter()
             drafts = self.mtp.propose(hidden, token, chain)
-            self.chain_s, self.chained = self.chain_s + time.perf_counter() - t0, self.chained + len(drafts)
+            self.chain_s.append((time.perf_counter() - t0) / max(len(drafts), 1))
             self.chain = len(drafts)
             drafts = drafts + self._tail(drafts)
         else:  # the n-gram continuation, or a plain round
@@ -237,10 +241,20 @@ class ComposedDrafter:
         found = self.ngram.index.propose(room, after=chain)
         return found[: self.chooser.tail(len(chain), len(found))]
 
+    def verify_costs(self) -> StepCosts:
+        """The verify's seconds by width: the fastest of each width's last rounds (another
+        process only ever slows a round down), of widths seen at least twice."""
+        costs = StepCosts()
+        for width, seconds in self.verify_s.items():
+            if len(seconds) >= 2:
+                costs.observe(width, min(seconds))
+        return costs
+
     def accept(self, hiddens: np.ndarray, tokens: list[int]) -> None:
-        self.costs.observe(1 + self.proposed, time.perf_counter() - self.sent)
-        if self.costs.ready and self.timed:
-            self.chooser.measured(self.costs, self.chain_s / self.chained if self.chained else 0.0)
+        self.verify_s.setdefault(1 + self.proposed, deque(maxlen=7)).append(time.perf_counter() - self.sent)
+        costs = self.verify_costs()
+        if costs.ready and self.timed:
+            self.chooser.measured(costs, statistics.median(self.chain_s) if self.chain_s else 0.0)
         self.chooser.record(self.chain, self.proposed, len(tokens))
         self.mtp.accept(hiddens, tokens)
         self.ngram.accept(hiddens, tokens)
