@@ -12,8 +12,12 @@ and against a plain round (no drafts) when none of them pays:
                  lookup: with depth-2 overlap that waits for the anticipated chain, which the
                  verify would wait for anyway)
 
-Drafting cost is not priced here: with MTP's overlap a chain is drafted behind the previous
-verify, and --steps auto's latency is a round's cost net of drafting.
+Drafting cost is not priced here (OCR's ComposedDrafter times its MTP chains; here a chain
+is drafted lazily, behind the previous verify with depth-2 overlap, and --steps auto's
+latency is a round's cost net of drafting). What that costs where drafting is dear: with
+overlap the next chain is anticipated behind every verify, the rounds that then draft from
+n-gram included, and on a CPU the tiny Gemma 4 pair's assistant costs more than it brings
+(bench/composed.py: composed gives the most tokens per forward there, not the most tok/s).
 At T>0 a tail's tokens are point masses beside the chain's sampled drafts: their rows of q
 are one-hot, which rejection sampling reads as "accept with p(x), resample from p without x".
 The choice depends only on the context and on past rounds, never on this round's draws:

@@ -71,17 +71,20 @@ class Chooser:
         """Price rounds in seconds from now on: the verify by width, a chain token's drafting."""
         self.latency, self.model_s = costs.at, model_s
 
-    def rate(self, chain: int, tail: int) -> float:
+    def rate(self, chain: int, tail: int, curves: tuple[list[float], list[float]] | None = None) -> float:
         """Expected tokens per unit of latency of a round with `chain` model drafts and then
-        `tail` n-gram drafts (chain 0: n-gram alone; both 0: a plain round)."""
-        ngram = self.seen[NGRAM].estimate()
+        `tail` n-gram drafts (chain 0: n-gram alone; both 0: a plain round). `curves`: the
+        model's and n-gram's acceptance by position, when the caller prices many rounds."""
+        model, ngram = curves or self.curves()
         if chain:
-            model = self.seen[self.model].estimate()
             reach = expected_tokens(model, chain) - expected_tokens(model, chain - 1)  # P(all accepted)
             tokens = expected_tokens(model, chain) + reach * (expected_tokens(ngram, tail) - 1)
         else:
             tokens = expected_tokens(ngram, tail)
         return tokens / (self.latency(1 + chain + tail) + chain * self.model_s)
+
+    def curves(self) -> tuple[list[float], list[float]]:
+        return self.seen[self.model].estimate(), self.seen[NGRAM].estimate()
 
     def plan(self, found: int, k: int) -> tuple[int, int]:
         """Before drafting: (n-gram tokens, chain length) of the round that pays best of the
@@ -92,8 +95,8 @@ class Chooser:
         if not k:
             return 0, 0
         options = [(0, 0), (0, k)] + [(m, 0) for m in range(1, min(found, self.max_drafts) + 1)]
-        best = max(options, key=lambda o: (self.rate(o[1], o[0]), -o[1], -o[0]))
-        return best
+        curves = self.curves()
+        return max(options, key=lambda o: (self.rate(o[1], o[0], curves), -o[1], -o[0]))
 
     def tail(self, chain: int, found: int) -> int:
         """After a chain of `chain` drafts: how many of the `found` n-gram tokens that continue
@@ -101,7 +104,8 @@ class Chooser:
         room = min(found, self.max_drafts - chain)
         if not chain or room <= 0:
             return 0
-        return max(range(room + 1), key=lambda m: (self.rate(chain, m), -m))  # ties: the narrower verify
+        curves = self.curves()
+        return max(range(room + 1), key=lambda m: (self.rate(chain, m, curves), -m))  # ties: the narrower verify
 
     def record(self, chain: int, proposed: int, accepted: int) -> None:
         """A round's verdict: `chain` of its `proposed` drafts came from the model (the rest
