@@ -10,9 +10,12 @@ trained for chains (its outputs loop: copy-heavy for n-gram, and not only that).
   token i+1) that plain decoding of the same tokens gives -- and a drafter that does not hand
   the MTP layer the pair of an n-gram round fails the same check.
 
+- at T > 0 every drafted position of whole runs emits its draft with exactly the target's
+  probability there (n-gram and chain drafts apart), and two broken verifiers fail that (slow);
+  the chi-square law of the first tokens is in test_mtp_sampled.py, beside lone MTP's.
+
 Choices are priced flat here (ComposedDrafter.timed = False), so which source drafts does not
-hang on this machine's timing; one run with the timed chooser checks it is lossless too. The
-exact law at T > 0 is in test_mtp_sampled.py, beside lone MTP's."""
+hang on this machine's timing; one run with the timed chooser checks it is lossless too."""
 
 from collections import Counter
 from dataclasses import replace
@@ -107,13 +110,12 @@ class ForgetsNgramRounds(MtpDrafter):
         return [] if k == 0 else super().propose(hidden, token, k)
 
 
-def verified_pairs(engine, prompt: Prompt, emitted: list[int]):
-    """(hidden state of row i, input embedding of row i + 1) for the whole verified sequence,
-    from one plain forward over it."""
+def plain_forward(engine, prompt: Prompt, emitted: list[int]):
+    """The hidden states and input embeddings of every row of prompt + output, from one plain
+    forward over it."""
     embeds = np.concatenate([prompt.embeds, engine.runtime.embeddings[np.asarray(emitted)]])
     engine.runtime.reset()
-    hiddens = engine._prefill(Prompt(prompt.ids + emitted, embeds, prompt.positions, None))
-    return hiddens[:-1], embeds[1:]
+    return engine._prefill(Prompt(prompt.ids + emitted, embeds, prompt.positions, None)), embeds
 
 
 @pytest.mark.parametrize("mtp", [MtpDrafter, ForgetsNgramRounds])
@@ -132,7 +134,8 @@ def test_the_mtp_cache_holds_the_verified_pairs_whichever_source_drafted(engine,
     sources = Counter(r.draft_source for r in rounds if r.proposed)
     assert sources["ngram"] >= 3 and sources["mtp"] + sources["mtp+ngram"] >= 3, sources  # chains after n-gram rounds
 
-    hiddens, embeds = verified_pairs(engine, prompt, emitted)
+    hiddens, embeds = plain_forward(engine, prompt, emitted)
+    hiddens, embeds = hiddens[:-1], embeds[1:]  # MTP row i: (hidden of row i, embedding of row i + 1)
     slot = drafter.mtp.slot
     written = [rows.rows[i] for i in range(slot)]
     right = (slot > len(prompt.ids) + 20
@@ -179,9 +182,7 @@ def draft_hits(engine, image, sampling, runs):
                            NgramDrafter(prompt.ids), engine.runtime.seq_len - 1)
         rounds = list(engine.generate(req, drafter=drafter))
         emitted = tokens(rounds)
-        embeds = np.concatenate([prompt.embeds, engine.runtime.embeddings[np.asarray(emitted)]])
-        engine.runtime.reset()
-        hiddens = engine._prefill(Prompt(prompt.ids + emitted, embeds, prompt.positions, None))
+        hiddens, _ = plain_forward(engine, prompt, emitted)
         p = target_probs(engine.runtime.logits(hiddens[len(prompt.ids) - 1 : -1]), sampling.temperature,
                          sampling.top_p, sampling.top_k)  # p[j]: the law of emitted[j]
         at = len(rounds[0].tokens)
