@@ -22,7 +22,7 @@ import os
 import statistics
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator, Protocol
 
 import numpy as np
@@ -184,6 +184,30 @@ class NgramDrafter:
         self.index.extend(tokens)
 
 
+@dataclass
+class DraftCosts:
+    """What composed drafting has measured of this machine and model: the verify's seconds by
+    width (each width's last rounds) and an MTP chain's seconds per token (the last chains).
+    The engine keeps one across runs, as a tuning profile would be kept: a page need not spend
+    its first rounds relearning what the pages before it measured -- on a tiny model, whose
+    MTP layer costs about what the target does, those lessons cost more than they bring."""
+
+    verify_s: dict[int, deque] = field(default_factory=dict)
+    chain_s: deque = field(default_factory=lambda: deque(maxlen=7))
+
+    def verify(self) -> StepCosts:
+        """The verify's seconds by width: the fastest of each width's last rounds (another
+        process only ever slows a round down), of widths seen at least twice."""
+        costs = StepCosts()
+        for width, seconds in self.verify_s.items():
+            if len(seconds) >= 2:
+                costs.observe(width, min(seconds))
+        return costs
+
+    def chain(self) -> float:
+        return statistics.median(self.chain_s) if self.chain_s else 0.0
+
+
 class ComposedDrafter:
     """--with-ngram: each round the n-gram continuation alone, the MTP chain of k, the chain
     and the n-gram tokens that continue it, or no drafts, whichever the chooser of
@@ -197,19 +221,22 @@ class ComposedDrafter:
     Costs are timed here, not passed in: from propose's return to accept is the verify
     forward of 1 + len(drafts) rows (the loop does nothing else between them), and a chain's
     share of propose is the MTP drafting cost per chain token (the median of the last few
-    chains). Rounds are priced flat until two widths have each been verified twice, then in
-    seconds (`verify_costs`). Why so wary: on a shared machine one round slowed by another
-    process would price its width out, and a width no longer chosen is never measured again.
+    chains), kept in `costs` (the engine's, across pages). Rounds are priced flat until two
+    widths have each been verified twice, then in seconds. Why so wary: on a shared machine
+    one round slowed by another process would price its width out, and a width no longer
+    chosen is never measured again.
     """
 
     timed = True  # False: priced flat all run (tests whose choices must not hang on timing)
 
-    def __init__(self, mtp: MtpDrafter, ngram: NgramDrafter, max_drafts: int):
+    def __init__(self, mtp: MtpDrafter, ngram: NgramDrafter, max_drafts: int, costs: DraftCosts | None = None):
         self.mtp, self.ngram = mtp, ngram
         self.chooser = Chooser(mtp.name, max_drafts)
-        self.verify_s: dict[int, deque[float]] = {}  # verify width -> seconds of its last rounds
-        self.chain_s: deque[float] = deque(maxlen=7)  # MTP drafting: seconds per chain token, last chains
+        self.costs = costs if costs is not None else DraftCosts()
+        self._price()
         self.chain, self.proposed = 0, 0  # this round: chain drafts, all drafts
+        self.undrafted: list[int] = []  # this round's n-gram continuation, when it did not draft it
+        self.shadowed: tuple[list[int], list[int]] | None = None  # that, and the drafts accepted after it
         self.source: str | None = None
         self.sent = 0.0  # when this round's drafts were handed to the verify
 
@@ -218,12 +245,17 @@ class ComposedDrafter:
         self.ngram.start(hiddens, embeds)
 
     def propose(self, hidden: np.ndarray, token: int, k: int) -> list[int]:
+        if self.shadowed is not None:  # last round's emitted tokens are complete with `token`
+            found, accepted = self.shadowed
+            self.chooser.shadow(found, accepted + [token])
+            self.shadowed = None
         found = self.ngram.propose(hidden, token, self.chooser.max_drafts)
         m, chain = self.chooser.plan(len(found), k)
+        self.undrafted = [] if m else found
         if chain:
             t0 = time.perf_counter()
             drafts = self.mtp.propose(hidden, token, chain)
-            self.chain_s.append((time.perf_counter() - t0) / max(len(drafts), 1))
+            self.costs.chain_s.append((time.perf_counter() - t0) / max(len(drafts), 1))
             self.chain = len(drafts)
             drafts = drafts + self._tail(drafts)
         else:  # the n-gram continuation, or a plain round
@@ -241,21 +273,18 @@ class ComposedDrafter:
         found = self.ngram.index.propose(room, after=chain)
         return found[: self.chooser.tail(len(chain), len(found))]
 
-    def verify_costs(self) -> StepCosts:
-        """The verify's seconds by width: the fastest of each width's last rounds (another
-        process only ever slows a round down), of widths seen at least twice."""
-        costs = StepCosts()
-        for width, seconds in self.verify_s.items():
-            if len(seconds) >= 2:
-                costs.observe(width, min(seconds))
-        return costs
+    def _price(self) -> None:
+        """Price rounds in seconds once the costs are known (flat until then)."""
+        verify = self.costs.verify()
+        if verify.ready and self.timed:
+            self.chooser.measured(verify, self.costs.chain())
 
     def accept(self, hiddens: np.ndarray, tokens: list[int]) -> None:
-        self.verify_s.setdefault(1 + self.proposed, deque(maxlen=7)).append(time.perf_counter() - self.sent)
-        costs = self.verify_costs()
-        if costs.ready and self.timed:
-            self.chooser.measured(costs, statistics.median(self.chain_s) if self.chain_s else 0.0)
+        self.costs.verify_s.setdefault(1 + self.proposed, deque(maxlen=7)).append(time.perf_counter() - self.sent)
+        self._price()
         self.chooser.record(self.chain, self.proposed, len(tokens))
+        if self.undrafted:
+            self.shadowed = (self.undrafted, list(tokens))
         self.mtp.accept(hiddens, tokens)
         self.ngram.accept(hiddens, tokens)
 
@@ -370,6 +399,7 @@ class OcrEngine:
         self.image_config = image_config
         # the loop detector's shape (its copies come from Request.max_repeat); None turns it off
         self.repetition: RepetitionDetector | None = RepetitionDetector()
+        self.draft_costs = DraftCosts()  # composed drafting's measurements, kept across pages
 
     @classmethod
     def load(cls, model_path: str | os.PathLike, runtime: str | None = "torch", **options) -> "OcrEngine":
@@ -552,7 +582,7 @@ class OcrEngine:
             return schedule, None, f"{self.runtime.mtp_unavailable}; decoding plainly"
         mtp = MtpDrafter(self.runtime, prompt.positions, self.config.eos_token_ids)
         if spec.compose_ngram:
-            return schedule, ComposedDrafter(mtp, ngram, self.runtime.seq_len - 1), auto_note
+            return schedule, ComposedDrafter(mtp, ngram, self.runtime.seq_len - 1, self.draft_costs), auto_note
         return schedule, mtp, auto_note
 
     def _guard(self, request: Request) -> RepetitionDetector | None:

@@ -40,7 +40,8 @@ class ComposedProposer:
         self.needs_hidden = model.needs_hidden
         self.drafts_ahead = model.drafts_ahead
         self.chooser = Chooser(model.name)
-        self.last: tuple[int, Draft, int] | None = None  # the round in flight: chain length, draft, context length
+        self.last: tuple[int, Draft, int, list[int]] | None = None  # the round in flight: chain length, draft,
+        # context length, and the n-gram continuation it did not draft
         self.target_forward = getattr(model, "target_forward", None)
 
     def start(self, ctx: ProposerContext) -> None:
@@ -58,7 +59,7 @@ class ComposedProposer:
         else:  # the n-gram continuation, or no drafts (the loop verifies what it gets)
             draft = Draft(mx.array(found[:m], dtype=mx.uint32))
         draft.source = self.chooser.source(chain, draft.size)
-        self.last = (chain, draft, len(ctx.tokens))
+        self.last = (chain, draft, len(ctx.tokens), [] if m else found)
         return draft
 
     def _with_tail(self, draft: Draft) -> Draft:
@@ -79,7 +80,9 @@ class ComposedProposer:
 
     def commit(self, ctx: ProposerContext) -> None:
         if self.last is not None:
-            chain, draft, before = self.last
+            chain, draft, before, undrafted = self.last
+            if undrafted:
+                self.chooser.shadow(undrafted, ctx.tokens[before:])
             if draft.size:  # accepted: the drafts the emitted tokens begin with (at T>0 a
                 # resampled token may equal the next draft: one more counted, statistics only)
                 drafted, emitted = draft.tokens.tolist(), ctx.tokens[before:]

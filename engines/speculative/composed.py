@@ -22,7 +22,8 @@ of w tokens and model_s what drafting one chain token costs (n-gram drafting is 
 free). Acceptance by position is counted per source from the rounds it drafted: a chain's
 positions for the model, the n-gram continuation's positions for n-gram, whether it drafted
 alone or after a chain (a tail is counted only in rounds whose chain was wholly accepted:
-only those reached it). Why the tail is priced like a lone n-gram draft: once the chain is
+only those reached it); n-gram's also from the rounds it did not draft, its continuation
+scored against what they emitted (`shadow`: free, and unbiased). Why the tail is priced like a lone n-gram draft: once the chain is
 accepted, context + chain is the real context, and the tail is what a lone lookup there
 would have proposed.
 
@@ -39,9 +40,28 @@ from typing import Callable
 
 from engines.speculative.costs import StepCosts
 from engines.speculative.schedule import MAX_STEPS
-from engines.speculative.tuning import PositionAcceptance, expected_tokens
+from engines.speculative.tuning import PositionAcceptance
 
 NGRAM = "ngram"
+
+
+def expected_by_count(acceptance: list[float], n: int) -> list[float]:
+    """expected_tokens(acceptance, k) for k = 0..n, in one pass."""
+    out, reach = [1.0], 1.0
+    for i in range(n):
+        reach *= acceptance[min(i, len(acceptance) - 1)]
+        out.append(out[-1] + reach)
+    return out
+
+
+@dataclass
+class Prices:
+    """What pricing a round's options needs, by count: expected tokens of the model's first k
+    drafts and of n-gram's first k (k = 0..max_drafts), and the verify of 1 + w tokens."""
+
+    model: list[float]
+    ngram: list[float]
+    latency: list[float]
 
 
 def flat(width: int) -> float:
@@ -69,22 +89,26 @@ class Chooser:
 
     def measured(self, costs: StepCosts, model_s: float) -> None:
         """Price rounds in seconds from now on: the verify by width, a chain token's drafting."""
-        self.latency, self.model_s = costs.at, model_s
+        widths = {w: costs.at(w) for w in range(1, self.max_drafts + 2)}  # read once, not per option priced
+        self.latency, self.model_s = widths.__getitem__, model_s
 
-    def rate(self, chain: int, tail: int, curves: tuple[list[float], list[float]] | None = None) -> float:
+    def rate(self, chain: int, tail: int, prices: "Prices | None" = None) -> float:
         """Expected tokens per unit of latency of a round with `chain` model drafts and then
-        `tail` n-gram drafts (chain 0: n-gram alone; both 0: a plain round). `curves`: the
-        model's and n-gram's acceptance by position, when the caller prices many rounds."""
-        model, ngram = curves or self.curves()
+        `tail` n-gram drafts (chain 0: n-gram alone; both 0: a plain round)."""
+        p = prices or self.prices()
         if chain:
-            reach = expected_tokens(model, chain) - expected_tokens(model, chain - 1)  # P(all accepted)
-            tokens = expected_tokens(model, chain) + reach * (expected_tokens(ngram, tail) - 1)
+            reach = p.model[chain] - p.model[chain - 1]  # P(all of the chain accepted)
+            tokens = p.model[chain] + reach * (p.ngram[tail] - 1)
         else:
-            tokens = expected_tokens(ngram, tail)
-        return tokens / (self.latency(1 + chain + tail) + chain * self.model_s)
+            tokens = p.ngram[tail]
+        return tokens / (p.latency[chain + tail] + chain * self.model_s)
 
-    def curves(self) -> tuple[list[float], list[float]]:
-        return self.seen[self.model].estimate(), self.seen[NGRAM].estimate()
+    def prices(self) -> "Prices":
+        """This round's figures, computed once for all its options (a round prices up to nine:
+        on a tiny model each microsecond of the host's is a share of the round)."""
+        n = self.max_drafts
+        return Prices(expected_by_count(self.seen[self.model].estimate(), n),
+                      expected_by_count(self.seen[NGRAM].estimate(), n), [self.latency(1 + w) for w in range(n + 1)])
 
     def plan(self, found: int, k: int) -> tuple[int, int]:
         """Before drafting: (n-gram tokens, chain length) of the round that pays best of the
@@ -94,9 +118,10 @@ class Chooser:
         wider verify prices it. Ties go to the cheaper form."""
         if not k:
             return 0, 0
+        k = min(k, self.max_drafts)
         options = [(0, 0), (0, k)] + [(m, 0) for m in range(1, min(found, self.max_drafts) + 1)]
-        curves = self.curves()
-        return max(options, key=lambda o: (self.rate(o[1], o[0], curves), -o[1], -o[0]))
+        prices = self.prices()
+        return max(options, key=lambda o: (self.rate(o[1], o[0], prices), -o[1], -o[0]))
 
     def tail(self, chain: int, found: int) -> int:
         """After a chain of `chain` drafts: how many of the `found` n-gram tokens that continue
@@ -104,8 +129,8 @@ class Chooser:
         room = min(found, self.max_drafts - chain)
         if not chain or room <= 0:
             return 0
-        curves = self.curves()
-        return max(range(room + 1), key=lambda m: (self.rate(chain, m, curves), -m))  # ties: the narrower verify
+        prices = self.prices()
+        return max(range(room + 1), key=lambda m: (self.rate(chain, m, prices), -m))  # ties: the narrower verify
 
     def record(self, chain: int, proposed: int, accepted: int) -> None:
         """A round's verdict: `chain` of its `proposed` drafts came from the model (the rest
@@ -114,6 +139,18 @@ class Chooser:
             self.seen[self.model].record(chain, min(accepted, chain))
         if proposed > chain and accepted >= chain:
             self.seen[NGRAM].record(proposed - chain, accepted - chain)
+
+    def shadow(self, found: list[int], emitted: list[int]) -> None:
+        """A round that did not draft the n-gram continuation `found`: score it against the
+        tokens the round emitted. Whatever drafted, the emitted tokens follow the target's law,
+        so found[i] equals emitted[i] (given the positions before it did) with probability
+        p(found[i]) -- exactly the chance it would have been accepted as a draft: the counts
+        stay unbiased, at any temperature. Why: counted only from the rounds it drafted, a
+        source priced out by a few misses is never tried again, even once the output starts
+        copying (a page's first lines, then its repeated rows)."""
+        compared = min(len(found), len(emitted))
+        hits = next((i for i in range(compared) if found[i] != emitted[i]), compared)
+        self.seen[NGRAM].record(compared, hits)
 
     def source(self, chain: int, proposed: int) -> str | None:
         """Round.draft_source of a round that drafted `chain` model tokens of `proposed`."""
