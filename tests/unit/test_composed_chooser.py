@@ -99,3 +99,22 @@ def test_each_source_counts_its_own_positions():
     c.record(chain=0, proposed=2, accepted=2)
     assert c.seen[NGRAM].reached[:3] == [2, 2, 0]
     assert [c.source(0, 2), c.source(3, 3), c.source(3, 6), c.source(0, 0)] == ["ngram", "mtp", "mtp+ngram", None]
+
+
+def test_rounds_that_did_not_draft_from_ngram_still_score_it():
+    c = Chooser("mtp")
+    c.shadow(found=[1, 2, 3], emitted=[1, 2])  # two emitted, both as n-gram would have drafted
+    c.shadow(found=[5, 6], emitted=[7, 8, 9])  # its first draft would have been rejected
+    assert c.seen[NGRAM].reached[:3] == [2, 1, 0] and c.seen[NGRAM].accepted[:2] == [1, 1]
+
+
+def test_ngram_priced_out_by_early_misses_comes_back_once_the_output_copies():
+    costs = StepCosts()
+    for width in range(1, 9):
+        costs.observe(width, 0.001 + 0.0002 * width)
+    c = learned(model=[0.6] * 7, ngram=[0.05] * 7, rounds=20)
+    c.measured(costs, 0.002)
+    assert c.plan(found=7, k=2) == (0, 0)  # neither pays: plain rounds, no n-gram drafts to learn from
+    for _ in range(40):  # the output starts repeating rows: plain rounds emit what n-gram proposed
+        c.shadow(found=[4, 4, 4, 4, 4, 4, 4], emitted=[4])
+    assert c.plan(found=7, k=2)[0] > 0
