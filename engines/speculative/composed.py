@@ -23,14 +23,14 @@ free). Acceptance by position is counted per source from the rounds it drafted: 
 positions for the model, the n-gram continuation's positions for n-gram, whether it drafted
 alone or after a chain (a tail is counted only in rounds whose chain was wholly accepted:
 only those reached it); n-gram's also from the rounds it did not draft, its continuation
-scored against what they emitted (`shadow`: free, and unbiased). Why the tail is priced like a lone n-gram draft: once the chain is
-accepted, context + chain is the real context, and the tail is what a lone lookup there
-would have proposed.
+scored against what they emitted (`shadow`: free, and unbiased). Why the tail is priced like
+a lone n-gram draft: once the chain is accepted, context + chain is the real context, and the
+tail is what a lone lookup there would have proposed.
 
 Units: until the caller knows real costs, latency is flat (1.0 per forward: verifying is
 nearly free, a GPU's case) and drafting costs nothing; `measured` costs (seconds) replace
-both at once, so the two are never mixed. The choice depends only on the context and on past
-rounds, never on this round's draws: lossless like either source alone.
+both at once, so the two are never mixed. The choice depends only on the context, past rounds
+and measured times, never on this round's draws: lossless like either source alone.
 """
 
 from __future__ import annotations
