@@ -26,7 +26,7 @@ def ocr_parser() -> Parser:
     p.add_argument("--format", choices=EXPORT_FORMATS, default=None,
                    help="print the document at the end as Markdown, plain text or JSON (per page: text, task, "
                         "model, runtime, rounds summary) instead of streaming its text")
-    add_spec_arguments(p, ["off", "mtp"], "mtp")
+    add_spec_arguments(p, ["off", "mtp", "ngram"], "mtp")
     add_output_arguments(p)
     add_server_arguments(p)
     return p

@@ -2,7 +2,9 @@
 
 Where things happen (read `OcrEngine.generate` top to bottom):
   prefill        the prompt (image tokens included) in prefill_len chunks -> the first token
-  draft          MtpDrafter.propose: catch up the MTP cache, then chain k MTP steps
+  draft          MtpDrafter.propose: catch up the MTP cache, then chain k MTP steps (or, with
+                 --with-ngram, ComposedDrafter: the n-gram continuation of the output so far,
+                 the chain, or the chain and the n-gram tokens after it, as the costs say)
   verify         one target forward over [token, draft_1 .. draft_k] -> verify_greedy /
                  rejection sampling -> accepted drafts + exactly one target token
   roll back      nothing to undo here: the next forward is written right after the accepted
@@ -17,8 +19,10 @@ Each round feeds [token, drafts...] at main cache rows length.. and keeps 1 + ac
 from __future__ import annotations
 
 import os
+import statistics
 import time
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 from typing import Iterator, Protocol
 
 import numpy as np
@@ -28,6 +32,9 @@ from engines.glm_ocr.config import GlmOcrConfig
 from engines.glm_ocr.positions import prompt_positions, text_positions, text_rope
 from engines.glm_ocr.prompts import GlmTokenizer, TextStream, prompt_ids
 from engines.glm_ocr.runtime import Runtime
+from engines.speculative.composed import Chooser
+from engines.speculative.costs import StepCosts
+from engines.speculative.ngram import NGramProposer as NGramIndex
 from engines.speculative.repetition import RepetitionDetector, clip_at_repetition
 from engines.speculative.rounds import Round
 from engines.speculative.sampling import rejection_verify, target_probs
@@ -64,7 +71,8 @@ class Drafter(Protocol):
     of the image tokens), `propose(hidden, token, k)` every round with the last verified hidden
     state and the newest token (k may be 0: a plain round), and `accept(hiddens, drafts)` with
     the accepted drafts and the verified hidden state before each of them. The target's own
-    token of the round comes back in the next `propose`."""
+    token of the round comes back in the next `propose`. A drafter that composes sources
+    says which drafted its last proposal in `source` (Round.draft_source); others need not."""
 
     def start(self, hiddens: np.ndarray, embeds: np.ndarray) -> None: ...
 
@@ -86,6 +94,8 @@ class MtpDrafter:
       output before shared_head.norm, one position further per step; chain steps past the
       first write rows that the next round overwrites (rejected drafts leave nothing behind).
     """
+
+    name = "mtp"
 
     def __init__(self, runtime: Runtime, positions: Positions, eos_ids: list[int]):
         self.runtime = runtime
@@ -149,6 +159,134 @@ class MtpDrafter:
 
     def _greedy(self, head_hidden: np.ndarray) -> int:
         return int(np.argmax(self.runtime.logits(head_hidden[None])[0]))
+
+
+class NgramDrafter:
+    """Prompt lookup over the prompt's ids and the output so far (engines/speculative/ngram.py):
+    the tokens that followed the latest earlier occurrence of the longest recurring suffix --
+    a page of repeated rows or a repeated header is read ahead for free. Only verified tokens
+    enter the index (the target's token in `propose`, accepted drafts in `accept`)."""
+
+    name = "ngram"
+
+    def __init__(self, prompt_ids: list[int], n_min: int = 1, n_max: int = 4):
+        self.prompt = prompt_ids
+        self.index = NGramIndex(n_min, n_max)
+
+    def start(self, hiddens: np.ndarray, embeds: np.ndarray) -> None:
+        self.index.reset(self.prompt)
+
+    def propose(self, hidden: np.ndarray, token: int, k: int) -> list[int]:
+        self.index.extend([token])
+        return self.index.propose(k)
+
+    def accept(self, hiddens: np.ndarray, tokens: list[int]) -> None:
+        self.index.extend(tokens)
+
+
+@dataclass
+class DraftCosts:
+    """What composed drafting has measured of this machine and model: the verify's seconds by
+    width (each width's last rounds) and an MTP chain's seconds per token (the last chains).
+    The engine keeps one across runs, as a tuning profile would be kept: a page need not spend
+    its first rounds relearning what the pages before it measured -- on a tiny model, whose
+    MTP layer costs about what the target does, those lessons cost more than they bring."""
+
+    verify_s: dict[int, deque] = field(default_factory=dict)
+    chain_s: deque = field(default_factory=lambda: deque(maxlen=7))
+
+    def verify(self) -> StepCosts:
+        """The verify's seconds by width: the fastest of each width's last rounds (another
+        process only ever slows a round down), of widths seen at least twice."""
+        costs = StepCosts()
+        for width, seconds in self.verify_s.items():
+            if len(seconds) >= 2:
+                costs.observe(width, min(seconds))
+        return costs
+
+    def chain(self) -> float:
+        return statistics.median(self.chain_s) if self.chain_s else 0.0
+
+
+class ComposedDrafter:
+    """--with-ngram: each round the n-gram continuation alone, the MTP chain of k, the chain
+    and the n-gram tokens that continue it, or no drafts, whichever the chooser of
+    engines/speculative/composed.py expects to give more tokens per second.
+
+    The MTP layer sees every verified pair whichever source drafted: a round that drafts from
+    n-gram still hands it the round's (hidden, token) pair (propose with k = 0: queued, no
+    MTP call) and its accepted n-gram drafts (accept), so its cache rows below `slot` hold
+    exactly what a lone MTP run's would, and the next chain starts from the right state.
+
+    Costs are timed here, not passed in: from propose's return to accept is the verify
+    forward of 1 + len(drafts) rows (the loop does nothing else between them), and a chain's
+    share of propose is the MTP drafting cost per chain token (the median of the last few
+    chains), kept in `costs` (the engine's, across pages). Rounds are priced flat until two
+    widths have each been verified twice, then in seconds. Why so wary: on a shared machine
+    one round slowed by another process would price its width out, and a width no longer
+    chosen is never measured again.
+    """
+
+    timed = True  # False: priced flat all run (tests whose choices must not hang on timing)
+
+    def __init__(self, mtp: MtpDrafter, ngram: NgramDrafter, max_drafts: int, costs: DraftCosts | None = None):
+        self.mtp, self.ngram = mtp, ngram
+        self.chooser = Chooser(mtp.name, max_drafts)
+        self.costs = costs if costs is not None else DraftCosts()
+        self._price()
+        self.chain, self.proposed = 0, 0  # this round: chain drafts, all drafts
+        self.undrafted: list[int] = []  # this round's n-gram continuation, when it did not draft it
+        self.shadowed: tuple[list[int], list[int]] | None = None  # that, and the drafts accepted after it
+        self.source: str | None = None
+        self.sent = 0.0  # when this round's drafts were handed to the verify
+
+    def start(self, hiddens: np.ndarray, embeds: np.ndarray) -> None:
+        self.mtp.start(hiddens, embeds)
+        self.ngram.start(hiddens, embeds)
+
+    def propose(self, hidden: np.ndarray, token: int, k: int) -> list[int]:
+        if self.shadowed is not None:  # last round's emitted tokens are complete with `token`
+            found, accepted = self.shadowed
+            self.chooser.shadow(found, accepted + [token])
+            self.shadowed = None
+        found = self.ngram.propose(hidden, token, self.chooser.max_drafts)
+        m, chain = self.chooser.plan(len(found), k)
+        self.undrafted = [] if m else found
+        if chain:
+            t0 = time.perf_counter()
+            drafts = self.mtp.propose(hidden, token, chain)
+            self.costs.chain_s.append((time.perf_counter() - t0) / max(len(drafts), 1))
+            self.chain = len(drafts)
+            drafts = drafts + self._tail(drafts)
+        else:  # the n-gram continuation, or a plain round
+            self.mtp.propose(hidden, token, 0)  # the verified pair still goes to the MTP layer
+            drafts, self.chain = found[:m], 0
+        self.proposed, self.source = len(drafts), self.chooser.source(self.chain, len(drafts))
+        self.sent = time.perf_counter()
+        return drafts
+
+    def _tail(self, chain: list[int]) -> list[int]:
+        """The n-gram tokens after the chain, as many as pay (none after an end of sequence)."""
+        room = self.chooser.max_drafts - len(chain)
+        if not chain or room <= 0 or chain[-1] in self.mtp.eos:
+            return []
+        found = self.ngram.index.propose(room, after=chain)
+        return found[: self.chooser.tail(len(chain), len(found))]
+
+    def _price(self) -> None:
+        """Price rounds in seconds once the costs are known (flat until then)."""
+        verify = self.costs.verify()
+        if verify.ready and self.timed:
+            self.chooser.measured(verify, self.costs.chain())
+
+    def accept(self, hiddens: np.ndarray, tokens: list[int]) -> None:
+        self.costs.verify_s.setdefault(1 + self.proposed, deque(maxlen=7)).append(time.perf_counter() - self.sent)
+        self._price()
+        self.chooser.record(self.chain, self.proposed, len(tokens))
+        if self.undrafted:
+            self.shadowed = (self.undrafted, list(tokens))
+        self.mtp.accept(hiddens, tokens)
+        self.ngram.accept(hiddens, tokens)
 
 
 # ----------------------------------------------------------------------------- the run
@@ -261,6 +399,7 @@ class OcrEngine:
         self.image_config = image_config
         # the loop detector's shape (its copies come from Request.max_repeat); None turns it off
         self.repetition: RepetitionDetector | None = RepetitionDetector()
+        self.draft_costs = DraftCosts()  # composed drafting's measurements, kept across pages
 
     @classmethod
     def load(cls, model_path: str | os.PathLike, runtime: str | None = "torch", **options) -> "OcrEngine":
@@ -313,7 +452,7 @@ class OcrEngine:
         `on_prefill` is accepted for the Engine protocol; the image prompt's prefill, bounded
         by the converted cache length, reports no progress yet."""
         prompt = self._prompt(request)
-        schedule, drafter, note = self._drafting(request, prompt.positions, drafter)
+        schedule, drafter, note = self._drafting(request, prompt, drafter)
         sampler = Sampler(request.sampling)
         out = Output(self.tokenizer, self.config.eos_token_ids, request.max_tokens, self._guard(request))
 
@@ -360,6 +499,7 @@ class OcrEngine:
             schedule.record(len(drafts), verdict.accepted, t2 - t1, t1 - t0)
             seq.advance(verdict, rows)
             rnd = out.round(index, verdict, drafts, t0, t1 - t0, t2 - t1, steps=k)
+            rnd.draft_source = getattr(drafter, "source", None) if drafts else None  # composed only
             rnd.note = _join(note, rnd.note)
             if schedule.expected is not None:  # what --steps auto expected of each k as it chose this one
                 rnd.expected_tok_s = [round(r, 2) for r in schedule.expected[0]]
@@ -423,10 +563,10 @@ class OcrEngine:
         return fitted, (f"image read at {w2}x{h2} instead of {w}x{h} to fit the context of "
                         f"{self.runtime.cache_length} tokens (convert with a larger --cache-length for full resolution)")
 
-    def _drafting(self, request: Request, positions: Positions, drafter: Drafter | None):
+    def _drafting(self, request: Request, prompt: Prompt, drafter: Drafter | None):
         spec = request.spec
-        if spec.method not in ("off", "mtp"):
-            raise EngineError(f"the OCR engine speculates with 'mtp' (or 'off'), not {spec.method!r}")
+        if spec.method not in ("off", "mtp", "ngram"):
+            raise EngineError(f"the OCR engine speculates with 'mtp' or 'ngram' (or 'off'), not {spec.method!r}")
         # --steps auto: k from this run's measured verify costs and acceptance (`specscope tune`
         # profiles chat models; an OCR run measures itself, the adaptive controller until it can)
         try:
@@ -436,10 +576,16 @@ class OcrEngine:
         auto_note = schedule.note
         if drafter is not None or not spec.enabled:
             return schedule, drafter if spec.enabled else None, auto_note
+        ngram = NgramDrafter(prompt.ids, spec.ngram_min, spec.ngram_max)
+        if spec.method == "ngram":
+            return schedule, ngram, auto_note
         if self.runtime.mtp_unavailable:
             schedule.disable()
             return schedule, None, f"{self.runtime.mtp_unavailable}; decoding plainly"
-        return schedule, MtpDrafter(self.runtime, positions, self.config.eos_token_ids), auto_note
+        mtp = MtpDrafter(self.runtime, prompt.positions, self.config.eos_token_ids)
+        if spec.compose_ngram:
+            return schedule, ComposedDrafter(mtp, ngram, self.runtime.seq_len - 1, self.draft_costs), auto_note
+        return schedule, mtp, auto_note
 
     def _guard(self, request: Request) -> RepetitionDetector | None:
         """A fresh detector per run: the request's copies, the engine's span and period."""

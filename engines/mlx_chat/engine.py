@@ -210,9 +210,9 @@ class ChatEngine:
         ctx = ProposerContext(prompt_ids, request.sampling, self.model, cache)
         spec = request.spec
         schedule = DraftSchedule.of(spec, self.model_path) if proposer is not None else DraftSchedule(0)
-        if schedule.auto is not None and hasattr(proposer, "latency"):  # composed: price widths as auto does
+        if schedule.auto is not None and hasattr(proposer, "chooser"):  # composed: price widths as auto does
             auto = schedule.auto
-            proposer.latency = lambda width: auto.latency().at(width) if auto.ready() else 1.0
+            proposer.chooser.latency = lambda width: auto.latency().at(width) if auto.ready() else 1.0
         return Run(
             request=request,
             ctx=ctx,

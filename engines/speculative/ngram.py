@@ -1,5 +1,8 @@
 """N-gram prompt lookup: propose the tokens that followed the most recent earlier occurrence
-of the context's longest suffix (n_max down to n_min) in prompt + generated text.
+of the context's longest suffix (n_max down to n_min) in prompt + generated text. When that
+occurrence is fewer than k tokens back (a loop of period 1..k-1: "| --- | --- |", a repeated
+digit), the continuation would stop at the context's end; it repeats with the match's period
+instead, so a short loop is drafted k tokens at a time rather than one.
 
 An index maps every n-gram to the position right after its latest occurrence, kept up to date
 as tokens are appended, so a proposal costs O(n_max) dict look-ups even at 32k tokens of
@@ -32,15 +35,25 @@ class NGramProposer:
                     self.index[n][tuple(self.tokens[pos - n : pos])] = pos
             self.tokens.append(int(t))
 
-    def propose(self, k: int) -> list[int]:
-        """Up to k draft tokens; [] when no suffix of length n_min..n_max recurs."""
+    def propose(self, k: int, after: list[int] | tuple[int, ...] = ()) -> list[int]:
+        """Up to k draft tokens; [] when no suffix of length n_min..n_max recurs. `after`:
+        tokens taken as appended to the context for this lookup only (the drafts of a chain
+        that the n-gram tokens are to continue); they are not indexed, so nothing needs
+        rolling back."""
         if k <= 0:
             return []
-        end = len(self.tokens)
+        end = len(self.tokens) + len(after)
+        tail = (self.tokens[-self.n_max:] + list(after))[-self.n_max:]
         for n in range(self.n_max, self.n_min - 1, -1):
             if end < n:
                 continue
-            follow = self.index[n].get(tuple(self.tokens[end - n :]))
+            follow = self.index[n].get(tuple(tail[len(tail) - n:]))
             if follow is not None:
-                return self.tokens[follow : follow + k]
+                drafts = self.tokens[follow : follow + k]
+                if len(drafts) < k:  # the occurrence is end - follow tokens back: the text has
+                    # been repeating with that period, so the lookup reads on as if it goes on
+                    drafts += list(after)
+                    for j in range(len(drafts), k):
+                        drafts.append(drafts[j - (end - follow)])
+                return drafts[:k]
         return []

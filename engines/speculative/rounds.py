@@ -49,7 +49,9 @@ class Round:
     note: str | None = None  # e.g. "speculation stopped: drafter raised ValueError(...)"
     draft_spans: list[tuple[int, int]] | None = None
     ranks: dict | None = None  # tensor parallel only: this step's cost on rank 0 (engines/distributed StepCost)
-    draft_source: str | None = None  # who drafted this round's tokens when drafters are composed ("ngram", "mtp")
+    draft_source: str | None = None  # who drafted this round's tokens when drafters are composed: "ngram",
+    # the model drafter ("mtp", "draft"), or "mtp+ngram": its chain (the first `steps` drafts), then n-gram's
+    # (engines/speculative/composed.py)
     expected_tok_s: list[float] | None = None  # --steps auto: the tok/s it expected of k = 0..7 when it chose `steps`
     expected_tokens: list[float] | None = None  # and the tokens per round (accepted + 1) it expected of each k
 

@@ -26,11 +26,16 @@ def test_ocr_json_equals_plain_and_streams(model_and_image, tmp_path):
     common = [sys.executable, "-m", "app", "ocr", str(image), "--model", str(model), "--runtime", "torch", "--max-tokens", "16"]
     mtp = subprocess.run([*common, "--spec", "mtp", "--steps", "3", "--json"], capture_output=True, text=True, timeout=300)
     plain = subprocess.run([*common, "--spec", "off", "--json"], capture_output=True, text=True, timeout=300)
+    composed = subprocess.run([*common, "--spec", "mtp", "--with-ngram", "--json"], capture_output=True, text=True,
+                              timeout=300)
     assert mtp.returncode == 0, mtp.stderr
     assert plain.returncode == 0, plain.stderr
-    m, p = json.loads(mtp.stdout), json.loads(plain.stdout)
+    assert composed.returncode == 0, composed.stderr
+    m, p, c = json.loads(mtp.stdout), json.loads(plain.stdout), json.loads(composed.stdout)
     assert {"text", "tokens", "rounds", "stats"} <= m.keys()
-    assert m["tokens"] == p["tokens"] and m["text"] == p["text"]
+    assert m["tokens"] == p["tokens"] == c["tokens"] and m["text"] == p["text"]
+    assert {r["draft_source"] for r in c["rounds"] if r["proposed"]} <= {"ngram", "mtp", "mtp+ngram"}
+    assert all(r["draft_source"] is None for r in m["rounds"])
     assert m["stats"]["proposed"] > 0 and p["stats"]["proposed"] == 0
     assert 0 < len(m["tokens"]) <= 16
 

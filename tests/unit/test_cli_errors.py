@@ -28,7 +28,9 @@ CASES = {
     "missing image": (["ocr", "/nonexistent.png", "--model", "/nonexistent"], "no such file"),
     "missing model dir": (["chat", "--prompt", "hi", "--model", "/nonexistent-model"], "/nonexistent-model"),
     # issue 14: flags that were accepted and ignored are gone; new ones are checked
-    "ocr has no n-gram lookup": (["ocr", "/etc/hostname", "--ngram-min", "2"], "unrecognized arguments"),
+    # issue 26: OCR has n-gram lookup (--spec ngram, --with-ngram) and its bounds are checked
+    "ocr n-gram bounds": (["ocr", "/etc/hostname", "--model", "/nonexistent", "--spec", "ngram", "--ngram-min", "5",
+                           "--ngram-max", "2"], "--ngram-min"),
     "bench writes no trace": (["bench", "chat", "--trace", "t.ndjson"], "unrecognized arguments"),
     "bench has no --json": (["bench", "chat", "--json"], "unrecognized arguments"),
     "one copy is no repetition": (["chat", "--prompt", "hi", "--max-repeat", "1"], "--max-repeat must be 0"),

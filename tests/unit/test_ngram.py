@@ -6,7 +6,8 @@ from engines.speculative.ngram import NGramProposer
 
 
 def brute_force(tokens, k, n_min, n_max):
-    """The definition: longest suffix n_max..n_min, most recent earlier occurrence first."""
+    """The definition: longest suffix n_max..n_min, most recent earlier occurrence first; what
+    followed it, repeating with the period of the match where it runs into the end."""
     end = len(tokens)
     for n in range(n_max, n_min - 1, -1):
         if end < n:
@@ -14,7 +15,10 @@ def brute_force(tokens, k, n_min, n_max):
         suffix = tokens[end - n :]
         for start in range(end - n - 1, -1, -1):
             if tokens[start : start + n] == suffix:
-                return tokens[start + n : start + n + k]
+                drafts, period = tokens[start + n : start + n + k], end - (start + n)
+                while len(drafts) < k:
+                    drafts.append(drafts[len(drafts) - period])
+                return drafts
     return []
 
 
@@ -37,6 +41,22 @@ def test_miss_and_min_length():
     assert p.propose(3) == []
     p.extend([1, 2])
     assert p.propose(3) == [3, 4, 1]
+
+
+def test_a_short_loop_is_drafted_k_tokens_at_a_time():
+    p = NGramProposer(1, 3)
+    p.extend([5, 7, 7, 7])
+    assert p.propose(4) == [7, 7, 7, 7]  # period 1, not the one 7 left before the end
+    p.extend([1, 2, 1, 2])
+    assert p.propose(5) == [1, 2, 1, 2, 1]  # period 2
+
+
+def test_a_lookup_after_drafts_reads_them_as_context_without_indexing_them():
+    p = NGramProposer(1, 2)
+    p.extend([3, 4, 5, 6, 9, 3])
+    assert p.propose(2, after=[4]) == [5, 6]  # [3, 4] recurs: what followed it
+    assert p.propose(3, after=[4, 5, 6]) == [9, 3, 4]  # [5, 6] -> 9, 3, then the drafts [4]
+    assert p.tokens == [3, 4, 5, 6, 9, 3] and p.propose(1) == [4]
 
 
 def test_zero_k_and_empty_context():

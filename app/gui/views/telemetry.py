@@ -119,12 +119,19 @@ class RoundSeries:
         self.offered_at[:depth] += 1
         self.accepted_at[:depth] += np.asarray(r.accept_flags, dtype=float)
         if r.draft_source and depth:
-            offered, accepted = self.by_source.get(r.draft_source, (np.zeros(0), np.zeros(0)))
-            if depth > len(offered):
-                offered, accepted = np.pad(offered, (0, depth - len(offered))), np.pad(accepted, (0, depth - len(accepted)))
-            offered[:depth] += 1
-            accepted[:depth] += np.asarray(r.accept_flags, dtype=float)
-            self.by_source[r.draft_source] = (offered, accepted)
+            # a chain with n-gram tokens after it ("mtp+ngram"): its first `steps` positions are
+            # the model drafter's, the rest n-gram's, each counted under its own source
+            chain = min(r.steps, depth) if "+" in r.draft_source else depth
+            model, _, after = r.draft_source.partition("+")
+            for source, positions in ((model, range(chain)), (after, range(chain, depth))):
+                if not source or not len(positions):
+                    continue
+                offered, accepted = self.by_source.get(source, (np.zeros(0), np.zeros(0)))
+                if depth > len(offered):
+                    offered, accepted = np.pad(offered, (0, depth - len(offered))), np.pad(accepted, (0, depth - len(accepted)))
+                offered[positions.start:positions.stop] += 1
+                accepted[positions.start:positions.stop] += np.asarray(r.accept_flags[positions.start:positions.stop], dtype=float)
+                self.by_source[source] = (offered, accepted)
 
     def column(self, name: str) -> np.ndarray:
         return getattr(self, "_" + name)[: self.n]
@@ -611,7 +618,8 @@ class TelemetryView(QWidget):
                 self.position_plot.addItem(bars)
             own = s.per_position(source) * 100
             x = np.arange(1, len(own) + 1) - 0.35 + width * (i + 0.5)
-            bars.setOpts(x=x, height=own, width=width)
+            drafted = s.by_source[source][0] > 0  # a position this source never drafted has no bar, not 0%
+            bars.setOpts(x=x[drafted], height=own[drafted], width=width)
             self._in_legend(self.position_plot, bars, source_name(source))
         for source, bars in self.source_bars.items():
             if source not in s.by_source:

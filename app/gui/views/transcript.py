@@ -246,6 +246,8 @@ class TranscriptView(QWidget):
         cursor = self._cursor_at_end()
         start = cursor.position()
         drafted_format = self.draft_format
+        # a round of the chain with n-gram tokens after it ("mtp+ngram") keeps the drafter's
+        # colour: its text does not say where the chain ended (the by-position plot splits it)
         if burst.round.draft_source == "ngram" and burst.spans:
             drafted_format = self.ngram_format
             if self.ngram_swatch.isHidden():  # the legend grows: it may need its own line now

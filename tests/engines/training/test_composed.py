@@ -1,6 +1,7 @@
 """Composed drafting (engines/mlx_chat/composed.py): n-gram lookup beside a drafter trained on
 the tiny llama. On a mixed set -- prompts it copies and prompts it answers freshly -- rounds
-draft from both sources, the output is plain decoding's token for token at T=0, and at T>0 the
+draft in all three forms (n-gram alone, the chain, the chain with n-gram tokens after it:
+at T>0 their rows of q are one-hot beside the drafter's sampled ones), the output is plain decoding's token for token at T=0, and at T>0 the
 target's exact law holds (a broken verifier fails the same test)."""
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def test_composed_drafts_from_both_and_equals_plain(targets):
         assert tokens(rounds) == plain
         assert not any(r.note for r in rounds)
         sources.update(r.draft_source for r in rounds if r.proposed)
-    assert sources["ngram"] > 0 and sources["mtp"] > 0, sources
+    assert sources["ngram"] > 0 and sources["mtp"] > 0 and sources["mtp+ngram"] > 0, sources
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +64,7 @@ def law(engine, drafter, n=500):
 def test_composed_keeps_the_target_law(tiny_pair):
     engine, drafter = tiny_pair
     counts, sources = law(engine, drafter)
-    assert sources["ngram"] > 0 and sources["mtp"] > 0, sources
+    assert sources["ngram"] > 0 and sources["mtp"] > 0 and sources["mtp+ngram"] > 0, sources
     assert chi_square_pvalue(counts, exact_distribution(engine), 500) > 1e-3
 
 
