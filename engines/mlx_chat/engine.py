@@ -210,6 +210,8 @@ class ChatEngine:
         ctx = ProposerContext(prompt_ids, request.sampling, self.model, cache)
         spec = request.spec
         schedule = DraftSchedule.of(spec, self.model_path) if proposer is not None else DraftSchedule(0)
+        if schedule.auto is not None and isinstance(proposer, NGramProposer):
+            proposer.auto = schedule.auto  # n-gram's acceptance from whole continuations (tuning.py)
         if schedule.auto is not None and hasattr(proposer, "chooser"):  # composed: price widths as auto does
             auto = schedule.auto
             proposer.chooser.latency = lambda width: auto.latency().at(width) if auto.ready() else 1.0

@@ -114,6 +114,7 @@ class NGramProposer:
     needs_hidden: bool = False
     drafts_ahead: bool = False  # the lookup needs the accepted tokens themselves
     index: NGramIndex = field(init=False)
+    auto: Any = None  # --steps auto's AutoSteps: told each round's whole continuation (tuning.py)
 
     def __post_init__(self):
         self.index = NGramIndex(self.n_min, self.n_max)
@@ -122,11 +123,18 @@ class NGramProposer:
         self.index.reset(ctx.tokens)
 
     def propose(self, ctx: ProposerContext, k: int) -> Draft:
-        drafts = self.index.propose(k)
+        if self.auto is not None:  # the k drafts are the first k of the continuation
+            found = self.index.propose(self.auto.max_steps)
+            self.auto.continuation(found, len(ctx.tokens))
+            drafts = found[:k]
+        else:
+            drafts = self.index.propose(k)
         return Draft(mx.array(drafts, dtype=mx.uint32)) if drafts else EMPTY
 
     def commit(self, ctx: ProposerContext) -> None:
         self.index.extend(ctx.tokens[len(self.index.tokens):])  # only accepted tokens enter
+        if self.auto is not None:
+            self.auto.score(ctx.tokens)
 
 
 class DraftModelProposer:

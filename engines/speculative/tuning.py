@@ -233,6 +233,10 @@ class AutoSteps:
     last_rates: list[float] = field(default_factory=list)  # expected tok/s per k, at the last choice
     last_tokens: list[float] = field(default_factory=list)  # expected tokens per round (E[accepted + 1]) per k, ditto
     seen: PositionAcceptance | None = None
+    # n-gram lookup: acceptance by position from each round's whole continuation, scored against
+    # the output as it arrives (`continuation`, `score`), not from the drafts alone
+    pending: list[tuple[int, list[int]]] = field(default_factory=list)  # (output length then, continuation)
+    continuations: bool = False
 
     def __post_init__(self):
         self.seen = PositionAcceptance(self.max_steps)
@@ -284,9 +288,36 @@ class AutoSteps:
             return statistics.median(self.draft_costs)
         return self.profile.draft_s if self.profile else 0.0
 
+    def continuation(self, found: list[int], at: int) -> None:
+        """n-gram lookup found `found` (up to max_steps tokens) when the output was `at` tokens
+        long; `score` counts it once the output shows how far it held. Why: a draft of k
+        measures positions 1..k only, so with the drafts alone a position past the k chosen
+        is measured only by probes; the lookup's whole continuation costs nothing and measures
+        every position every round. Unbiased at any temperature: the emitted token equals the
+        continuation's (given the ones before it did) with the target's probability of it --
+        the chance it is accepted as a draft."""
+        self.continuations = True
+        if found:
+            self.pending.append((at, list(found)))
+
+    def score(self, tokens: list[int]) -> None:
+        """Count the continuations whose fate the output `tokens` now shows: their first miss,
+        or all of them held."""
+        waiting = []
+        for at, found in self.pending:
+            shown = tokens[at : at + len(found)]
+            hits = next((i for i, (f, t) in enumerate(zip(found, shown)) if f != t), len(shown))
+            if hits < len(shown) or len(shown) == len(found):
+                self.seen.record(len(found), hits)
+            else:
+                waiting.append((at, found))
+        self.pending = waiting
+
     def record(self, proposed: int, accepted: int, verify_s: float | None = None, draft_s: float | None = None) -> None:
-        """One round: its acceptance by position, its verify and drafting seconds."""
-        self.seen.record(proposed, accepted)
+        """One round: its acceptance by position (from its drafts, unless continuations are
+        counted instead), its verify and drafting seconds."""
+        if not self.continuations:
+            self.seen.record(proposed, accepted)
         if verify_s is not None and verify_s > 0:
             self.costs.observe(1 + proposed, verify_s)
         if draft_s is not None and proposed:

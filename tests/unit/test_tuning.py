@@ -227,3 +227,25 @@ def test_a_profile_from_before_batch_curves_still_loads(tmp_path):
     del data["batch_s"]
     path.write_text(json.dumps(data))
     assert Profile.load(path, "/m", "ngram").batch_s == {}
+
+
+def test_n_gram_continuations_measure_every_position_whatever_k_was():
+    """n-gram lookup tells auto each round's whole continuation (up to 7 tokens): scored against
+    the output as it arrives, every position is measured every round -- with the drafts alone a
+    run at k = 1 never measures position 2, and stays there."""
+    auto = AutoSteps(MAX_STEPS)
+    out = list(range(100))
+    auto.continuation([10, 11, 12, 99], at=10)  # holds for 3, misses the 4th
+    auto.continuation([20, 21], at=20)  # not shown yet
+    auto.record(1, 1)  # the round's own drafts are not counted beside them (no double count)
+    auto.score(out[:15])
+    assert auto.seen.reached[:4] == [1, 1, 1, 1] and auto.seen.accepted[:4] == [1, 1, 1, 0]
+    assert len(auto.pending) == 1  # [20, 21] waits for the output to reach it
+    auto.score(out[:21])  # its first token held, the second not shown: still waiting
+    assert len(auto.pending) == 1
+    auto.score(out[:22])
+    assert auto.pending == [] and auto.seen.reached[:2] == [2, 2] and auto.seen.accepted[:2] == [2, 2]
+    wrong = AutoSteps(MAX_STEPS)
+    wrong.continuation([5, 0, 0], at=5)  # a miss at position 2 is final as soon as it shows
+    wrong.score(out[:7])
+    assert wrong.pending == [] and wrong.seen.reached[:3] == [1, 1, 0] and wrong.seen.accepted[:2] == [1, 0]

@@ -75,3 +75,31 @@ def test_a_broken_verifier_fails_the_auto_law(tiny, tmp_path, monkeypatch):  # n
     BROKEN["resample_from_p"](monkeypatch)
     counts, _, _, _ = law(tiny, spec)
     assert chi_square_pvalue(counts, exact_distribution(tiny), N) < 1e-3
+
+
+def test_ngram_auto_measures_deep_positions_from_whole_continuations(engines, tmp_path, monkeypatch):
+    """A profile that says the second draft is hardly ever accepted starts n-gram auto at k = 1
+    on a machine where verifying is nearly free. The lookup's whole continuations, scored as
+    the output arrives, measure positions 2..7 every round, and k follows what they show; from
+    the drafts alone position 2 is measured only in the probes (one round in nine), and k stays
+    lower (the second half of the test)."""
+    from engines.speculative.tuning import AutoSteps
+
+    engine = engines["llama"]
+    path = tmp_path / "profile.json"
+    Profile(machine=machine_id(), model=engine.model_path, method="ngram", drafter="",
+            target_s={w: 0.01 * (1 + 0.02 * w) for w in range(1, 9)}, draft_s=0.0,
+            acceptance=[0.9, 0.02]).save(path)
+    plain = tokens(engine.generate(Request(prompt=COPY, max_tokens=80)))
+    spec = SpecConfig("ngram", 3, auto=True, profile=str(path))
+
+    def chosen():
+        rounds = list(engine.generate(Request(prompt=COPY, max_tokens=80, spec=spec)))
+        assert tokens(rounds) == plain
+        return [r.steps for r in rounds if not r.prefill and r.expected_tok_s]
+
+    ks = chosen()
+    monkeypatch.setattr(AutoSteps, "continuation", lambda self, found, at: None)  # the drafts alone
+    drafts_only = chosen()
+    assert ks[0] <= 1 and drafts_only[0] <= 1
+    assert sum(ks) > 1.3 * sum(drafts_only), (ks, drafts_only)
