@@ -98,6 +98,9 @@ def cmd_serve(argv: list[str]) -> int:
     return 0
 
 
+CONNECT_AT_LEAST_S = 60.0
+
+
 def serve_ranks(args: argparse.Namespace, argv: list[str], config: ServeConfig) -> int:
     """Tensor parallel. Started by the user: launch the ranks (mlx.launch) and wait for them.
     Started by mlx.launch (MLX_RANK is set): be that rank -- rank 0 serves, the others follow."""
@@ -135,13 +138,17 @@ def serve_ranks(args: argparse.Namespace, argv: list[str], config: ServeConfig) 
     from engines.distributed.bus import Bus, Watchdog
     from engines.distributed.engine import RankZeroEngine, follow, load_rank_zero, load_shard
 
+    # Connecting waits for every rank to start (Python, MLX, imports): seconds on a quiet machine,
+    # tens of seconds on a loaded one, so a short --rank-timeout is not its measure.
+    connect_s = max(args.rank_timeout, CONNECT_AT_LEAST_S)
+
     def unconnected(what: str) -> None:
-        print(f"specscope serve: rank {rank}: the ranks did not connect within {args.rank_timeout:.0f} s "
+        print(f"specscope serve: rank {rank}: the ranks did not connect within {connect_s:.0f} s "
               "(a rank that did not start, or a hostfile's ips this machine cannot reach); exiting",
               file=sys.stderr, flush=True)
         os._exit(1)
 
-    watchdog = Watchdog(args.rank_timeout, unconnected).start()
+    watchdog = Watchdog(connect_s, unconnected).start()
     watchdog.arm("connecting")
     group = mx.distributed.init(strict=True, backend="ring")
     bus = Bus.join(group)
