@@ -80,6 +80,19 @@ def peak_rss_mb(pid: int) -> int | None:
     return None
 
 
+def lane_bound(latencies: list[float], clients: int) -> float:
+    """The closed loop's shortest possible wall time at `clients` clients if every request took
+    its lone latency: each client takes the next request as it finishes its last, so the level
+    lasts as long as its busiest client's requests. A batched step costs at least a lone one, so
+    no server beats tokens / this at that concurrency with these requests -- up to the prompt
+    cache: c=1 reads some prompts that later levels find cached (a few tenths of a second each)."""
+    free = [0.0] * clients
+    for latency in latencies:
+        i = free.index(min(free))
+        free[i] += latency
+    return max(free)
+
+
 def spec_stats(url: str) -> dict | None:
     """Our server's /v1/spec_decode/metrics (None for a server without it)."""
     try:
@@ -137,13 +150,22 @@ def measure(name: str, cmd: list[str], spec: SpecConfig, port: int, levels: list
             before = spec_stats(url)
             records, wall = run_clients(make, requests, c)
             s = summarize(records, wall) | drafting(before, spec_stats(url))
-            rows.append({"server": name, "concurrency": c, **s, "texts": [r.text for r in records]})
+            rows.append({"server": name, "concurrency": c, **s, "texts": [r.text for r in records],
+                         "latencies_s": [r.latency_s for r in records]})
             print(f"{name:<32} c={c}: {s['aggregate_tok_s']:6.1f} tok/s aggregate, per request "
                   f"{s['per_request_decode_tok_s_median'] or 0:5.1f}, TTFT p50 {s['ttft_p50_s']:.2f} s, "
                   f"latency p50 {s['latency_p50_s']:.2f} / p95 {s['latency_p95_s']:.2f} s, "
                   f"acceptance {s['acceptance'] if s['acceptance'] is not None else '-'}"
                   + (f", drafts asked per row-step {s['k_mean']:.2f}, steps without drafts {s['no_draft_share']:.0%}"
                      if s.get("k_mean") is not None else ""), file=sys.stderr, flush=True)
+        alone = next((r for r in rows if r["concurrency"] == 1), None)
+        for row in rows:
+            if alone is not None and row["concurrency"] > 1:
+                wall = lane_bound(alone["latencies_s"], row["concurrency"])
+                row["lane_bound_tok_s"] = row["tokens"] / wall
+                print(f"{name:<32} c={row['concurrency']}: were every request as fast as alone, the level "
+                      f"would still take {wall:.1f} s (its longest client lane): at most "
+                      f"{row['lane_bound_tok_s']:.1f} tok/s aggregate", file=sys.stderr)
         peak = peak_rss_mb(proc.pid)
         for row in rows:
             row["server_peak_rss_mb"] = peak

@@ -18,6 +18,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for a model hub
 import mlx.core as mx
 import mlx.nn as nn
 
+from engines.mlx_chat import cpu_kernels
 from engines.types import EngineError
 
 
@@ -46,6 +47,7 @@ def load_model(path: str, lazy: bool = False) -> LoadedModel:
         loaded = _load_hf_dir(p, lazy)
     if not mx.metal.is_available():
         loaded.dequantized = dequantize_layers(loaded.model)
+        cpu_kernels.install()
     return loaded
 
 
