@@ -408,6 +408,8 @@ class ChatEngine:
         # round launched behind the previous one costs less than a lone forward, and --steps
         # auto should know it)
         run.schedule.record(step.k, verdict.accepted, step.wall_s - step.draft_s, step.draft_s)
+        if hasattr(run.proposer, "observe"):  # composed: prices its sources by the rounds' own times
+            run.proposer.observe(step.wall_s)
         if run.proposer is not None and run.schedule.enabled and not finish:
             try:
                 run.proposer.commit(run.ctx)

@@ -58,10 +58,14 @@ def drafted_backgrounds(transcript) -> list[tuple[str | None, set[str]]]:
     return out
 
 
-def test_compose_reaches_the_engine_and_each_draft_is_shown_by_its_source(qtbot, tiny_chat, trained_pair):
-    """Fixed k (Auto's choices follow this machine's clock; tested below): at T=0 the
+def test_compose_reaches_the_engine_and_each_draft_is_shown_by_its_source(qtbot, tiny_chat, trained_pair, monkeypatch):
+    """Fixed k and flat prices (Auto's choices and the chooser's drafting prices follow this
+    machine's clock; tested below and in tests/engines/training/test_composed.py): at T=0 the
     composed run is the same every time, and on this prompt both sources have drafts accepted."""
     from app.gui.main_window import MainWindow
+    from engines.mlx_chat import composed
+
+    monkeypatch.setattr(composed, "MEASURED", False)
 
     _target, drafter, prompt = trained_pair
     window = MainWindow(chat_settings(tiny_chat, chat_method="mtp", draft_model=str(drafter), steps=3,

@@ -11,6 +11,7 @@ from collections import Counter
 import mlx.core as mx
 import pytest
 
+from engines.mlx_chat.composed import ComposedProposer
 from engines.types import Request, SpecConfig
 from tests.engines.broken_verifiers import BROKEN
 from tests.engines.mlx_chat.test_lossless_sampled import PROMPT, SAMPLING, WORDS, exact_distribution
@@ -18,8 +19,17 @@ from tests.engines.training.trained import prompts, trained_drafter
 from tests.engines.mlx_chat import checkpoints
 from tests.stats import chi_square_pvalue
 
+REAL_OBSERVE = ComposedProposer.observe
 COPY = "the cat is big and the dog is small . the cat is big and the dog is small ."
 MIXED = [COPY, prompts(checkpoints.WORDS)[0], COPY + " " + prompts(checkpoints.WORDS)[1], prompts(checkpoints.WORDS)[2]]
+
+
+@pytest.fixture(autouse=True)
+def flat_prices(monkeypatch):
+    """Every form must be drafted, whatever this machine's timings would price out."""
+    from engines.mlx_chat import composed
+
+    monkeypatch.setattr(composed, "MEASURED", False)
 
 
 def tokens(rounds):
@@ -73,3 +83,47 @@ def test_a_broken_verifier_fails_the_composed_law(tiny_pair, monkeypatch):
     BROKEN["resample_from_p"](monkeypatch)
     counts, _ = law(engine, drafter)
     assert chi_square_pvalue(counts, exact_distribution(engine), 500) < 1e-3
+
+
+def chains_late(engine, drafter, monkeypatch, drafting_costs: float | None) -> tuple[float, bool]:
+    """Run the mixed set composed, each chain round taken to cost its width's verify (as the
+    run has measured it) plus `drafting_costs` verifies per chain token -- a drafter that dear;
+    the tiny drafter's real cost is whatever this machine makes it (None: flat prices, drafting
+    not priced). Returns the share of the later rounds (past the first 12 of each prompt) that
+    chained, and whether every output was plain decoding's."""
+    from engines.mlx_chat import composed
+
+    monkeypatch.setattr(composed, "MEASURED", drafting_costs is not None)
+    real = REAL_OBSERVE  # not the class's: a wrapper a previous call left in place
+
+    def observe(self, seconds):
+        chain = self.last[0] if self.last is not None else 0
+        if drafting_costs is not None and chain and self.verify_costs.seconds:
+            verify = self.verify_costs.at(1 + self.last[1].size)
+            seconds = verify + drafting_costs * chain * verify
+        real(self, seconds)
+
+    monkeypatch.setattr(composed.ComposedProposer, "observe", observe)
+    late, chained, same = 0, 0, True
+    for prompt in MIXED:
+        plain = tokens(engine.generate(Request(prompt=prompt, max_tokens=64)))
+        spec = SpecConfig("mtp", 3, draft_model=str(drafter), compose_ngram=True)
+        rounds = list(engine.generate(Request(prompt=prompt, max_tokens=64, spec=spec)))
+        same &= tokens(rounds) == plain
+        for r in rounds[12:]:
+            late += 1
+            chained += (r.draft_source or "").startswith("mtp")
+    return chained / late, same
+
+
+def test_a_dear_drafter_is_priced_out_and_a_cheap_one_kept(targets, monkeypatch):
+    """The chooser prices drafting from the rounds' own times: a drafter costing 3 verifies a
+    token stops being chained (rounds draft n-gram or nothing), one costing nothing is chained
+    about as often as with drafting unpriced (flat prices: what the chooser did before it
+    measured); lossless either way."""
+    engine, _, drafter = targets["llama"]
+    unpriced, same_unpriced = chains_late(engine, drafter, monkeypatch, drafting_costs=None)
+    dear, same_dear = chains_late(engine, drafter, monkeypatch, drafting_costs=3.0)
+    cheap, same_cheap = chains_late(engine, drafter, monkeypatch, drafting_costs=0.0)
+    assert same_unpriced and same_dear and same_cheap
+    assert unpriced > 0.2 and dear < 0.25 * unpriced and cheap > 0.7 * unpriced, (unpriced, dear, cheap)
