@@ -81,11 +81,12 @@ def peak_rss_mb(pid: int) -> int | None:
 
 
 def lane_bound(latencies: list[float], clients: int) -> float:
-    """The closed loop's shortest possible wall time at `clients` clients if every request took
-    its lone latency: each client takes the next request as it finishes its last, so the level
-    lasts as long as its busiest client's requests. A batched step costs at least a lone one, so
-    no server beats tokens / this at that concurrency with these requests -- up to the prompt
-    cache: c=1 reads some prompts that later levels find cached (a few tenths of a second each)."""
+    """The closed loop's wall time at `clients` clients were every request to take its lone
+    latency: each client takes the next request as it finishes its last, so the level lasts as
+    long as its busiest client's requests. A batched forward costs at least a lone one of the
+    same width, so a level ends sooner only where the batch runs a request differently from
+    alone -- the controller dropping drafts that cost more than they bring (the poor draft
+    model's rows) -- or finds prompts cached that c=1 read (a few tenths of a second each)."""
     free = [0.0] * clients
     for latency in latencies:
         i = free.index(min(free))
@@ -164,7 +165,7 @@ def measure(name: str, cmd: list[str], spec: SpecConfig, port: int, levels: list
                 wall = lane_bound(alone["latencies_s"], row["concurrency"])
                 row["lane_bound_tok_s"] = row["tokens"] / wall
                 print(f"{name:<32} c={row['concurrency']}: were every request as fast as alone, the level "
-                      f"would still take {wall:.1f} s (its longest client lane): at most "
+                      f"would still take {wall:.1f} s (its busiest client): "
                       f"{row['lane_bound_tok_s']:.1f} tok/s aggregate", file=sys.stderr)
         peak = peak_rss_mb(proc.pid)
         for row in rows:
