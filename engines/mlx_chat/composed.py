@@ -12,7 +12,8 @@ and against a plain round (no drafts) when none of them pays:
                  lookup: with depth-2 overlap that waits for the anticipated chain, which the
                  verify would wait for anyway)
 
-Drafting is priced from the run's own rounds (`observe`): rounds without a chain give the
+Drafting is priced from the rounds' own times (`observe`; kept by the engine per drafter
+across requests, DraftingCosts: costs are the machine's, not the prompt's): rounds without a chain give the
 verify's cost by width, and a chain round's time beyond the verify of its width, per chain
 token, is what drafting costs -- its own chain if drafted then, and the next one anticipated
 behind its verify (depth-2 overlap), wasted or not. Chains are anticipated only after a chain
@@ -25,7 +26,7 @@ after CHAIN_PROBE_AFTER rounds without a chain, so a slow start (a first chain's
 busy machine) does not price it out for good.
 At T>0 a tail's tokens are point masses beside the chain's sampled drafts: their rows of q
 are one-hot, which rejection sampling reads as "accept with p(x), resample from p without x".
-The choice depends only on the context and on past rounds, never on this round's draws:
+The choice depends only on the context and on past rounds and their times, never on this round's draws:
 lossless like either source alone.
 """
 
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
+from dataclasses import dataclass, field
 
 import mlx.core as mx
 
@@ -41,42 +43,67 @@ from engines.speculative.composed import Chooser
 from engines.speculative.costs import StepCosts
 
 PROBE_AFTER = 8  # chain rounds in a row before one plain round measures the verify alone
-CHAIN_PROBE_AFTER = 24  # rounds without a chain before one of a single draft re-measures drafting
+CHAIN_PROBE_AFTER = 64  # rounds without a chain before one of a single draft re-measures drafting
 MEASURED = True  # False: flat prices and no probes, the forms chosen by acceptance alone
 # (tests that must see every form, whatever this machine's timings)
+REPRICE_EVERY = 8  # rounds without a chain between re-readings of the verify's costs
 CHAIN_ROUNDS_KEPT = 7  # a chain token's cost: the median of the last few chain rounds
 
 
+@dataclass
+class DraftingCosts:
+    """What composed runs measured of this machine with one drafter: kept by the engine across
+    requests (what a verify and a chain token cost does not depend on the prompt), so only the
+    first request pays to find out, and the probes' counts run on across requests too."""
+
+    verify: StepCosts = field(default_factory=StepCosts)  # rounds without a chain: seconds by width
+    chain_rounds: deque = field(default_factory=lambda: deque(maxlen=CHAIN_ROUNDS_KEPT))  # (seconds, width, chain)
+    chained_in_a_row: int = 0
+    unchained_in_a_row: int = 0
+
+    def observe(self, seconds: float, width: int, chain: int) -> None:
+        if chain:
+            self.chain_rounds.append((seconds, width, chain))
+        else:
+            self.verify.observe(width, seconds)
+
+    @property
+    def chain_token_s(self) -> float | None:
+        """A chain token's drafting: a chain round's time beyond its width's verify, per token."""
+        if not self.verify.seconds or not self.chain_rounds:
+            return None
+        return max(0.0, statistics.median((s - self.verify.at(w)) / c for s, w, c in self.chain_rounds))
+
+
 class ComposedProposer:
-    def __init__(self, model, ngram: NGramProposer):
+    def __init__(self, model, ngram: NGramProposer, costs: DraftingCosts | None = None):
         self.model = model  # MTPProposer or DraftModelProposer
         self.ngram = ngram
         self.name = f"{model.name}+ngram"
         self.needs_hidden = model.needs_hidden
-        self.drafts_ahead = model.drafts_ahead
         self.chooser = Chooser(model.name)
         self.last: tuple[int, Draft, int, list[int]] | None = None  # the round in flight: chain length, draft,
         # context length, and the n-gram continuation it did not draft
         self.target_forward = getattr(model, "target_forward", None)
-        self.verify_costs = StepCosts()  # rounds without a chain: seconds by width
-        self.chain_rounds: deque = deque(maxlen=CHAIN_ROUNDS_KEPT)  # (seconds, width, chain)
-        self.chained_in_a_row = 0
-        self.unchained_in_a_row = 0
+        self.costs = costs or DraftingCosts()
+        self.observed = 0
 
     def start(self, ctx: ProposerContext) -> None:
         self.model.start(ctx)
         self.ngram.start(ctx)
         self.last = None
+        self._price()  # what earlier requests measured, from the first round
 
     def propose(self, ctx: ProposerContext, k: int) -> Draft:
         found = self.ngram.index.propose(self.chooser.max_drafts)
         m, chain = self.chooser.plan(len(found), k)
-        if MEASURED and chain and (not self.verify_costs.seconds or self.chained_in_a_row >= PROBE_AFTER):
+        costs = self.costs
+        if MEASURED and chain and (not costs.verify.seconds or costs.chained_in_a_row >= PROBE_AFTER):
             m, chain = 0, 0  # a plain round: the verify's cost alone (see the module docstring)
-        elif MEASURED and k and not chain and self.unchained_in_a_row >= CHAIN_PROBE_AFTER:
+        elif MEASURED and k and not chain and costs.unchained_in_a_row >= CHAIN_PROBE_AFTER:
             m, chain = 0, 1  # one draft: what drafting costs now
-        self.chained_in_a_row = self.chained_in_a_row + 1 if chain else 0
-        self.unchained_in_a_row = 0 if chain else self.unchained_in_a_row + 1
+        costs.chained_in_a_row = costs.chained_in_a_row + 1 if chain else 0
+        costs.unchained_in_a_row = 0 if chain else costs.unchained_in_a_row + 1
         if chain:
             draft = self.model.propose(ctx, chain)
             chain = draft.size
@@ -100,9 +127,15 @@ class ComposedProposer:
             q = mx.concatenate([q, (mx.arange(q.shape[-1])[None] == tail[:, None]).astype(q.dtype)])
         return Draft(mx.concatenate([draft.tokens, tail]), q, overlapped=draft.overlapped)
 
+    @property
+    def drafts_ahead(self) -> bool:
+        """Read by the loop right after this round's verify is launched: anticipate the next
+        chain only after a chain round (the next likely chains too); otherwise the loop need not
+        build the verdict in the graph for it at all."""
+        return self.model.drafts_ahead and self.last is not None and self.last[0] > 0
+
     def anticipate(self, ctx: ProposerContext, verdict: LazyVerdict) -> None:
-        if self.last is not None and self.last[0]:  # after a chain round: the next likely chains too
-            self.model.anticipate(ctx, verdict)
+        self.model.anticipate(ctx, verdict)
 
     def observe(self, seconds: float) -> None:
         """The round in flight took `seconds`, settle to settle (the loop's own measure): price
@@ -110,13 +143,15 @@ class ComposedProposer:
         if self.last is None or not MEASURED:
             return
         chain, draft = self.last[0], self.last[1]
-        if chain:
-            self.chain_rounds.append((seconds, 1 + draft.size, chain))
-        else:
-            self.verify_costs.observe(1 + draft.size, seconds)
-        if self.verify_costs.seconds and self.chain_rounds:
-            model_s = statistics.median((s - self.verify_costs.at(w)) / c for s, w, c in self.chain_rounds)
-            self.chooser.measured(self.verify_costs, max(model_s, 0.0))
+        self.costs.observe(seconds, 1 + draft.size, chain)
+        self.observed += 1
+        if chain or self.observed % REPRICE_EVERY == 0:  # pricing is a share of a tiny model's round
+            self._price()
+
+    def _price(self) -> None:
+        chain_token_s = self.costs.chain_token_s
+        if MEASURED and chain_token_s is not None:
+            self.chooser.measured(self.costs.verify, chain_token_s)
 
     def commit(self, ctx: ProposerContext) -> None:
         if self.last is not None:

@@ -113,6 +113,7 @@ class ChatEngine:
     draft_path: str | None = None
     _drafts: dict[str, LoadedModel] = field(default_factory=dict)
     _hash: str | None = None
+    _composed_costs: dict[tuple[str, str], Any] = field(default_factory=dict)  # (method, drafter) -> DraftingCosts
 
     # -- construction ------------------------------------------------------------------------
     @classmethod
@@ -248,9 +249,12 @@ class ChatEngine:
         proposer = self._model_or_ngram_proposer(request)
         spec = request.spec
         if spec.compose_ngram and spec.method in ("draft", "mtp"):
-            from engines.mlx_chat.composed import ComposedProposer
+            from engines.mlx_chat.composed import ComposedProposer, DraftingCosts
 
-            return ComposedProposer(proposer, NGramProposer(spec.ngram_min, spec.ngram_max))
+            # what earlier composed runs measured of this drafter's costs (not of its acceptance)
+            costs = self._composed_costs.setdefault((spec.method, spec.draft_model or self.draft_path or ""),
+                                                    DraftingCosts())
+            return ComposedProposer(proposer, NGramProposer(spec.ngram_min, spec.ngram_max), costs)
         return proposer
 
     def _model_or_ngram_proposer(self, request: Request) -> Proposer:

@@ -20,6 +20,7 @@ from tests.engines.mlx_chat import checkpoints
 from tests.stats import chi_square_pvalue
 
 REAL_OBSERVE = ComposedProposer.observe
+VERIFY_S = 1e-3
 COPY = "the cat is big and the dog is small . the cat is big and the dog is small ."
 MIXED = [COPY, prompts(checkpoints.WORDS)[0], COPY + " " + prompts(checkpoints.WORDS)[1], prompts(checkpoints.WORDS)[2]]
 
@@ -86,24 +87,25 @@ def test_a_broken_verifier_fails_the_composed_law(tiny_pair, monkeypatch):
 
 
 def chains_late(engine, drafter, monkeypatch, drafting_costs: float | None) -> tuple[float, bool]:
-    """Run the mixed set composed, each chain round taken to cost its width's verify (as the
-    run has measured it) plus `drafting_costs` verifies per chain token -- a drafter that dear;
-    the tiny drafter's real cost is whatever this machine makes it (None: flat prices, drafting
-    not priced). Returns the share of the later rounds (past the first 12 of each prompt) that
-    chained, and whether every output was plain decoding's."""
+    """Run the mixed set composed with every round's time given by a cost model instead of this
+    machine's clock (a tiny model's rounds jitter by more than the differences priced here): a
+    verify costs 1 ms + 5% a token, and a chain round `drafting_costs` verifies more per chain
+    token -- a drafter that dear (None: flat prices, drafting not priced). Returns the share of
+    the later rounds (past the first 12 of each prompt) that chained, and whether every output
+    was plain decoding's."""
     from engines.mlx_chat import composed
 
     monkeypatch.setattr(composed, "MEASURED", drafting_costs is not None)
     real = REAL_OBSERVE  # not the class's: a wrapper a previous call left in place
 
     def observe(self, seconds):
-        chain = self.last[0] if self.last is not None else 0
-        if drafting_costs is not None and chain and self.verify_costs.seconds:
-            verify = self.verify_costs.at(1 + self.last[1].size)
-            seconds = verify + drafting_costs * chain * verify
+        if self.last is not None and drafting_costs is not None:
+            chain, width = self.last[0], 1 + self.last[1].size
+            seconds = VERIFY_S * (1 + 0.05 * width) + drafting_costs * chain * VERIFY_S
         real(self, seconds)
 
     monkeypatch.setattr(composed.ComposedProposer, "observe", observe)
+    engine._composed_costs.clear()  # each case measures its own drafter
     late, chained, same = 0, 0, True
     for prompt in MIXED:
         plain = tokens(engine.generate(Request(prompt=prompt, max_tokens=64)))
@@ -127,3 +129,24 @@ def test_a_dear_drafter_is_priced_out_and_a_cheap_one_kept(targets, monkeypatch)
     cheap, same_cheap = chains_late(engine, drafter, monkeypatch, drafting_costs=0.0)
     assert same_unpriced and same_dear and same_cheap
     assert unpriced > 0.2 and dear < 0.25 * unpriced and cheap > 0.7 * unpriced, (unpriced, dear, cheap)
+
+
+def test_drafting_costs_carry_to_the_next_request(targets, monkeypatch):
+    """What a verify and a chain token cost is the machine's, not the prompt's: the engine keeps
+    it per drafter, so after requests that found the drafter dear the next starts priced -- no
+    plain round to measure the verify, no chains tried at flat prices (a fresh request tries a
+    chain by its second decode round)."""
+    engine, _, drafter = targets["llama"]
+    spec = SpecConfig("mtp", 3, draft_model=str(drafter), compose_ngram=True)
+    open_prompt = prompts(checkpoints.WORDS)[0]
+
+    def first_rounds() -> list:
+        rounds = list(engine.generate(Request(prompt=open_prompt, max_tokens=24, spec=spec)))
+        return [r.draft_source for r in rounds if not r.prefill][:6]
+
+    chains_late(engine, drafter, monkeypatch, drafting_costs=3.0)  # measures the drafter dear
+    carried = first_rounds()
+    engine._composed_costs.clear()
+    fresh = first_rounds()
+    assert not any((s or "").startswith("mtp") for s in carried), carried
+    assert fresh[0] is None and any((s or "").startswith("mtp") for s in fresh[1:3]), fresh
