@@ -40,11 +40,15 @@ def serve_parser(parser_class) -> argparse.ArgumentParser:
     p.add_argument("--allowed-origins", type=comma_list, default=(), metavar="ORIGIN,...",
                    help="browser origins that may call the API (CORS), e.g. http://localhost:3000; others get 403")
     p.add_argument("--ranks", type=int, default=1, metavar="N",
-                   help="tensor parallel: split the chat model over N processes on this machine (mlx.launch, "
-                        "ring backend over loopback); rank 0 serves HTTP and drafts")
+                   help="split the chat model over N processes on this machine (mlx.launch, ring backend over "
+                        "loopback); rank 0 serves HTTP and drafts")
     p.add_argument("--hostfile", default=None, metavar="FILE",
-                   help="tensor parallel over several machines: mlx.launch's JSON hostfile, one rank per host "
+                   help="split the chat model over several machines: mlx.launch's JSON hostfile, one rank per host "
                         "(see docs/distributed.md)")
+    p.add_argument("--split", choices=["auto", "tensor", "pipeline"], default="auto",
+                   help="how --ranks / --hostfile split the model: tensor (every layer's heads over the ranks), "
+                        "pipeline (runs of whole layers, rank 0 the last; for Gemma 3 / 4, heads that do not "
+                        "divide, and MTP drafters), auto (tensor where mlx-lm can and no MTP drafter is served)")
     p.add_argument("--rank-timeout", type=float, default=30.0, metavar="S",
                    help="longest wait on another rank before it is declared lost (the server answers 503 and exits)")
     p.add_argument("--memory-limit", type=float, default=None, metavar="GB",
@@ -102,8 +106,8 @@ CONNECT_AT_LEAST_S = 60.0
 
 
 def serve_ranks(args: argparse.Namespace, argv: list[str], config: ServeConfig) -> int:
-    """Tensor parallel. Started by the user: launch the ranks (mlx.launch) and wait for them.
-    Started by mlx.launch (MLX_RANK is set): be that rank -- rank 0 serves, the others follow."""
+    """Over several ranks (tensor parallel or a pipeline). Started by the user: launch the ranks
+    (mlx.launch) and wait for them. Started by mlx.launch (MLX_RANK is set): be that rank -- rank 0 serves, the others follow."""
     from engines.distributed.launch import (check_hostfile, check_hosts_reachable, free_port_run, launch_command,
                                             pin_local_rank, run_ranks, this_rank)
 
@@ -121,12 +125,12 @@ def serve_ranks(args: argparse.Namespace, argv: list[str], config: ServeConfig) 
         args.model = str(default_chat_model())
     rank = this_rank()
     if rank is None:
-        from engines.distributed.engine import check_model_shardable
+        from engines.distributed.engine import choose_split
 
         ranks = check_hostfile(args.hostfile) if args.hostfile else args.ranks
         if args.hostfile:
             check_hosts_reachable(args.hostfile)
-        check_model_shardable(args.model, ranks)  # one line now, not one per rank later
+        choose_split(args.model, ranks, args.split, serves_mtp(spec))  # one line now, not one per rank later
         port = None if args.hostfile else free_port_run(ranks)
         return run_ranks(launch_command(["serve", *argv], ranks, args.hostfile, port),
                          local_ranks=None if args.hostfile else ranks)
@@ -136,7 +140,7 @@ def serve_ranks(args: argparse.Namespace, argv: list[str], config: ServeConfig) 
     import mlx.core as mx
 
     from engines.distributed.bus import Bus, Watchdog
-    from engines.distributed.engine import RankZeroEngine, follow, load_rank_zero, load_shard
+    from engines.distributed.engine import RankZeroEngine, choose_split, follow, load_part, load_rank_zero
 
     # Connecting waits for every rank to start (Python, MLX, imports): seconds on a quiet machine,
     # tens of seconds on a loaded one, so a short --rank-timeout is not its measure.
@@ -154,25 +158,36 @@ def serve_ranks(args: argparse.Namespace, argv: list[str], config: ServeConfig) 
     bus = Bus.join(group)
     watchdog.disarm()
     limit_memory(args.memory_limit)
+    # every rank decides alike: from the same config and arguments
+    split = choose_split(args.model, group.size(), args.split, serves_mtp(spec))
     if rank != 0:
         try:
-            model = load_shard(args.model, group).model
-            check_memory_limit(args.memory_limit, f"rank {rank}'s shard")
+            loaded, stage = load_part(args.model, group, split)
+            check_memory_limit(args.memory_limit, f"rank {rank}'s {split} part")
         except Exception:  # rank 0 loads the same model and says what is wrong, once
             return 2
-        return follow(model, bus, args.rank_timeout)
-    chat = load_rank_zero(args.model, spec.draft_model, group)
-    check_memory_limit(args.memory_limit, "rank 0's shard (and the draft model)")
+        return follow(loaded.model, bus, args.rank_timeout, stage=stage)
+    chat, stage = load_rank_zero(args.model, spec.draft_model, group, split)
+    check_memory_limit(args.memory_limit, f"rank 0's {split} part (and the drafter)")
     engine = RankZeroEngine(chat, max_batch=max(args.max_batch, 1), bus=bus, timeout_s=args.rank_timeout,
-                            check=args.check_ranks)
+                            check=args.check_ranks, stage=stage)
     name = args.model_name or Path(asked or chat.model_path).name
     config.ranks = group.size()
     app = build_app(config, [Served(ServedModel(name, "chat", spec), chat, batch=engine)])
-    print(f"specscope serve: {name} over {group.size()} ranks on http://{args.host}:{args.port}/v1",
+    layout = (f"pipeline, rank 0 layers {stage.lo}-{stage.hi - 1} of {stage.hi}" if stage is not None
+              else "tensor parallel")
+    print(f"specscope serve: {name} over {group.size()} ranks ({layout}) on http://{args.host}:{args.port}/v1",
           file=sys.stderr, flush=True)
     # Ctrl-C reaches the launcher, which stops every rank (engines/distributed/launch.py).
     serve_forever(app, config)
     return 0
+
+
+def serves_mtp(spec) -> bool:
+    """The server's drafter is an MTP drafter (the Gemma 4 assistant, one trained here)."""
+    from engines.mlx_chat.mtp import is_assistant_dir
+
+    return spec.method == "mtp" or bool(spec.draft_model and is_assistant_dir(spec.draft_model))
 
 
 def limit_memory(gb: float | None) -> None:

@@ -205,6 +205,8 @@ class SlotKVCache:
             return k, v
 
         if other.keys is None:
+            if self.keys is None:  # a layer this process does not run (a pipeline stage's others)
+                return
             raise ValueError("a sequence joins the batch only after its prompt is read")
         if self.keys is None:  # the batch was empty
             self.keys, self.values = used(other, pad_theirs)

@@ -1,5 +1,6 @@
-"""Tensor parallel over `mx.distributed`: every rank holds its shard of the target (mlx-lm's
-`Model.shard(group)`), rank 0 runs the whole batch loop, the others follow.
+"""Over several ranks (`mx.distributed`): every rank holds its part of the target -- its shard
+of every layer (tensor parallel: mlx-lm's `Model.shard(group)`) or a run of whole layers
+(pipeline parallel: pipeline.py) -- rank 0 runs the whole batch loop, the others follow.
 
 Rank 0 is a BatchEngine (engines/batch) whose caches are mirrored (mirror.py) and whose target
 forward is first announced to the followers: the forward's rows -- each sequence's pending
@@ -8,8 +9,10 @@ So the drafter runs on rank 0 only and its proposals reach the others inside the
 message (the mlx-lm plan's "option A", at no extra message: n-gram and draft model alike). The
 scheduler, the proposers, verification, the RNG, the controller and HTTP are rank 0's; a
 follower never samples: what it needs of a verdict is how many slots each row keeps (settle).
+In a pipeline rank 0 runs the last stage, so it also holds what an MTP drafter reads (the K/V
+of the last layers and the final hidden state): MTP rows draft there as in one process.
 
-A follower (`follow`) loads its shard and a replica of rank 0's caches, and loops: receive,
+A follower (`follow`) loads its part and a replica of rank 0's caches, and loops: receive,
 replay the cache ops, run the forward. An idle rank 0 sends a heartbeat every second, so a
 follower hears of a dead rank 0 within its timeout, and rank 0 of a dead follower within one
 second even when no request is running.
@@ -30,13 +33,16 @@ from engines.batch.engine import BatchEngine
 from engines.distributed.bus import DEFAULT_TIMEOUT_S, Bus, RankLost, RankTimes, Watchdog
 from engines.distributed.mirror import (HEARTBEAT, KV_ONLY, LOGITS, STOP, TIMES, MirroredCache, OpLog, Replica,
                                         checksum, forward_op, run_forward)
+from engines.distributed.pipeline import (Stage, Unpipelinable, check_pipelinable, make_stage, materialize, run_stage,
+                                          tables_checksum)
 from engines.mlx_chat.engine import ChatEngine
 from engines.mlx_chat.loading import LoadedModel, load_model
 from engines.types import EngineError
 
 
 NO_MTP = ("speculation unavailable: an MTP drafter reads the target's whole K/V and hidden state, which "
-          "tensor parallel splits over the ranks; this request decodes plainly")
+          "tensor parallel splits over the ranks (serve with --split pipeline); this request decodes plainly")
+TENSOR, PIPELINE = "tensor", "pipeline"
 
 
 class UnshardableModel(EngineError):
@@ -57,17 +63,45 @@ def load_shard(path: str, group: mx.distributed.Group) -> LoadedModel:
     return loaded
 
 
-def check_model_shardable(path: str, ranks: int) -> None:
-    """Before any rank starts: the model's architecture and head counts (its weights are not read)."""
-    check_shardable(load_model(path, lazy=True), ranks)
+def load_part(path: str, group: mx.distributed.Group, split: str) -> tuple[LoadedModel, Stage | None]:
+    """This rank's part of the target: its tensor-parallel shard, or its pipeline stage."""
+    if split == TENSOR:
+        return load_shard(path, group), None
+    loaded = load_model(path, lazy=True)
+    return loaded, make_stage(loaded.model, group)
+
+
+def choose_split(path: str, ranks: int, split: str = "auto", mtp: bool = False) -> str:
+    """TENSOR or PIPELINE for this model over `ranks`, from its architecture and head counts
+    (its weights are not read); one line naming what can be done otherwise. auto: tensor
+    parallel where mlx-lm can split the heads and no MTP drafter is served (it reads a whole
+    layer's K/V, which tensor parallel splits), else a pipeline."""
+    loaded = load_model(path, lazy=True)
+    if split == TENSOR or (split == "auto" and not mtp):
+        try:
+            check_shardable(loaded, ranks)
+            return TENSOR
+        except UnshardableModel:
+            if split == TENSOR:
+                raise
+    try:
+        check_pipelinable(loaded.model, ranks)
+    except Unpipelinable as e:
+        if split == "auto" and not mtp:  # say why tensor parallel cannot, too
+            try:
+                check_shardable(loaded, ranks)
+            except UnshardableModel as tensor:
+                raise UnshardableModel(f"{tensor}; {str(e).split(': ', 1)[1]}") from None
+        raise
+    return PIPELINE
 
 
 def check_shardable(loaded: LoadedModel, ranks: int) -> None:
     model = loaded.model
     if not hasattr(model, "shard"):
         raise UnshardableModel(
-            f"--ranks {ranks}: mlx-lm cannot split a {loaded.model_type!r} model over ranks (tensor parallel "
-            "needs an architecture whose mlx-lm module has shard(): llama, mistral, qwen2, qwen3, deepseek, ...)")
+            f"--ranks {ranks}: mlx-lm cannot split a {loaded.model_type!r} model over ranks by heads (tensor "
+            "parallel needs an architecture whose mlx-lm module has shard(): llama, mistral, qwen2, qwen3, deepseek, ...)")
     args = getattr(model, "args", None)
     heads = getattr(args, "num_attention_heads", None)
     kv_heads = getattr(args, "num_key_value_heads", None) or heads
@@ -77,15 +111,21 @@ def check_shardable(loaded: LoadedModel, ranks: int) -> None:
             f"{heads} query / {kv_heads} KV heads (not divisible by {ranks})")
 
 
-def load_rank_zero(path: str, draft_model: str | None, group: mx.distributed.Group) -> ChatEngine:
-    """Rank 0's ChatEngine: the target's shard, and the draft model whole (rank 0 drafts)."""
-    engine = ChatEngine(load_shard(path, group), draft_path=draft_model)
+def load_rank_zero(path: str, draft_model: str | None, group: mx.distributed.Group,
+                   split: str = TENSOR) -> tuple[ChatEngine, Stage | None]:
+    """Rank 0's ChatEngine: its part of the target, and the drafter whole (rank 0 drafts): a
+    draft model, or in a pipeline an MTP drafter."""
+    loaded, stage = load_part(path, group, split)
+    engine = ChatEngine(loaded, draft_path=draft_model)
     if draft_model:
-        from engines.mlx_chat.mtp import is_assistant_dir
+        from engines.mlx_chat.mtp import is_assistant_dir, preload_drafter
 
-        if not is_assistant_dir(draft_model):  # the Gemma 4 assistant is not batched: plain decoding
+        if not is_assistant_dir(draft_model):
             engine._draft(draft_model)
-    return engine
+        elif stage is not None:  # loaded now: its memory counts, and a wrong one is said at start
+            preload_drafter(engine, draft_model)
+            materialize(engine.mtp_drafters[draft_model])
+    return engine, stage
 
 
 @dataclass
@@ -111,6 +151,7 @@ class RankZeroEngine(BatchEngine):
     check: bool = False  # the divergence check: every forward's argmax checksum compared across ranks
     checked: int = 0  # forwards checked identical on every rank
     on_lost: Callable[[RankLost], None] | None = None  # the server's: answer 503 and exit
+    stage: Stage | None = None  # a pipeline's last stage (None: tensor parallel)
     last_step: StepCost | None = None
     times: list[RankTimes] = field(default_factory=list)  # every rank's totals, gathered at most once a second
     times_every_s: float = 1.0
@@ -135,7 +176,7 @@ class RankZeroEngine(BatchEngine):
         return MirroredCache(self.model, rows, self.log)
 
     def _proposer(self, request):
-        if request.spec.enabled and request.spec.method == "mtp":
+        if request.spec.enabled and request.spec.method == "mtp" and self.stage is None:
             return None, NO_MTP
         return super()._proposer(request)
 
@@ -152,16 +193,24 @@ class RankZeroEngine(BatchEngine):
         gather = self._times_due()
         self.bus.send(forward_op(self.log, cache, padded, evaluate, check))
         t0 = time.perf_counter()
-        logits = run_forward(self.model, cache, mx.array(padded, dtype=mx.uint32), evaluate)
+        tokens, hidden = mx.array(padded, dtype=mx.uint32), None
+        if self.stage is None:
+            logits = run_forward(self.model, cache, tokens, evaluate)
+        else:  # the last stage: the hidden states too, for MTP rows (they are the final norm's output)
+            logits, hidden = run_stage(self.stage, cache, tokens, evaluate)
         self._compute_s += time.perf_counter() - t0
         self._forwards += 1
         if check:
-            if not self.bus.same_on_every_rank(checksum(logits)):
-                raise RankLost(f"the ranks diverged: forward {self._forwards} gave different logits")
+            value = checksum(logits) if self.stage is None else tables_checksum(cache)
+            if not self.bus.same_on_every_rank(value):
+                raise RankLost(f"the ranks diverged: forward {self._forwards} gave different "
+                               + ("logits" if self.stage is None else "caches"))
             self.checked += 1
         if gather:
             self._gather_times()
-        return (None if evaluate == KV_ONLY else logits), None  # no hidden states: no MTP rows here
+        if evaluate == KV_ONLY:
+            return None, None
+        return logits, (hidden if any(s.run.needs_hidden for s in seqs) else None)
 
     def _times_due(self) -> bool:
         """Ask for every rank's times (they ride in the next message) at most once a second."""
@@ -229,9 +278,10 @@ class RankZeroEngine(BatchEngine):
         self.bus.end_local_peers()
 
 
-def follow(model, bus: Bus, timeout_s: float = DEFAULT_TIMEOUT_S, say=None) -> int:
+def follow(model, bus: Bus, timeout_s: float = DEFAULT_TIMEOUT_S, say=None, stage: Stage | None = None) -> int:
     """A follower's whole life: replay rank 0's messages until it says stop. Returns the exit
-    code; a lost rank 0 (or a silence longer than `timeout_s`) is one line on stderr."""
+    code; a lost rank 0 (or a silence longer than `timeout_s`) is one line on stderr. `stage`:
+    this rank's pipeline stage (None: a tensor-parallel shard)."""
     say = say or (lambda line: print(f"specscope serve: rank {bus.rank}: {line}", file=sys.stderr, flush=True))
 
     def silent(what: str) -> None:
@@ -247,11 +297,14 @@ def follow(model, bus: Bus, timeout_s: float = DEFAULT_TIMEOUT_S, say=None) -> i
         try:
             for f in replica.apply(bus.receive()):
                 t0 = time.perf_counter()
-                logits = run_forward(model, f.cache, f.tokens, f.evaluate)
+                if stage is None:
+                    logits = run_forward(model, f.cache, f.tokens, f.evaluate)
+                else:
+                    run_stage(stage, f.cache, f.tokens, f.evaluate)
                 times.compute_s += time.perf_counter() - t0
                 times.forwards += 1
                 if f.check:
-                    bus.same_on_every_rank(checksum(logits))
+                    bus.same_on_every_rank(checksum(logits) if stage is None else tables_checksum(f.cache))
             if replica.times_asked:
                 replica.times_asked = False
                 times.wait_s = bus.comm_s
