@@ -290,10 +290,15 @@ def load_drafter(path: str):
     if not (p / "config.json").is_file():
         raise EngineError(f"MTP drafter not found: {path} (expected a Gemma 4 assistant directory)")
     try:
-        return load_assistant(p)
+        drafter = load_assistant(p)
     except (ValueError, KeyError, OSError, RuntimeError) as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
         raise EngineError(f"cannot load the MTP drafter in {path}: {first}") from e
+    # Its full-attention layers' proportional RoPE keeps `_freqs` beside the parameters, lazy
+    # until first used, and MLX ties a lazy array to the thread that made it: a server loads
+    # here and drafts in its batch thread ("There is no Stream(cpu, 0) in current thread").
+    mx.eval([v for m in drafter.modules() for v in m.values() if isinstance(v, mx.array)])
+    return drafter
 
 
 def is_assistant_dir(path: str) -> bool:
