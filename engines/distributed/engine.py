@@ -33,8 +33,7 @@ from engines.batch.engine import BatchEngine
 from engines.distributed.bus import DEFAULT_TIMEOUT_S, Bus, RankLost, RankTimes, Watchdog
 from engines.distributed.mirror import (HEARTBEAT, KV_ONLY, LOGITS, STOP, TIMES, MirroredCache, OpLog, Replica,
                                         checksum, forward_op, run_forward)
-from engines.distributed.pipeline import (Stage, Unpipelinable, check_pipelinable, make_stage, materialize, run_stage,
-                                          tables_checksum)
+from engines.distributed.pipeline import Stage, Unpipelinable, check_pipelinable, make_stage, run_stage, tables_checksum
 from engines.mlx_chat.engine import ChatEngine
 from engines.mlx_chat.loading import LoadedModel, load_model
 from engines.types import EngineError
@@ -124,7 +123,6 @@ def load_rank_zero(path: str, draft_model: str | None, group: mx.distributed.Gro
             engine._draft(draft_model)
         elif stage is not None:  # loaded now: its memory counts, and a wrong one is said at start
             preload_drafter(engine, draft_model)
-            materialize(engine.mtp_drafters[draft_model])
     return engine, stage
 
 

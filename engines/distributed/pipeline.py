@@ -46,7 +46,14 @@ class Unpipelinable(EngineError):
 
 
 class Absent(nn.Module):
-    """A layer this rank does not hold: no parameters, never called."""
+    """A layer this rank does not hold: no parameters, never called. It keeps the layer's
+    plain attributes (`use_sliding`, `layer_type`...): mlx-lm's make_cache reads them."""
+
+    def __init__(self, layer: nn.Module):
+        super().__init__()
+        for key, value in vars(layer).items():
+            if not key.startswith("_"):
+                setattr(self, key, value)
 
     def __call__(self, *args, **kwargs):
         raise RuntimeError("a pipeline stage ran a layer it does not hold")
@@ -213,10 +220,12 @@ def head(model, hidden: mx.array) -> mx.array:
     return out
 
 
-def make_stage(model, group: mx.distributed.Group) -> Stage:
+def make_stage(model, group: mx.distributed.Group | None, rank: int | None = None, ranks: int | None = None) -> Stage:
     """This rank's stage of a lazily loaded model: the layers it does not hold are dropped
-    before any weight is read, then its own are read, one layer at a time."""
-    ranks, rank = group.size(), group.rank()
+    before any weight is read, then its own are read, one layer at a time. (`rank` / `ranks`
+    default to the group's; a test builds every stage in one process.)"""
+    rank = group.rank() if rank is None else rank
+    ranks = group.size() if ranks is None else ranks
     inner = text_model(model).model
     layers = len(inner.layers)
     stages = plan(layers, last_stage_from(model), ranks)
@@ -228,10 +237,10 @@ def make_stage(model, group: mx.distributed.Group) -> Stage:
     wire = boundary_dtype(model, lo)
     for i in range(layers):
         if not lo <= i < hi:
-            inner.layers[i] = Absent()
+            inner.layers[i] = Absent(inner.layers[i])
     text = text_model(model)
     if nxt is not None and "lm_head" in text:  # only the last stage has a head
-        text.lm_head = Absent()
+        text.lm_head = Absent(text.lm_head)
     if getattr(inner, "hidden_size_per_layer_input", 0):
         d = inner.hidden_size_per_layer_input
         table = inner.embed_tokens_per_layer
@@ -245,10 +254,10 @@ def make_stage(model, group: mx.distributed.Group) -> Stage:
 
 
 def materialize(model: nn.Module) -> None:
-    """Arrays mlx-lm keeps beside the parameters (Gemma 4's proportional RoPE `_freqs`, in the
-    target and in the assistant) stay lazy until first used, and MLX ties a lazy array to the
-    thread that made it: evaluate them now, not first in the server's batch thread (one process
-    happens to do it in its memory check's forward)."""
+    """Arrays mlx-lm keeps beside the parameters (Gemma 4's proportional RoPE `_freqs`) stay
+    lazy until first used, and MLX ties a lazy array to the thread that made it: evaluate them
+    now, not first in the server's batch thread (one process happens to do it in its memory
+    check's forward; engines/mlx_chat/mtp.load_drafter does it for the assistant)."""
     mx.eval([v for m in model.modules() for v in m.values() if isinstance(v, mx.array)])
 
 

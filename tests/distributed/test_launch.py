@@ -1,6 +1,7 @@
 """What `specscope serve --ranks N / --hostfile FILE` refuses before any rank starts, each as one
-line: a wrong hostfile, a model mlx-lm cannot split over the ranks, a model whose heads do not
-divide, and what tensor parallel does not serve (GLM-OCR). In process: no rank is launched."""
+line: a wrong hostfile, a model mlx-lm cannot split by heads (--split tensor), a model split
+neither by heads nor into a pipeline, and what the ranks do not serve (GLM-OCR); and which split
+auto picks. In process: no rank is launched."""
 
 from __future__ import annotations
 
@@ -38,16 +39,24 @@ def test_a_wrong_hostfile_is_one_line(tmp_path, llama, capsys, content, says):
     assert line.startswith(f"specscope: error: --hostfile {hostfile}") and says in line, line
 
 
-def test_a_model_mlx_lm_cannot_split_is_one_line_naming_what_can(tmp_path, capsys):
+def test_a_model_mlx_lm_cannot_split_by_heads_is_one_line_naming_what_can(tmp_path, capsys):
     gemma3 = str(checkpoints.make_tiny_gemma3(tmp_path / "gemma3"))
     capsys.readouterr()  # the checkpoint writer's progress bar
-    line = refused(capsys, "--model", gemma3, "--ranks", "2")
-    assert "cannot split a 'gemma3_text' model over ranks" in line and "llama" in line, line
+    line = refused(capsys, "--model", gemma3, "--ranks", "2", "--split", "tensor")
+    assert "cannot split a 'gemma3_text' model over ranks by heads" in line and "llama" in line, line
 
 
-def test_heads_that_do_not_divide_are_one_line(llama, capsys):
-    line = refused(capsys, "--model", llama, "--ranks", "3")  # 4 query / 2 KV heads
-    assert "4 query / 2 KV heads (not divisible by 3)" in line, line
+def test_what_tensor_parallel_cannot_split_goes_into_a_pipeline(tmp_path, llama, dense_pair):
+    """auto: Gemma 3 and 4 have no shard(); an MTP drafter reads a whole layer's K/V; SmolLM2's
+    9 / 3 heads do not divide by 2 (a llama with 2 layers over 3 ranks: one layer per rank)."""
+    from engines.distributed.engine import PIPELINE, TENSOR, choose_split
+
+    gemma3 = str(checkpoints.make_tiny_gemma3(tmp_path / "gemma3"))
+    assert choose_split(gemma3, 2) == PIPELINE
+    assert choose_split(str(dense_pair.target), 2, mtp=True) == PIPELINE
+    assert choose_split(llama, 2) == TENSOR
+    assert choose_split(llama, 2, mtp=True) == PIPELINE
+    assert choose_split(llama, 2, "pipeline") == PIPELINE
 
 
 def test_ocr_is_not_split(llama, capsys):
@@ -64,12 +73,9 @@ def test_the_hostfile_format_is_mlx_launchs(tmp_path):
     assert check_hostfile(str(hostfile)) == 2
 
 
-def test_the_gemma4_pair_is_refused_in_one_line(dense_pair, capsys):
-    """mlx-lm (0.32) has neither shard() nor pipeline() for Gemma 4: the pair is not split."""
-    capsys.readouterr()
-    line = refused(capsys, "--model", str(dense_pair.target), "--ranks", "2", "--spec", "mtp",
-                   "--draft-model", str(dense_pair.assistant))
-    assert "cannot split a 'gemma4" in line, line
+def test_heads_that_do_not_divide_and_too_few_layers_for_a_pipeline_are_one_line(llama, capsys):
+    line = refused(capsys, "--model", llama, "--ranks", "3")  # 4 query / 2 KV heads, 2 layers
+    assert "4 query / 2 KV heads (not divisible by 3)" in line and "a layer per rank" in line, line
 
 
 @pytest.mark.skipif(not shutil.which("ssh"), reason="needs an ssh client")
