@@ -48,7 +48,19 @@ def load_model(path: str, lazy: bool = False) -> LoadedModel:
     if not mx.metal.is_available():
         loaded.dequantized = dequantize_layers(loaded.model)
         cpu_kernels.install()
+    if not lazy:
+        materialize(loaded.model)
     return loaded
+
+
+def materialize(model: nn.Module) -> None:
+    """Evaluate the arrays mlx-lm keeps beside the parameters (a RoPE's precomputed `_freqs`:
+    Gemma 4's proportional RoPE, Llama 3's scaled one). They stay lazy until first used, and MLX
+    ties a lazy array to the thread that made it: a server loads in its main thread and decodes
+    in its batch thread, where the first forward failed with "There is no Stream(cpu, 0) in
+    current thread" (a Gemma 4 with KV-shared layers: the memory check's forward in the main
+    thread never reached their RoPE). A lazy load calls it once its own part is read."""
+    mx.eval([v for m in model.modules() for v in m.values() if isinstance(v, mx.array)])
 
 
 def dequantize_layers(model: nn.Module) -> bool:

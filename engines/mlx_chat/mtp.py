@@ -294,10 +294,9 @@ def load_drafter(path: str):
     except (ValueError, KeyError, OSError, RuntimeError) as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
         raise EngineError(f"cannot load the MTP drafter in {path}: {first}") from e
-    # Its full-attention layers' proportional RoPE keeps `_freqs` beside the parameters, lazy
-    # until first used, and MLX ties a lazy array to the thread that made it: a server loads
-    # here and drafts in its batch thread ("There is no Stream(cpu, 0) in current thread").
-    mx.eval([v for m in drafter.modules() for v in m.values() if isinstance(v, mx.array)])
+    from engines.mlx_chat.loading import materialize
+
+    materialize(drafter)  # its full-attention layers' RoPE `_freqs`: a server drafts in another thread
     return drafter
 
 
