@@ -35,7 +35,7 @@ from engines.distributed.mirror import (HEARTBEAT, KV_ONLY, LOGITS, STOP, TIMES,
                                         checksum, forward_op, run_forward)
 from engines.distributed.pipeline import Stage, Unpipelinable, check_pipelinable, make_stage, run_stage, tables_checksum
 from engines.mlx_chat.engine import ChatEngine
-from engines.mlx_chat.loading import LoadedModel, load_model
+from engines.mlx_chat.loading import LoadedModel, load_model, materialize
 from engines.types import EngineError
 
 
@@ -59,6 +59,7 @@ def load_shard(path: str, group: mx.distributed.Group) -> LoadedModel:
     for layer in getattr(loaded.model, "layers", []):
         mx.eval(layer.parameters())
     mx.eval(loaded.model.parameters())
+    materialize(loaded.model)  # what mlx-lm keeps beside the parameters (loading.materialize says why)
     return loaded
 
 

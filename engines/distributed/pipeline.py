@@ -33,6 +33,7 @@ import mlx.nn as nn
 from mlx_lm.models.base import create_attention_mask
 
 from engines.batch.cache import BatchCache
+from engines.mlx_chat.loading import materialize
 from engines.types import EngineError
 
 # model_type -> how a stage embeds and ends (the layers themselves are mlx-lm's)
@@ -249,16 +250,8 @@ def make_stage(model, group: mx.distributed.Group | None, rank: int | None = Non
     for i in range(lo, hi):
         mx.eval(inner.layers[i].parameters())
     mx.eval(model.parameters())
-    materialize(model)
+    materialize(model)  # what mlx-lm keeps beside the parameters (loading.materialize says why)
     return Stage(model, lo, hi, prev, nxt, group, wire)
-
-
-def materialize(model: nn.Module) -> None:
-    """Arrays mlx-lm keeps beside the parameters (Gemma 4's proportional RoPE `_freqs`) stay
-    lazy until first used, and MLX ties a lazy array to the thread that made it: evaluate them
-    now, not first in the server's batch thread (one process happens to do it in its memory
-    check's forward; engines/mlx_chat/mtp.load_drafter does it for the assistant)."""
-    mx.eval([v for m in model.modules() for v in m.values() if isinstance(v, mx.array)])
 
 
 def boundary_dtype(model, layer: int) -> mx.Dtype:
