@@ -55,7 +55,8 @@ def serve_parser(parser_class) -> argparse.ArgumentParser:
                    help="the most memory the chat model may take in this process (in each rank with --ranks): "
                         "MLX's limit (mx.set_memory_limit), checked after loading")
     p.add_argument("--check-ranks", action="store_true",
-                   help="compare every forward's logits across the ranks (a divergence check; one more collective per forward)")
+                   help="compare every forward across the ranks: its logits' argmax (tensor parallel) or the mirrored "
+                        "caches' slot tables (pipeline); a divergence check, one more collective per forward")
     add_spec_arguments(p, ["off", "ngram", "draft", "mtp"], "ngram")
     return p
 
