@@ -8,7 +8,8 @@ got wrong would change what it drafts and how much is accepted, even where the t
 stay lossless. Against one in-process server on the same checkpoints over the same HTTP: T=0
 tokens identical and the assistant accepted often but not always; seeded T>0 identical, round
 for round (drafts proposed and accepted); concurrent requests each get their lone answer; the
-E2B-like target (per-layer inputs; KV-shared layers beside their sources on rank 0) too.
+E2B-like target (per-layer inputs; KV-shared layers beside their sources on rank 0) too; and a
+llama with a drafter trained here, which an MTP drafter sends into a pipeline as well.
 `--check-ranks` compares the mirrored caches' slot tables every forward. Faults: a rank killed
 mid-request -> 503, every process gone. Memory: a Gemma 4 over one process's --memory-limit
 loads on two (each rank reads only its layers)."""
@@ -32,6 +33,7 @@ from tests.distributed.conftest import RankServer, start_rank_server, wait_gone
 from tests.engines.gemma4.checkpoints import EDGE_TARGET, AssistantSpec, TargetSpec, build_assistant, build_target
 from tests.engines.gemma4.conftest import dense_pair  # noqa: F401  (the tiny Gemma 4 pair)
 from tests.engines.gemma4.trained import TRAIN_PROMPTS
+from tests.engines.training.conftest import targets  # noqa: F401  (the tiny llama and its trained MTP drafter)
 
 pytestmark = pytest.mark.slow
 
@@ -180,6 +182,34 @@ def test_the_edge_target_s_kv_shared_layers_run_beside_their_sources(tmp_path):
             alone = ask_single(single, prompt, temperature=0, speculative=MTP)
             assert tokens(answer) == tokens(alone), prompt
             assert answer["timings"]["draft_n"] > 0 and not any(r.get("note") for r in answer["rounds"])
+    finally:
+        single.stop()
+        server.stop()
+    wait_gone(server, 30)
+
+
+def test_a_llama_with_a_drafter_trained_here_goes_into_a_pipeline(targets, tmp_path):
+    """auto with an MTP drafter: a pipeline even where tensor parallel could split the heads
+    (the drafter reads the last layer's whole K/V): rank 1 layer 0, rank 0 layer 1 and the
+    drafter. MTP, n-gram and plain answers equal one process's; the drafter accepted often."""
+    from tests.engines.batch.test_batch_mtp import TRAINED_ON
+
+    _, target, drafter = targets["llama"]
+    pair = Pair(Path(target), Path(drafter))
+    server, single = rank_server(pair, tmp_path), one_process(pair)
+    try:
+        assert "(pipeline, rank 0 layers 1-1 of 2)" in server.stderr()
+        proposed = accepted = 0
+        for prompt, spec in [(TRAINED_ON[0], MTP), (TRAINED_ON[1], MTP), (TRAINED_ON[2], {"method": "ngram", "steps": 3}),
+                             (TRAINED_ON[0], {"method": "off", "steps": 0})]:
+            status, answer = server.chat(prompt, temperature=0, max_tokens=40, speculative=spec)
+            assert status == 200, answer
+            assert tokens(answer) == tokens(ask_single(single, prompt, temperature=0, max_tokens=40, speculative=spec))
+            if spec is MTP:
+                assert not any(r.get("note") for r in answer["rounds"])
+                proposed += answer["timings"]["draft_n"]
+                accepted += answer["timings"]["draft_n_accepted"]
+        assert 0.15 * proposed < accepted < proposed, (accepted, proposed)
     finally:
         single.stop()
         server.stop()
