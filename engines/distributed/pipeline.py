@@ -97,8 +97,8 @@ def plan(layers: int, last_from: int, ranks: int) -> list[tuple[int, int]]:
 def check_pipelinable(model, ranks: int) -> None:
     kind = model_type(model)
     if kind not in SUPPORTED:
-        raise Unpipelinable(f"--ranks {ranks}: a {kind!r} model can be split neither by heads (mlx-lm has no "
-                            f"shard() for it) nor into pipeline stages (here: {', '.join(SUPPORTED)})")
+        raise Unpipelinable(f"--ranks {ranks}: a {kind!r} model cannot be split into pipeline stages "
+                            f"(here: {', '.join(SUPPORTED)})")
     plan(len(text_model(model).model.layers), last_stage_from(model), ranks)
 
 
