@@ -10,8 +10,8 @@ tokens identical and the assistant accepted often but not always; seeded T>0 ide
 for round (drafts proposed and accepted); concurrent requests each get their lone answer; the
 E2B-like target (per-layer inputs; KV-shared layers beside their sources on rank 0) too; and a
 llama with a drafter trained here, which an MTP drafter sends into a pipeline as well.
-`--check-ranks` compares the mirrored caches' slot tables every forward. Faults: a rank killed
-mid-request -> 503, every process gone. Memory: a Gemma 4 over one process's --memory-limit
+`--check-ranks` compares the mirrored caches' slot tables every forward. Faults: a rank killed or
+stopped mid-request -> 503, every process gone. Memory: a Gemma 4 over one process's --memory-limit
 loads on two (each rank reads only its layers)."""
 
 from __future__ import annotations
@@ -216,7 +216,10 @@ def test_a_llama_with_a_drafter_trained_here_goes_into_a_pipeline(targets, tmp_p
     wait_gone(server, 30)
 
 
-def test_a_killed_rank_answers_503_and_every_process_exits(trained_pair, tmp_path):
+@pytest.mark.parametrize("fault", ["killed", "stopped"])
+def test_a_lost_rank_answers_503_and_every_process_exits(trained_pair, tmp_path, fault):
+    """Rank 1 dies (the ring's sockets break) or stops (rank 0's recv of its hidden state waits
+    until the watchdog's --rank-timeout) in the middle of a request."""
     server = rank_server(trained_pair, tmp_path, "--rank-timeout", "5")
     try:
         out: dict = {}
@@ -232,14 +235,15 @@ def test_a_killed_rank_answers_503_and_every_process_exits(trained_pair, tmp_pat
             time.sleep(0.1)
         rank1 = server.rank_pid(1)
         t0 = time.monotonic()
-        os.kill(rank1, signal.SIGKILL)
+        os.kill(rank1, signal.SIGKILL if fault == "killed" else signal.SIGSTOP)
         thread.join(timeout=40)
         status, answer = out["answer"]
         assert status == 503 and answer["error"]["code"] == "rank_lost", answer
         assert time.monotonic() - t0 < 30
         wait_gone(server, 30)
         lines = [line for line in server.stderr().splitlines() if line.startswith("specscope serve: rank")]
-        assert len(lines) == 1 and f"rank 1 (pid {rank1}) exited" in lines[0], server.stderr()
+        assert len(lines) == 1 and f"rank 1 (pid {rank1}) {'exited' if fault == 'killed' else 'stopped'}" in lines[0], \
+            server.stderr()
     finally:
         server.stop()
 
