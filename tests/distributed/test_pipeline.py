@@ -97,6 +97,17 @@ def ask_single(single, prompt: str, **body) -> dict:
     return answer
 
 
+def said(server: RankServer, text: str, within: float = 15) -> bool:
+    """The ranks' lines reach the log through mlx.launch and the launcher's relay: they may land
+    after /health answers."""
+    deadline = time.monotonic() + within
+    while text not in server.stderr():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
 def tokens(answer: dict) -> list[int]:
     return [t for r in answer["rounds"] for t in r["tokens"]]
 
@@ -107,7 +118,7 @@ def acceptance(answer: dict) -> list[tuple[int, int]]:
 
 def test_the_pair_is_served_as_a_pipeline(ranked):
     assert ranked.get("/health") == (200, {"status": "ok", "ranks": 2})
-    assert "over 2 ranks (pipeline, rank 0 layers 2-3 of 4)" in ranked.stderr()
+    assert said(ranked, "over 2 ranks (pipeline, rank 0 layers 2-3 of 4)"), ranked.stderr()
 
 
 def test_greedy_answers_equal_one_process_and_the_assistant_is_accepted_often_not_always(ranked, single):
@@ -175,7 +186,7 @@ def test_the_edge_target_s_kv_shared_layers_run_beside_their_sources(tmp_path):
     pair = Pair(target, build_assistant(root / "assistant", target, AssistantSpec(centroid=True)))
     server, single = rank_server(pair, tmp_path), one_process(pair)
     try:
-        assert "(pipeline, rank 0 layers 2-5 of 6)" in server.stderr()
+        assert said(server, "(pipeline, rank 0 layers 2-5 of 6)"), server.stderr()
         for prompt in PROMPTS[:2]:
             status, answer = server.chat(prompt, temperature=0, speculative=MTP)
             assert status == 200, answer
@@ -198,7 +209,7 @@ def test_a_llama_with_a_drafter_trained_here_goes_into_a_pipeline(targets, tmp_p
     pair = Pair(Path(target), Path(drafter))
     server, single = rank_server(pair, tmp_path), one_process(pair)
     try:
-        assert "(pipeline, rank 0 layers 1-1 of 2)" in server.stderr()
+        assert said(server, "(pipeline, rank 0 layers 1-1 of 2)"), server.stderr()
         proposed = accepted = 0
         for prompt, spec in [(TRAINED_ON[0], MTP), (TRAINED_ON[1], MTP), (TRAINED_ON[2], {"method": "ngram", "steps": 3}),
                              (TRAINED_ON[0], {"method": "off", "steps": 0})]:
@@ -261,7 +272,7 @@ def test_a_gemma4_over_one_process_memory_limit_runs_on_two(tmp_path):
     assert alone.returncode != 0 and "over --memory-limit" in alone.stderr, alone.stderr
     server = start_rank_server(str(big), tmp_path, "--memory-limit", limit)
     try:
-        assert "(pipeline, rank 0 layers 4-7 of 8)" in server.stderr()
+        assert said(server, "(pipeline, rank 0 layers 4-7 of 8)"), server.stderr()
         status, answer = server.chat(PROMPTS[1], temperature=0, max_tokens=8)
         assert status == 200 and len(tokens(answer)) == 8, answer
     finally:
