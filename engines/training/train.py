@@ -1,6 +1,6 @@
 """Training a drafter (engines/mlx_chat/drafter.py) by self-distillation, in MLX, resumable.
 
-    prepare    the target's own answers to the prompt set + the user's text -> sequences;
+    prepare    the target's own answers to the prompt sets + the user's text -> sequences;
                one teacher-forced target forward per batch -> Features (data.py), kept in
                OUT/features.safetensors so a resumed run does not redo them
     init       the drafter (seeded), its vocabulary = the K most frequent labels
@@ -11,13 +11,17 @@
                `--spec mtp --draft-model OUT` runs
 
 The chained loss (training-time test, EAGLE-3, Li et al. 2025): depth 1 reads the target's
-hidden state h_{t-1} and embeds token t; depth d reads the drafter's own depth d-1 output
-instead, so the drafter learns from the states it will really be fed when it drafts several
-tokens in a row. Every depth is labelled with the target's greedy token (hard labels; see
-data.py), cross-entropy over the drafter's vocabulary, depth d weighted 0.8^(d-1) (our choice:
-later depths matter only if the earlier ones were accepted). The K/V a depth-d query reads stop
-at position t-d, where the chain's first token sits -- exactly what the drafter sees in the
-chat engine (mtp.MTPProposer: fixed query position, the target cache before the chain).
+hidden state h_{t-1} (with EAGLE's uniform noise) and embeds token t; depth d reads the
+drafter's own depth d-1 output instead, so the drafter learns from the states it will really
+be fed when it drafts several tokens in a row. Every depth learns the target's distribution at
+its position over the draft vocabulary (soft labels) and the target's hidden state there
+(EAGLE's feature regression, Li et al. 2024) -- see chained_loss; depth d weighted 0.8^(d-1)
+(our choice: later depths matter only if the earlier ones were accepted). The K/V a depth-d
+query reads stop at position t-d, where the chain's first token sits -- exactly what the
+drafter sees in the chat engine (mtp.MTPProposer: fixed query position, the target cache
+before the chain). Adam, linear warm-up then a constant rate: one run's checkpoints are then
+the points "what 5, 15, 45 minutes buy", and a run stopped at any minute is as good as one
+planned for it.
 
 Resume: a checkpoint holds the drafter, Adam's state and the step; batches depend on
 (seed, step) only and the initial weights on the seed, so a run killed and resumed ends with
@@ -56,8 +60,8 @@ class CheckpointError(EngineError):
 class TrainConfig:
     out: Path
     data_files: list[str] = field(default_factory=list)
-    prompts_file: str | None = None  # None: the shipped prompt set; "" = none
-    answer_tokens: int = 160  # per generated answer
+    prompts_file: str | None = None  # None: the shipped prompt sets (SHIPPED_PROMPTS); "" = none
+    answer_tokens: int = 200  # per generated answer
     steps: int | None = None
     minutes: float | None = None  # training-loop time (resumed runs count the time before)
     seed: int = 0
@@ -66,6 +70,16 @@ class TrainConfig:
     batch: int = 4  # sequences per step
     learning_rate: float = 1e-3
     warmup: int = 20
+    # EAGLE (Li et al. 2024, sec. 4): uniform noise U(-noise, noise) on the target's hidden
+    # state the drafter reads, so it learns to draft from states a little off the target's --
+    # which is what it reads at depths 2+ (its own outputs)
+    noise: float = 0.1
+    # the loss at each depth (see chained_loss): cross-entropy against the target's own
+    # distribution over the draft vocabulary (soft labels) + feature_weight x SmoothL1 between
+    # the drafter's state and the target's (EAGLE's L_reg + 0.1 L_cls is this with weight 10);
+    # soft_labels=False: the target's greedy token as a hard label
+    soft_labels: bool = True
+    feature_weight: float = 10.0
     draft_vocab: int = 8192
     held_out: float = 0.1  # fraction of sequences kept for acceptance
     save_every: int = 50
@@ -112,12 +126,12 @@ def train(target_model, tokenizer, target_path: str, config: TrainConfig,
     out = Path(config.out).expanduser()
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    feats, sources = prepare(target, tokenizer, target_path, config, on_progress, should_stop)
+    feats, answers, sources = prepare(target, tokenizer, target_path, config, on_progress, should_stop)
     prepare_s = time.perf_counter() - t0
-    train_rows, held = split(feats.size, config.held_out, config.seed)
+    train_rows, held = split(feats.size, answers, config.held_out, config.seed)
 
     drafter, opt, state = init_or_resume(target, feats, config, out)
-    loss_and_grad = nn.value_and_grad(drafter, lambda b: chained_loss(drafter, b, config.depth)[0])
+    loss_and_grad = nn.value_and_grad(drafter, lambda b, key: chained_loss(drafter, b, config, key))
     acceptance = state.get("acceptance") or []
     loss_avg = state.get("loss")
     step, train_s = state["step"], state["train_s"]
@@ -126,7 +140,7 @@ def train(target_model, tokenizer, target_path: str, config: TrainConfig,
             break
         t = time.perf_counter()
         batch = feats.rows(batch_rows(train_rows, config.batch, config.seed, step))
-        loss, grads = loss_and_grad(batch)
+        loss, grads = loss_and_grad(batch, mx.random.key(config.seed * 1_000_003 + step))  # (seed, step): exact resume
         opt.update(drafter, grads)
         mx.eval(loss, drafter.parameters(), opt.state)
         step += 1
@@ -165,44 +179,69 @@ def eta(config: TrainConfig, step: int, train_s: float) -> float | None:
 # -- data ---------------------------------------------------------------------------------------------
 
 
-def default_prompts_file() -> Path:
+SHIPPED_PROMPTS = ("drafter_train.json", "drafter_topics.json")  # resources/prompts/
+
+
+def default_prompts_files() -> list[Path]:
     import resources
 
-    return resources.path("prompts", "drafter_train.json")
+    return [resources.path("prompts", name) for name in SHIPPED_PROMPTS]
 
 
 def prepare(target: TargetView, tokenizer, target_path: str, config: TrainConfig, on_progress, should_stop):
-    """The Features, from OUT/features.safetensors when the same target, data and settings made
-    them before (a resumed run), else computed (and kept)."""
+    """(Features, answers, sources): the target's answers to the prompts first (`answers` rows),
+    then the text files' segments. From OUT/features.safetensors when the same target, data
+    and settings made them before (a resumed run), else computed and kept; the answers are
+    kept batch by batch in OUT/data/answers.json, so a run stopped while the target answers
+    resumes where it stopped."""
     texts = D.read_text_files(config.data_files)  # bad files fail now, before any work
-    prompts_file = default_prompts_file() if config.prompts_file is None else config.prompts_file
-    prompts = D.load_prompts(prompts_file) if prompts_file else []
-    sources = {"prompts": str(prompts_file) if prompts else None, "prompt_count": len(prompts),
+    files = default_prompts_files() if config.prompts_file is None else [config.prompts_file] if config.prompts_file else []
+    prompts = [p for f in files for p in D.load_prompts(f)]
+    sources = {"prompts": [str(f) for f in files] or None, "prompt_count": len(prompts),
                "answer_tokens": config.answer_tokens, "files": [p for p, _ in texts]}
-    key = D.fingerprint(target_path, _file_stamp(target_path), [t for _, t in texts], prompts,
-                        config.answer_tokens, config.seq_len)
-    cached = D.load_features(Path(config.out) / "features.safetensors", key)
+    stamp = [target_path, _file_stamp(target_path)]
+    answers_key = D.fingerprint(*stamp, prompts, config.answer_tokens, config.seq_len)
+    key = D.fingerprint(answers_key, [t for _, t in texts], config.seq_len)
+    out = Path(config.out)
+    cached = D.load_features(out / "features.safetensors", key)
     if cached is not None:
-        return cached, sources
+        return (*cached, sources)
     t0 = time.perf_counter()
-    sequences = []
-    if prompts:
-        on_progress(Progress(0, config.steps, 0.0, None, 0.0, None, "answers", f"the target answers {len(prompts)} prompts"))
-        def answered(n: int) -> None:
-            elapsed = time.perf_counter() - t0
-            on_progress(Progress(0, config.steps, 0.0, None, elapsed, elapsed * (len(prompts) - n) / n, "answers",
+    answers_file = out / "data" / "answers.json"
+    sequences = D.load_answers(answers_file, answers_key)
+    if prompts and len(sequences) < len(prompts):
+        start = len(sequences)
+        on_progress(Progress(0, config.steps, 0.0, None, 0.0, None, "answers",
+                             f"the target answers {len(prompts) - start} of {len(prompts)} prompts"))
+
+        def answered(done: list[list[int]]) -> None:
+            D.save_answers(answers_file, done, answers_key)
+            n, elapsed = len(done), time.perf_counter() - t0
+            on_progress(Progress(0, config.steps, 0.0, None, elapsed, elapsed * (len(prompts) - n) / (n - start), "answers",
                                  f"the target answered {n} of {len(prompts)} prompts ({elapsed / 60:.1f} min)"))
 
-        sequences += D.own_answers(target.model, tokenizer, prompts, config.answer_tokens, config.seq_len,
-                                   should_stop=should_stop, on_batch=answered)
+        sequences = D.own_answers(target.model, tokenizer, prompts, config.answer_tokens, config.seq_len,
+                                  done=sequences, should_stop=should_stop, on_batch=answered)
+    answers = len(sequences)
     sequences += D.text_segments(tokenizer, texts, config.seq_len)
     if should_stop():
-        raise KeyboardInterrupt  # nothing to resume yet
-    on_progress(Progress(0, config.steps, 0.0, None, time.perf_counter() - t0, None, "features",
-                         f"teacher-forcing the target over {len(sequences)} sequences"))
-    feats = D.features(target, sequences, config.seq_len)
-    D.save_features(Path(config.out) / "features.safetensors", feats, key)
-    return feats, sources
+        raise KeyboardInterrupt  # the answers so far are kept; nothing else to resume yet
+    t1 = time.perf_counter()
+    tokens = sum(len(s) for s in sequences)
+    on_progress(Progress(0, config.steps, 0.0, None, t1 - t0, None, "features",
+                         f"teacher-forcing the target over {len(sequences)} sequences ({tokens} tokens)"))
+
+    def forced(n: int) -> None:
+        if n % 100 < 4 or n == len(sequences):
+            elapsed = time.perf_counter() - t1
+            on_progress(Progress(0, config.steps, 0.0, None, elapsed, elapsed * (len(sequences) - n) / n, "features",
+                                 f"teacher-forced {n} of {len(sequences)} sequences ({elapsed / 60:.1f} min)"))
+
+    feats = D.features(target, sequences, config.seq_len, should_stop=should_stop, on_batch=forced)
+    if should_stop():
+        raise KeyboardInterrupt
+    D.save_features(out / "features.safetensors", feats, key, answers)
+    return feats, answers, sources
 
 
 def _file_stamp(path: str) -> list:
@@ -211,11 +250,16 @@ def _file_stamp(path: str) -> list:
     return [(f.name, f.stat().st_size, int(f.stat().st_mtime)) for f in files]
 
 
-def split(n: int, held_out: float, seed: int) -> tuple[list[int], list[int]]:
-    """Train and held-out rows (at least one of each when n >= 2), fixed by the seed."""
-    order = np.random.default_rng([seed, 7]).permutation(n).tolist()
-    k = min(max(1, round(n * held_out)), n - 1) if n >= 2 else 0
-    return sorted(order[k:]) or order, sorted(order[:k]) or order
+def split(n: int, answers: int, held_out: float, seed: int) -> tuple[list[int], list[int]]:
+    """Train and held-out rows (at least one of each when n >= 2), fixed by the seed. The
+    held-out rows are drawn from the target's answers (rows 0..answers-1) when there are any:
+    acceptance is then measured on what the target itself writes, as in chat; text files are
+    all for training."""
+    pool = answers if answers >= 2 else n
+    order = np.random.default_rng([seed, 7]).permutation(pool).tolist()
+    k = min(max(1, round(pool * held_out)), pool - 1) if pool >= 2 else 0
+    held = sorted(order[:k]) or order
+    return sorted(set(range(n)) - set(held)) or order, held
 
 
 def batch_rows(rows: list[int], batch: int, seed: int, step: int) -> list[int]:
@@ -255,43 +299,60 @@ def init_or_resume(target: TargetView, feats: D.Features, config: TrainConfig, o
     return drafter, opt, state
 
 
-def depth_outputs(drafter: Drafter, batch: D.Features, depth: int):
+def depth_outputs(drafter: Drafter, batch: D.Features, depth: int, hidden: mx.array | None = None):
     """The chain over a batch, all positions at once: yields (d, states [B, L-d, D]) where row
-    i is position t = i + d, whose label is batch.labels[:, t]."""
+    i is position t = i + d, whose label is batch.labels[:, t]. `hidden`: the target's states
+    depth 1 reads (default batch.hidden; training passes them with noise)."""
     L = batch.tokens.shape[1]
     emb = drafter.target.embed(batch.tokens)
-    h = batch.hidden  # depth 0: the target's own states, indexed by position
+    h = batch.hidden if hidden is None else hidden  # depth 0: the target's own states, indexed by position
     for d in range(1, depth + 1):
         if L - d < 1:
             break
         # position t = i + d embeds token t and reads h at t-1 (rows 0..L-d-1 of the previous
         # depth, which start one position earlier); it sees K/V at positions <= t - d = i, and
         # its query sits at the chain's first position t - d + 1 = i + 1.
-        x = drafter.inputs(emb[:, d:], h[:, : L - d] if d == 1 else h[:, : L - d])
+        x = drafter.inputs(emb[:, d:], h[:, : L - d])
         mask = mx.arange(L)[None, :] <= mx.arange(L - d)[:, None]
         h = drafter.layer(x, batch.keys, batch.values, mask, 1)
         yield d, h
         # next depth's row i' (position i' + d + 1) reads position i' + d: this depth's row i'
 
 
-def chained_loss(drafter: Drafter, batch: D.Features, depth: int):
-    """Weighted cross-entropy over the drafter's vocabulary at every depth; labels outside it
-    and padding are left out."""
+def chained_loss(drafter: Drafter, batch: D.Features, config: TrainConfig, key: mx.array) -> mx.array:
+    """The depths' losses, depth d weighted DEPTH_DECAY^(d-1), padding left out. At position t
+    the target's state h_t is both the feature the drafter should predict (EAGLE's regression
+    target) and, through the target's head, the distribution it should draft from (EAGLE's
+    classification target: soft labels, which carry the target's whole ranking per token where
+    a hard label carries one id -- more signal from the same teacher-forced data; DistillSpec,
+    Zhou et al. 2024, also distils the target's distribution). Hard labels outside the draft
+    vocabulary are left out."""
     L = batch.tokens.shape[1]
-    position = mx.arange(L)[None, :]
-    real = position < batch.lengths[:, None]
-    lookup = mx.full((drafter.args.vocab_size,), -1, dtype=mx.int32)
-    lookup = lookup.at[drafter.vocab_ids].add(mx.arange(drafter.vocab_ids.size, dtype=mx.int32) + 1)
-    sub = lookup[batch.labels]
+    real = mx.arange(L)[None, :] < batch.lengths[:, None]
+    hidden = batch.hidden
+    if config.noise:
+        hidden = hidden + mx.random.uniform(-config.noise, config.noise, hidden.shape, key=key)
+    if config.soft_labels:
+        teacher = mx.softmax(drafter.sub_logits(batch.hidden), axis=-1)  # over the draft vocabulary, renormalised
+    else:
+        lookup = mx.full((drafter.args.vocab_size,), -1, dtype=mx.int32)
+        lookup = lookup.at[drafter.vocab_ids].add(mx.arange(drafter.vocab_ids.size, dtype=mx.int32) + 1)
+        sub = lookup[batch.labels]
     total, weights = mx.array(0.0), 0.0
-    for d, h in depth_outputs(drafter, batch, depth):
-        target = sub[:, d:]
-        keep = real[:, d:] & (target >= 0)
-        ce = nn.losses.cross_entropy(drafter.sub_logits(h), mx.maximum(target, 0), reduction="none")
+    for d, h in depth_outputs(drafter, batch, config.depth, hidden):
+        logits = drafter.sub_logits(h)
+        if config.soft_labels:
+            keep = real[:, d:]
+            loss = -(teacher[:, d:] * nn.log_softmax(logits, axis=-1)).sum(-1)
+        else:
+            keep = real[:, d:] & (sub[:, d:] >= 0)
+            loss = nn.losses.cross_entropy(logits, mx.maximum(sub[:, d:], 0), reduction="none")
+        if config.feature_weight:
+            loss = loss + config.feature_weight * nn.losses.smooth_l1_loss(h, batch.hidden[:, d:], reduction="none").mean(-1)
         w = DEPTH_DECAY ** (d - 1)
-        total = total + w * (ce * keep).sum() / mx.maximum(keep.sum(), 1)
+        total = total + w * (loss * keep).sum() / mx.maximum(keep.sum(), 1)
         weights += w
-    return total / weights, None
+    return total / weights
 
 
 def evaluate(drafter: Drafter, held: D.Features, batch: int) -> list[float]:
