@@ -38,10 +38,12 @@ def parser() -> Parser:
     p.add_argument("--seq-len", type=int, default=256, help="tokens per sequence (default 256)")
     p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate (default 1e-3)")
     p.add_argument("--draft-vocab", type=int, default=8192, help="tokens the drafter can propose (default 8192)")
-    p.add_argument("--noise", type=float, default=0.1, help="uniform noise on the target's hidden state in training (default 0.1, as EAGLE)")
-    p.add_argument("--feature-weight", type=float, default=10.0,
-                   help="weight of the feature regression beside the token loss (default 10, as EAGLE; 0 = off)")
-    p.add_argument("--hard-labels", action="store_true", help="learn the target's greedy token only, not its distribution")
+    p.add_argument("--noise", type=float, default=0.0,
+                   help="uniform noise on the target's hidden state in training (default 0; EAGLE uses 0.1)")
+    p.add_argument("--feature-weight", type=float, default=0.0,
+                   help="weight of a feature regression beside the token loss (default 0 = off; EAGLE uses 10)")
+    p.add_argument("--soft-labels", action="store_true",
+                   help="learn the target's distribution over the draft vocabulary, not only its greedy token (EAGLE)")
     p.add_argument("--save-every", type=int, default=50, help="checkpoint every N steps (default 50)")
     p.add_argument("--eval-every", type=int, default=50, help="held-out acceptance every N steps (default 50)")
     p.add_argument("--no-register", action="store_true", help="do not pair the drafter with the model in the catalog")
@@ -78,7 +80,7 @@ def train(args) -> int:
                          answer_tokens=args.answer_tokens, steps=args.steps, minutes=minutes, seed=args.seed,
                          depth=args.depth, seq_len=args.seq_len, batch=args.batch, learning_rate=args.lr,
                          draft_vocab=args.draft_vocab, save_every=args.save_every, eval_every=args.eval_every,
-                         noise=args.noise, feature_weight=args.feature_weight, soft_labels=not args.hard_labels)
+                         noise=args.noise, feature_weight=args.feature_weight, soft_labels=args.soft_labels)
     model_id = args.model or DEFAULT_MODEL
     target = target_path(model_id)
     from engines.mlx_chat.loading import load_model

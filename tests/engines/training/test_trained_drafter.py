@@ -55,7 +55,7 @@ def test_training_lifts_acceptance_far_above_chance(targets, model, tmp_path):
     fresh.save_weights(str(untrained / "model.safetensors"))
     before = acceptance(engine, untrained, TRAINED_ON)
     chance = 1 / engine.target.vocab_size
-    assert trained > 0.12, (trained, before)
+    assert trained > 0.2, (trained, before)
     assert before < 0.1 and trained > 5 * before, (trained, before)
     assert card["acceptance_by_depth"][0] > 3 * chance  # held out, teacher-forced: it generalises a little
     assert card["training"]["steps"] == 200
