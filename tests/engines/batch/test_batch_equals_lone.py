@@ -241,3 +241,31 @@ def test_short_prompts_join_together_and_a_long_one_a_chunk_per_step(engines):
     assert steps_to_join == 2  # chunks 1 and 2 in their own steps, chunk 3 and its first token in the third
     for s, r in zip([*seqs, later], [*short, long]):
         assert got[s.id] == lone(engine, r)[0]
+
+
+def test_a_shared_drafter_fault_stops_its_rows_and_says_why(engines, llama_draft_dir, monkeypatch):
+    """The batch's draft model (shared by two rows) breaks on its third call: both its rows
+    decode plainly from that step on -- no row asks it again on its own in the same step -- and
+    each row's note names the real error; every request still gets its lone tokens."""
+    from engines.batch.drafter import BatchDrafter
+
+    engine = engines["llama"]
+    reqs = [r for r in requests(llama_draft_dir) if r.spec.method == "draft"][:2]
+    alone = [lone(engine, r)[0] for r in reqs]
+    real, calls = BatchDrafter.propose, [0]
+
+    def propose(self, asks):
+        calls[0] += 1
+        if calls[0] == 3:
+            raise RuntimeError("shared drafter broke")
+        return real(self, asks)
+
+    monkeypatch.setattr(BatchDrafter, "propose", propose)
+    got, _ = run_batch(BatchEngine(engine, max_batch=2, budget=None), reqs, join_late=0)
+    assert calls[0] == 3  # nothing asked it again
+    for i in range(2):
+        assert [t for rnd in got[i] for t in rnd.tokens] == alone[i], i
+        notes = [rnd.note for rnd in got[i] if rnd.note]
+        assert notes and all("shared drafter broke" in n for n in notes), notes
+        broke_at = next(j for j, rnd in enumerate(got[i]) if rnd.note)
+        assert all(rnd.proposed == 0 for rnd in got[i][broke_at:]), i
