@@ -57,6 +57,9 @@ def serve_parser(parser_class) -> argparse.ArgumentParser:
     p.add_argument("--check-ranks", action="store_true",
                    help="compare every forward across the ranks: its logits' argmax (tensor parallel) or the mirrored "
                         "caches' slot tables (pipeline); a divergence check, one more collective per forward")
+    p.add_argument("--drafter-on", choices=["rank0", "every-rank"], default="rank0",
+                   help="with --ranks / --hostfile and a draft model: rank 0 drafts and sends the drafts in each "
+                        "forward's message (default), or every rank loads the draft model and drafts too")
     add_spec_arguments(p, ["off", "ngram", "draft", "mtp"], "ngram")
     return p
 
@@ -78,6 +81,8 @@ def cmd_serve(argv: list[str]) -> int:
         raise UsageError("--ranks must be >= 1")
     if args.ranks > 1 or args.hostfile:
         return serve_ranks(args, argv, config)
+    if args.drafter_on != "rank0":
+        raise UsageError("--drafter-on every-rank needs ranks to draft on: --ranks N or --hostfile FILE")
     served: list[Served] = []
     if not args.no_chat:
         pick_drafter(args)
@@ -124,6 +129,9 @@ def serve_ranks(args: argparse.Namespace, argv: list[str], config: ServeConfig) 
         from engines.mlx_chat.models import default_chat_model
 
         args.model = str(default_chat_model())
+    every_rank = args.drafter_on == "every-rank"
+    if every_rank:
+        check_drafter_every_rank(spec)
     rank = this_rank()
     if rank is None:
         from engines.distributed.engine import choose_split
@@ -142,6 +150,7 @@ def serve_ranks(args: argparse.Namespace, argv: list[str], config: ServeConfig) 
 
     from engines.distributed.bus import Bus, Watchdog
     from engines.distributed.engine import RankZeroEngine, choose_split, follow, load_part, load_rank_zero
+    from engines.mlx_chat.loading import load_model
 
     # Connecting waits for every rank to start (Python, MLX, imports): seconds on a quiet machine,
     # tens of seconds on a loaded one, so a short --rank-timeout is not its measure.
@@ -164,24 +173,36 @@ def serve_ranks(args: argparse.Namespace, argv: list[str], config: ServeConfig) 
     if rank != 0:
         try:
             loaded, stage = load_part(args.model, group, split)
-            check_memory_limit(args.memory_limit, f"rank {rank}'s {split} part")
+            draft = load_model(spec.draft_model).model if every_rank else None  # whole, as rank 0 loads it
+            check_memory_limit(args.memory_limit, f"rank {rank}'s {split} part (and the drafter)")
         except Exception:  # rank 0 loads the same model and says what is wrong, once
             return 2
-        return follow(loaded.model, bus, args.rank_timeout, stage=stage)
+        return follow(loaded.model, bus, args.rank_timeout, stage=stage, draft_model=draft)
     chat, stage = load_rank_zero(args.model, spec.draft_model, group, split)
     check_memory_limit(args.memory_limit, f"rank 0's {split} part (and the drafter)")
     engine = RankZeroEngine(chat, max_batch=max(args.max_batch, 1), bus=bus, timeout_s=args.rank_timeout,
-                            check=args.check_ranks, stage=stage)
+                            check=args.check_ranks, stage=stage, drafter_on=args.drafter_on)
     name = args.model_name or Path(asked or chat.model_path).name
     config.ranks = group.size()
     app = build_app(config, [Served(ServedModel(name, "chat", spec), chat, batch=engine)])
     layout = (f"pipeline, rank 0 layers {stage.lo}-{stage.hi - 1} of {stage.hi}" if stage is not None
-              else "tensor parallel")
+              else "tensor parallel") + (", the draft model on every rank" if every_rank else "")
     print(f"specscope serve: {name} over {group.size()} ranks ({layout}) on http://{args.host}:{args.port}/v1",
           file=sys.stderr, flush=True)
     # Ctrl-C reaches the launcher, which stops every rank (engines/distributed/launch.py).
     serve_forever(app, config)
     return 0
+
+
+def check_drafter_every_rank(spec) -> None:
+    """--drafter-on every-rank replicates a draft model; one line where there is none to replicate."""
+    if serves_mtp(spec):
+        raise UsageError("--drafter-on every-rank: an MTP drafter (the Gemma 4 assistant, one trained here) reads the "
+                         "target's K/V and final hidden state, which only rank 0 holds in a pipeline (tensor parallel "
+                         "splits them over the ranks): it drafts on rank 0 only (--drafter-on rank0)")
+    if not spec.draft_model:
+        raise UsageError("--drafter-on every-rank runs a draft model on every rank: give --draft-model PATH "
+                         "(n-gram drafting needs no drafter on the other ranks)")
 
 
 def serves_mtp(spec) -> bool:

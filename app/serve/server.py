@@ -198,7 +198,8 @@ def ranks_report(queues: dict) -> dict:
             step = engine.last_step
             return {"ranks": engine.ranks, "rank_checked_forwards": engine.checked,
                     "rank_times": [{"rank": r, "forwards": t.forwards, "compute_s": round(t.compute_s, 6),
-                                    "wait_s": round(t.wait_s, 6)} for r, t in enumerate(engine.times)],
+                                    "wait_s": round(t.wait_s, 6), "draft_s": round(t.draft_s, 6),
+                                    "drafted": t.drafted} for r, t in enumerate(engine.times)],
                     "rank_broadcasts": engine.bus.sent, "rank_broadcast_s": round(engine.bus.comm_s, 6),
                     "last_step": None if step is None else {"wall_s": round(step.wall_s, 6),
                                                             "compute_s": round(step.compute_s, 6),

@@ -69,11 +69,14 @@ def host_id() -> int:
 class RankTimes:
     """A rank's running totals: forwards run, seconds computing them (the sharded layers' own
     all_sums included: they run inside the forward), seconds waiting for rank 0's messages (on
-    rank 0: sending them, i.e. waiting for the slowest follower)."""
+    rank 0: sending them, i.e. waiting for the slowest follower), seconds drafting with the draft
+    model and the draft tokens it made (rank 0's; a follower's with --drafter-on every-rank)."""
 
     forwards: int = 0
     compute_s: float = 0.0
     wait_s: float = 0.0
+    draft_s: float = 0.0
+    drafted: int = 0
 
 
 @dataclass
@@ -178,10 +181,10 @@ class Bus:
 
     def gather_times(self, mine: "RankTimes") -> list["RankTimes"]:
         """Every rank's running totals, on every rank (one all_gather)."""
-        row = mx.array([[mine.forwards, mine.compute_s, mine.wait_s]], dtype=mx.float32)
+        row = mx.array([[mine.forwards, mine.compute_s, mine.wait_s, mine.draft_s, mine.drafted]], dtype=mx.float32)
         everyone = mx.distributed.all_gather(row, group=self.group, stream=mx.cpu)
         mx.eval(everyone)
-        return [RankTimes(int(f), c, w) for f, c, w in everyone.tolist()]
+        return [RankTimes(int(f), c, w, d, int(n)) for f, c, w, d, n in everyone.tolist()]
 
     def describe_loss(self, waited_s: float | None = None) -> str:
         """One line naming the rank(s) lost, as well as this machine can tell."""

@@ -6,7 +6,8 @@ Rank 0 is a BatchEngine (engines/batch) whose caches are mirrored (mirror.py) an
 forward is first announced to the followers: the forward's rows -- each sequence's pending
 token and its drafts -- with the cache ops since the last forward, in one broadcast (bus.py).
 So the drafter runs on rank 0 only and its proposals reach the others inside the forward's own
-message (the mlx-lm plan's "option A", at no extra message: n-gram and draft model alike). The
+message (the mlx-lm plan's "option A", at no extra message: n-gram and draft model alike); with
+`--drafter-on every-rank` every rank runs the draft model too (option B, drafting.py). The
 scheduler, the proposers, verification, the RNG, the controller and HTTP are rank 0's; a
 follower never samples: what it needs of a verdict is how many slots each row keeps (settle).
 In a pipeline rank 0 runs the last stage, so it also holds what an MTP drafter reads (the K/V
@@ -30,7 +31,9 @@ import mlx.core as mx
 
 from engines.batch.cache import BatchCache
 from engines.batch.engine import BatchEngine
+from engines.batch.drafter import BatchDrafter
 from engines.distributed.bus import DEFAULT_TIMEOUT_S, Bus, RankLost, RankTimes, Watchdog
+from engines.distributed.drafting import EVERY_RANK, RANK0, DrafterReplica, DraftsDiffer, MirroredDrafter
 from engines.distributed.mirror import (HEARTBEAT, KV_ONLY, LOGITS, STOP, TIMES, MirroredCache, OpLog, Replica,
                                         checksum, forward_op, run_forward)
 from engines.distributed.pipeline import Stage, Unpipelinable, check_pipelinable, make_stage, run_stage, tables_checksum
@@ -154,14 +157,20 @@ class RankZeroEngine(BatchEngine):
     last_step: StepCost | None = None
     times: list[RankTimes] = field(default_factory=list)  # every rank's totals, gathered at most once a second
     times_every_s: float = 1.0
+    drafter_on: str = RANK0  # EVERY_RANK: the draft model drafts on every rank (drafting.py)
     _forwards: int = 0
     _compute_s: float = 0.0
+    _draft_s: float = 0.0  # in the draft model (BatchDrafter), and the draft tokens it made
+    _drafted: int = 0
     _times_at: float = 0.0
     _lost: bool = False
 
     def __post_init__(self):
         super().__post_init__()
         self.watchdog = Watchdog(self.timeout_s, self._expired).start()
+        if self.drafter_on == EVERY_RANK:  # the server's draft model, its every op logged for the followers
+            path = self.chat.draft_path
+            self.drafters[path] = MirroredDrafter(self.chat._draft(path).model, log=self.log)
 
     @property
     def ranks(self) -> int:
@@ -178,6 +187,19 @@ class RankZeroEngine(BatchEngine):
         if request.spec.enabled and request.spec.method == "mtp" and self.stage is None:
             return None, NO_MTP
         return super()._proposer(request)
+
+    def _draft_together(self, drafter: BatchDrafter, asks: list, rows: list) -> dict:
+        """The draft model's rows draft together; under option B every rank at once: rank 0 first
+        sends what they need (the ops so far and this step's pending tokens), then drafts."""
+        if isinstance(drafter, MirroredDrafter):
+            place = {id(s.run.proposer): b for b, s in enumerate(rows)}
+            drafter.announce(asks, [place[id(row)] for row, _, _ in asks])
+            self.bus.send(self.log.take())
+        t0 = time.perf_counter()
+        drafts = super()._draft_together(drafter, asks, rows)
+        self._draft_s += time.perf_counter() - t0
+        self._drafted += sum(d.size for d in drafts.values())
+        return drafts
 
     def _forward(self, cache: MirroredCache, rows: list[list[int]], seqs=()) -> tuple[mx.array | None, None]:
         """Announce the forward (and the cache ops before it), then run it with the followers.
@@ -220,7 +242,8 @@ class RankZeroEngine(BatchEngine):
         return True
 
     def _gather_times(self) -> None:
-        self.times = self.bus.gather_times(RankTimes(self._forwards, self._compute_s, self.bus.comm_s))
+        self.times = self.bus.gather_times(RankTimes(self._forwards, self._compute_s, self.bus.comm_s,
+                                                     self._draft_s, self._drafted))
 
     # -- the step, bounded ---------------------------------------------------------------------
     def step(self):
@@ -277,10 +300,12 @@ class RankZeroEngine(BatchEngine):
         self.bus.end_local_peers()
 
 
-def follow(model, bus: Bus, timeout_s: float = DEFAULT_TIMEOUT_S, say=None, stage: Stage | None = None) -> int:
+def follow(model, bus: Bus, timeout_s: float = DEFAULT_TIMEOUT_S, say=None, stage: Stage | None = None,
+           draft_model=None) -> int:
     """A follower's whole life: replay rank 0's messages until it says stop. Returns the exit
     code; a lost rank 0 (or a silence longer than `timeout_s`) is one line on stderr. `stage`:
-    this rank's pipeline stage (None: a tensor-parallel shard)."""
+    this rank's pipeline stage (None: a tensor-parallel shard). `draft_model`: this rank's own
+    copy of the draft model (--drafter-on every-rank)."""
     say = say or (lambda line: print(f"specscope serve: rank {bus.rank}: {line}", file=sys.stderr, flush=True))
 
     def silent(what: str) -> None:
@@ -289,7 +314,7 @@ def follow(model, bus: Bus, timeout_s: float = DEFAULT_TIMEOUT_S, say=None, stag
         os._exit(1)
 
     watchdog = Watchdog(timeout_s, silent).start()
-    replica = Replica(model)
+    replica = Replica(model, DrafterReplica(BatchDrafter(draft_model)) if draft_model is not None else None)
     times = RankTimes()
     while not replica.stopped:
         watchdog.arm("rank 0")
@@ -307,7 +332,12 @@ def follow(model, bus: Bus, timeout_s: float = DEFAULT_TIMEOUT_S, say=None, stag
             if replica.times_asked:
                 replica.times_asked = False
                 times.wait_s = bus.comm_s
+                if replica.drafter is not None:
+                    times.draft_s, times.drafted = replica.drafter.draft_s, replica.drafter.drafted
                 bus.gather_times(times)
+        except DraftsDiffer as e:  # the ranks diverged: this rank's exit breaks the ring, rank 0 answers 503
+            say(f"the ranks diverged: {e}; exiting")
+            return 1
         except RuntimeError as e:
             say(f"{bus.describe_loss()} ({e}); exiting")
             bus.end_local_peers()

@@ -24,8 +24,10 @@ import mlx.core as mx
 
 from engines.batch.cache import BatchCache
 
-# op codes: [op, cache id, n, *n ints]
+# op codes: [op, cache id, n, *n ints]; the D ops change the draft model's batch on every rank
+# (--drafter-on every-rank, drafting.py)
 NEW, DROP, SETTLE, ROLLBACK, SELECT, COMPACT, APPEND, CLONE, FORWARD, HEARTBEAT, STOP, TIMES = range(12)
+DJOIN, DLEAVE, DROLLBACK, DPROPOSE = range(12, 16)
 LOGITS, KV_ONLY = 0, 1  # what a forward evaluates
 
 
@@ -129,9 +131,11 @@ class Forward:
 
 @dataclass
 class Replica:
-    """A follower's copies of rank 0's caches, by id."""
+    """A follower's copies of rank 0's caches, by id (and of its draft model's batch, with
+    --drafter-on every-rank: drafting.DrafterReplica)."""
 
     model: Any
+    drafter: Any = None
     caches: dict[int, BatchCache] = field(default_factory=dict)
     stopped: bool = False
     times_asked: bool = False  # rank 0 gathers every rank's times after this message's forward
@@ -168,7 +172,11 @@ class Replica:
                 evaluate, check, width = args[:3]
                 flat = args[3:]
                 tokens = mx.array(flat, dtype=mx.uint32).reshape(len(flat) // width, width)
+                if self.drafter is not None:  # this rank drafted too: its drafts must be these rows'
+                    self.drafter.check([flat[i:i + width] for i in range(0, len(flat), width)])
                 forwards.append(Forward(self.caches[cid], tokens, evaluate, bool(check)))
+            elif op in (DJOIN, DLEAVE, DROLLBACK, DPROPOSE):
+                self.drafter.replay(op, args)
             elif op == STOP:
                 self.stopped = True
             elif op == TIMES:
