@@ -192,9 +192,13 @@ def test_drafting_on_every_rank_answers_as_one_process_and_rank_zero_alone(llama
         for got_b, got_a, one in zip(b[name], a[name], alone[name]):
             assert got_b[0] == got_a[0] == 200, (got_b, got_a)
             assert tokens(got_b[1]) == tokens(got_a[1]) == tokens(one[1]), name
-            assert accepted(got_b[1]) == accepted(got_a[1]) == accepted(one[1]), name
+            # In a batch the controller caps k from this machine's step times, and which steps
+            # the requests share is timing too: a batch's draft counts are not repeatable. Alone,
+            # a request drafts what it asks: the same proposals and verdicts under A, B and one process.
+            if name == "lone":
+                assert accepted(got_b[1]) == accepted(got_a[1]) == accepted(one[1]), name
     assert tokens(b["seeded"][1]) == tokens(a["seeded"][1]) == tokens(alone["seeded"][1])
-    assert accepted(b["seeded"][1]) == accepted(a["seeded"][1])
+    assert accepted(b["seeded"][1]) == accepted(a["seeded"][1]) == accepted(alone["seeded"][1])
     proposed = sum(accepted(x[1])[0] for x in b["lone"] + b["batch"][:3:2])
     taken = sum(accepted(x[1])[1] for x in b["lone"] + b["batch"][:3:2])
     assert 0 < taken < proposed  # the drafter is accepted often but not always
