@@ -18,6 +18,13 @@ head is nearly free and every forward is the body's work.
    --max-batch 4); aggregate tok/s, and the ranks' own totals (compute and wait seconds per rank,
    rank 0's broadcast seconds) from /v1/spec_decode/metrics.
 
+3. The draft model on rank 0 only (option A, the default) against on every rank (option B,
+   `--drafter-on every-rank`), `--drafters` (this part alone): the same serving workload with
+   `--spec draft` (4 drafts) and a draft model made of the target's first 4 layers (its
+   embedding, final norm and head kept: the layer-skip draft of bench/smollm2_truncated_draft.py),
+   in one process and over 2 ranks under A and B; per rank and forward, the time in the target's
+   forward, in the draft model, and rank 0's broadcasts.
+
 This machine has 2 cores, shared by both ranks: a split forward is half the work per rank but
 the ranks run side by side on the same two cores, and every layer waits on loopback twice.
 Expect slower, not faster; what tensor parallel buys here is memory (each rank holds half).
@@ -43,6 +50,8 @@ sys.path.insert(0, str(ROOT))
 
 MODEL = Path("/tmp/specscope-bench/tp-llama")
 HIDDEN, LAYERS = 576, 30
+DRAFT_LAYERS = 4
+DRAFT = Path(f"/tmp/specscope-bench/tp-llama-first{DRAFT_LAYERS}")
 PROMPTS = ["the cat and the dog see the cat and the dog see the cat", "a red bird and an old fish",
            "the big house on the old road and the big house", "see the moon"]
 
@@ -53,6 +62,27 @@ def build_model() -> None:
     from tests.engines.mlx_chat.checkpoints import make_tiny_llama
 
     make_tiny_llama(MODEL, hidden=HIDDEN, layers=LAYERS)
+
+
+def build_draft() -> None:
+    """The target's first DRAFT_LAYERS layers, its embedding, final norm and head: a small drafter
+    with the target's tokenizer (same files), without any training."""
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    if (DRAFT / "config.json").exists():
+        return
+    DRAFT.mkdir(parents=True, exist_ok=True)
+    for f in MODEL.iterdir():
+        if f.name not in ("config.json", "model.safetensors"):
+            shutil.copy(f, DRAFT / f.name)
+    config = json.loads((MODEL / "config.json").read_text())
+    config["num_hidden_layers"] = DRAFT_LAYERS
+    (DRAFT / "config.json").write_text(json.dumps(config, indent=1))
+    weights = {k: w for k, w in load_file(str(MODEL / "model.safetensors")).items()
+               if ".layers." not in k or int(k.split(".layers.")[1].split(".")[0]) < DRAFT_LAYERS}
+    save_file(weights, str(DRAFT / "model.safetensors"), metadata={"format": "pt"})
 
 
 # -- 1. collectives (this file runs itself under mlx.launch with --collectives) -------------------
@@ -158,9 +188,9 @@ def get(url: str) -> dict:
         return json.loads(r.read())
 
 
-def serve(ranks: int, port: int) -> subprocess.Popen:
+def serve(ranks: int, port: int, extra: tuple[str, ...] = ()) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "app", "serve", "--model", str(MODEL), "--port", str(port), "--max-batch", "4",
-           "--queue-size", "16"]
+           "--queue-size", "16", *extra]
     if ranks > 1:
         cmd += ["--ranks", str(ranks)]
     proc = subprocess.Popen(cmd, env=blas_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -177,7 +207,8 @@ def serve(ranks: int, port: int) -> subprocess.Popen:
     raise RuntimeError("the server did not come up")
 
 
-def measure_serving(ranks: int, levels: list[int], n: int, max_tokens: int) -> list[dict]:
+def measure_serving(ranks: int, levels: list[int], n: int, max_tokens: int, specs=None,
+                    extra: tuple[str, ...] = (), label: str = "") -> list[dict]:
     from engines.concurrent_runs import run_clients, summarize
     from engines.remote.engine import RemoteEngine
     from engines.types import Request, SpecConfig
@@ -186,33 +217,70 @@ def measure_serving(ranks: int, levels: list[int], n: int, max_tokens: int) -> l
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
-    proc = serve(ranks, port)
+    proc = serve(ranks, port, extra)
     rows = []
     try:
         make = lambda: RemoteEngine.load(url)  # noqa: E731
-        for spec in (SpecConfig("off", 0), SpecConfig("ngram", 5)):
+        for spec in specs or (SpecConfig("off", 0), SpecConfig("ngram", 5)):
             requests = [(f"p{i}", Request(prompt=PROMPTS[i % len(PROMPTS)], max_tokens=max_tokens, spec=spec))
                         for i in range(n)]
             run_clients(make, requests[:2], 2)  # warm-up
             for c in levels:
+                settle = lambda: time.sleep(1.5 if ranks > 1 else 0)  # noqa: E731  (an idle heartbeat gathers the ranks' totals)
+                settle()
                 before = get(f"{url}/v1/spec_decode/metrics")
                 records, wall = run_clients(make, requests, c)
+                settle()
                 after = get(f"{url}/v1/spec_decode/metrics")
                 s = summarize(records, wall)
                 row = {"ranks": ranks, "spec": spec.method, "concurrency": c, **s, "texts": [r.text for r in records]}
+                if label:
+                    row["drafter_on"] = label
                 if ranks > 1:
-                    row["rank_times"] = [{k: round(t1[k] - t0.get(k, 0), 4) for k in ("forwards", "compute_s", "wait_s")}
+                    keys = ("forwards", "compute_s", "wait_s", "draft_s", "drafted")
+                    row["rank_times"] = [{k: round(t1[k] - t0.get(k, 0), 4) for k in keys}
                                          for t0, t1 in zip(before.get("rank_times") or [{}] * ranks, after["rank_times"])]
                     row["broadcast_s"] = round(after["rank_broadcast_s"] - before["rank_broadcast_s"], 4)
                     row["broadcasts"] = after["rank_broadcasts"] - before["rank_broadcasts"]
                 rows.append(row)
-                print(f"ranks={ranks} {spec.method:<5} c={c}: {s['aggregate_tok_s']:6.1f} tok/s aggregate"
+                print(f"ranks={ranks} {label} {spec.method:<5} c={c}: {s['aggregate_tok_s']:6.1f} tok/s aggregate, "
+                      f"acceptance {s['acceptance']}"
                       + (f"; rank times {row['rank_times']}, broadcasts {row['broadcasts']} in {row['broadcast_s']} s"
                          if ranks > 1 else ""), file=sys.stderr, flush=True)
     finally:
         proc.terminate()
         proc.wait(timeout=60)
     return rows
+
+
+def measure_drafters(levels: list[int], n: int, max_tokens: int, out: Path) -> None:
+    """Part 3: one process, then 2 ranks with the draft model on rank 0 (A), then on every rank (B)."""
+    from engines.types import SpecConfig
+
+    build_draft()
+    specs = (SpecConfig("draft", 4),)
+    extra = ("--spec", "draft", "--draft-model", str(DRAFT))
+    rows = measure_serving(1, levels, n, max_tokens, specs, extra, "one process")
+    rows += measure_serving(2, levels, n, max_tokens, specs, extra, "rank0")
+    rows += measure_serving(2, levels, n, max_tokens, specs, extra + ("--drafter-on", "every-rank"), "every-rank")
+    for row in rows:
+        alone = next(r for r in rows if r["ranks"] == 1 and r["concurrency"] == row["concurrency"])
+        row["identical_to_one_process"] = row["texts"] == alone["texts"]
+        if row["ranks"] > 1:  # per forward (rank 0's count: a forward runs on every rank), in ms
+            forwards = row["rank_times"][0]["forwards"]
+            row["per_forward_ms"] = {
+                "compute": [round(1000 * t["compute_s"] / forwards, 1) for t in row["rank_times"]],
+                "draft": [round(1000 * t["draft_s"] / forwards, 1) for t in row["rank_times"]],
+                "broadcast": round(1000 * row["broadcast_s"] / forwards, 2),
+                "broadcasts_per_forward": round(row["broadcasts"] / forwards, 2)}
+            print(f"  {row['drafter_on']} c={row['concurrency']}: per forward {row['per_forward_ms']}, drafted "
+                  f"{[t['drafted'] for t in row['rank_times']]}, identical {row['identical_to_one_process']}",
+                  file=sys.stderr, flush=True)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "tensor_parallel_drafters.json"
+    path.write_text(json.dumps({"layers": LAYERS, "draft_layers": DRAFT_LAYERS, "hidden": HIDDEN,
+                                "serving": [{k: v for k, v in r.items() if k != "texts"} for r in rows]}, indent=1))
+    print(f"wrote {path}", file=sys.stderr)
 
 
 def main() -> None:
@@ -224,6 +292,7 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--out", default=str(ROOT / "bench" / "results"))
     p.add_argument("--forwards-only", action="store_true", help="parts 1 only: collectives and one forward")
+    p.add_argument("--drafters", action="store_true", help="part 3 only: the draft model on rank 0 vs every rank")
     args = p.parse_args()
     if args.collectives:
         return collectives()
@@ -234,6 +303,8 @@ def main() -> None:
             pin_local_rank(int(os.environ["MLX_RANK"]), 2)
         return forward(args.forward)
     build_model()
+    if args.drafters:
+        return measure_drafters([int(x) for x in args.levels.split(",")], args.requests, args.max_tokens, Path(args.out))
     comm = measure_collectives()
     for name, ms in comm.items():
         print(f"{name:<48} {ms:7.3f} ms (median)", file=sys.stderr, flush=True)
