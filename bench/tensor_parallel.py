@@ -23,7 +23,9 @@ head is nearly free and every forward is the body's work.
    `--spec draft` (4 drafts) and a draft model made of the target's first 4 layers (its
    embedding, final norm and head kept: the layer-skip draft of bench/smollm2_truncated_draft.py),
    in one process and over 2 ranks under A and B; per rank and forward, the time in the target's
-   forward, in the draft model, and rank 0's broadcasts.
+   forward, in the draft model, and rank 0's broadcasts. `--drafters --seeded`: T=0.8 requests
+   with seeds instead (in a batch the controller caps a T=0 row's drafts by this machine's step
+   costs -- a poor drafter's to almost none -- and leaves a seeded row's alone).
 
 This machine has 2 cores, shared by both ranks: a split forward is half the work per rank but
 the ranks run side by side on the same two cores, and every layer waits on loopback twice.
@@ -208,10 +210,11 @@ def serve(ranks: int, port: int, extra: tuple[str, ...] = ()) -> subprocess.Pope
 
 
 def measure_serving(ranks: int, levels: list[int], n: int, max_tokens: int, specs=None,
-                    extra: tuple[str, ...] = (), label: str = "") -> list[dict]:
+                    extra: tuple[str, ...] = (), label: str = "", seeded: bool = False) -> list[dict]:
+    """seeded: T=0.8 with a seed per request (a seeded request keeps its k in a batch) instead of T=0."""
     from engines.concurrent_runs import run_clients, summarize
     from engines.remote.engine import RemoteEngine
-    from engines.types import Request, SpecConfig
+    from engines.types import Request, Sampling, SpecConfig
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -222,7 +225,8 @@ def measure_serving(ranks: int, levels: list[int], n: int, max_tokens: int, spec
     try:
         make = lambda: RemoteEngine.load(url)  # noqa: E731
         for spec in specs or (SpecConfig("off", 0), SpecConfig("ngram", 5)):
-            requests = [(f"p{i}", Request(prompt=PROMPTS[i % len(PROMPTS)], max_tokens=max_tokens, spec=spec))
+            requests = [(f"p{i}", Request(prompt=PROMPTS[i % len(PROMPTS)], max_tokens=max_tokens, spec=spec,
+                                          sampling=Sampling(0.8, top_p=0.95, seed=1000 + i) if seeded else Sampling()))
                         for i in range(n)]
             run_clients(make, requests[:2], 2)  # warm-up
             for c in levels:
@@ -233,7 +237,8 @@ def measure_serving(ranks: int, levels: list[int], n: int, max_tokens: int, spec
                 settle()
                 after = get(f"{url}/v1/spec_decode/metrics")
                 s = summarize(records, wall)
-                row = {"ranks": ranks, "spec": spec.method, "concurrency": c, **s, "texts": [r.text for r in records]}
+                row = {"ranks": ranks, "spec": spec.method, "concurrency": c, "seeded": seeded, **s,
+                       "texts": [r.text for r in records]}
                 if label:
                     row["drafter_on"] = label
                 if ranks > 1:
@@ -253,16 +258,18 @@ def measure_serving(ranks: int, levels: list[int], n: int, max_tokens: int, spec
     return rows
 
 
-def measure_drafters(levels: list[int], n: int, max_tokens: int, out: Path) -> None:
-    """Part 3: one process, then 2 ranks with the draft model on rank 0 (A), then on every rank (B)."""
+def measure_drafters(levels: list[int], n: int, max_tokens: int, out: Path, seeded: bool = False) -> None:
+    """Part 3: one process, then 2 ranks with the draft model on rank 0 (A), then on every rank (B).
+    seeded: T>0 requests with seeds -- in a batch the controller caps a T=0 row's k by this machine's
+    step costs (with a poor drafter, to nothing), but leaves a seeded row's k alone."""
     from engines.types import SpecConfig
 
     build_draft()
     specs = (SpecConfig("draft", 4),)
     extra = ("--spec", "draft", "--draft-model", str(DRAFT))
-    rows = measure_serving(1, levels, n, max_tokens, specs, extra, "one process")
-    rows += measure_serving(2, levels, n, max_tokens, specs, extra, "rank0")
-    rows += measure_serving(2, levels, n, max_tokens, specs, extra + ("--drafter-on", "every-rank"), "every-rank")
+    rows = measure_serving(1, levels, n, max_tokens, specs, extra, "one process", seeded)
+    rows += measure_serving(2, levels, n, max_tokens, specs, extra, "rank0", seeded)
+    rows += measure_serving(2, levels, n, max_tokens, specs, extra + ("--drafter-on", "every-rank"), "every-rank", seeded)
     for row in rows:
         alone = next(r for r in rows if r["ranks"] == 1 and r["concurrency"] == row["concurrency"])
         row["identical_to_one_process"] = row["texts"] == alone["texts"]
@@ -277,7 +284,7 @@ def measure_drafters(levels: list[int], n: int, max_tokens: int, out: Path) -> N
                   f"{[t['drafted'] for t in row['rank_times']]}, identical {row['identical_to_one_process']}",
                   file=sys.stderr, flush=True)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / "tensor_parallel_drafters.json"
+    path = out / f"tensor_parallel_drafters{'_seeded' if seeded else ''}.json"
     path.write_text(json.dumps({"layers": LAYERS, "draft_layers": DRAFT_LAYERS, "hidden": HIDDEN,
                                 "serving": [{k: v for k, v in r.items() if k != "texts"} for r in rows]}, indent=1))
     print(f"wrote {path}", file=sys.stderr)
@@ -293,6 +300,7 @@ def main() -> None:
     p.add_argument("--out", default=str(ROOT / "bench" / "results"))
     p.add_argument("--forwards-only", action="store_true", help="parts 1 only: collectives and one forward")
     p.add_argument("--drafters", action="store_true", help="part 3 only: the draft model on rank 0 vs every rank")
+    p.add_argument("--seeded", action="store_true", help="part 3 with seeded T=0.8 requests instead of T=0")
     args = p.parse_args()
     if args.collectives:
         return collectives()
@@ -304,7 +312,8 @@ def main() -> None:
         return forward(args.forward)
     build_model()
     if args.drafters:
-        return measure_drafters([int(x) for x in args.levels.split(",")], args.requests, args.max_tokens, Path(args.out))
+        return measure_drafters([int(x) for x in args.levels.split(",")], args.requests, args.max_tokens, Path(args.out),
+                                args.seeded)
     comm = measure_collectives()
     for name, ms in comm.items():
         print(f"{name:<48} {ms:7.3f} ms (median)", file=sys.stderr, flush=True)
