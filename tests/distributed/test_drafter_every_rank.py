@@ -7,7 +7,8 @@ seeded T>0, and the answers are the plain batch's; a forward whose drafts are no
 is a divergence. Before any rank starts: one line where there is no draft model to replicate.
 Slow: two ranks over mlx.launch, option A then option B (one server at a time), each against one
 process -- T=0 and seeded tokens identical, the same acceptance counts under A and B, and under B
-the follower's own drafts, each checked equal to rank 0's, as many as rank 0's."""
+the follower's own drafts, each checked equal to rank 0's, as many as rank 0's; and B under a
+pipeline split."""
 
 from __future__ import annotations
 
@@ -171,23 +172,26 @@ def accepted(answer: dict) -> tuple[int, int]:
     return answer["timings"]["draft_n"], answer["timings"]["draft_n_accepted"]
 
 
-@pytest.mark.slow
-def test_drafting_on_every_rank_answers_as_one_process_and_rank_zero_alone(llama, llama_draft, tmp_path):
+@pytest.fixture(scope="module")
+def alone(llama, llama_draft) -> dict:
+    """The same questions to one process: the same checkpoints through the same server code."""
     from app.serve.protocol import ServedModel
     from app.serve.server import ServeConfig, Served, build_app, start_in_thread
-    from tests.distributed.conftest import MODEL
+    from tests.distributed.conftest import MODEL, RankServer
 
-    b = served_answers(llama, llama_draft, tmp_path, "--drafter-on", "every-rank")
-    a = served_answers(llama, llama_draft, tmp_path)  # the default: rank 0 drafts alone
     engine = ChatEngine.load(llama, draft_model=llama_draft)
     single = start_in_thread(build_app(ServeConfig(max_batch=4), [Served(ServedModel(MODEL, "chat", DRAFT), engine)]))
     try:
-        from tests.distributed.conftest import RankServer
-
-        alone = answers_of(RankServer(None, single.port, None))
+        return answers_of(RankServer(None, single.port, None))
     finally:
         single.stop()
-    assert "the draft model on every rank" in b["stderr"] and "the draft model on every rank" not in a["stderr"]
+
+
+@pytest.mark.slow
+def test_drafting_on_every_rank_answers_as_one_process_and_rank_zero_alone(llama, llama_draft, tmp_path, alone):
+    b = served_answers(llama, llama_draft, tmp_path, "--drafter-on", "every-rank")
+    a = served_answers(llama, llama_draft, tmp_path)  # the default: rank 0 drafts alone
+    assert "(tensor parallel, the draft model on every rank)" in b["stderr"] and "the draft model on every rank" not in a["stderr"]
     for name in ("lone", "batch"):
         for got_b, got_a, one in zip(b[name], a[name], alone[name]):
             assert got_b[0] == got_a[0] == 200, (got_b, got_a)
@@ -208,3 +212,17 @@ def test_drafting_on_every_rank_answers_as_one_process_and_rank_zero_alone(llama
     assert b["report"]["rank_checked_forwards"] > 30
     rank0, rank1 = a["report"]["rank_times"]
     assert rank0["drafted"] > 50 and rank1["drafted"] == 0 and rank1["draft_s"] == 0
+
+
+@pytest.mark.slow
+def test_a_pipeline_drafts_on_every_rank_too(llama, llama_draft, tmp_path, alone):
+    """The draft model is whole on every rank whatever splits the target: the same under a
+    pipeline (the tiny llama's 2 layers, one per rank)."""
+    b = served_answers(llama, llama_draft, tmp_path, "--drafter-on", "every-rank", "--split", "pipeline")
+    assert "(pipeline, rank 0 layers 1-1 of 2, the draft model on every rank)" in b["stderr"], b["stderr"]
+    for got, one in zip(b["lone"] + b["batch"] + [b["seeded"]], alone["lone"] + alone["batch"] + [alone["seeded"]]):
+        assert got[0] == 200 and tokens(got[1]) == tokens(one[1])
+    for got, one in zip(b["lone"] + [b["seeded"]], alone["lone"] + [alone["seeded"]]):
+        assert accepted(got[1]) == accepted(one[1])
+    rank0, rank1 = b["report"]["rank_times"]
+    assert rank0["drafted"] > 50 and rank1["drafted"] == rank0["drafted"]
