@@ -30,8 +30,8 @@ from typing import Callable
 import mlx.core as mx
 
 from engines.batch.cache import BatchCache
-from engines.batch.engine import BatchEngine
 from engines.batch.drafter import BatchDrafter
+from engines.batch.engine import BatchEngine
 from engines.distributed.bus import DEFAULT_TIMEOUT_S, Bus, RankLost, RankTimes, Watchdog
 from engines.distributed.drafting import EVERY_RANK, RANK0, DrafterReplica, DraftsDiffer, MirroredDrafter
 from engines.distributed.mirror import (HEARTBEAT, KV_ONLY, LOGITS, STOP, TIMES, MirroredCache, OpLog, Replica,
