@@ -39,14 +39,13 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 
 from engines.mlx_chat.proposers import Draft, LazyVerdict, NGramProposer, ProposerContext
-from engines.speculative.composed import Chooser
+from engines.speculative.composed import REPRICE_EVERY, Chooser
 from engines.speculative.costs import StepCosts
 
 PROBE_AFTER = 8  # chain rounds in a row before one plain round measures the verify alone
 CHAIN_PROBE_AFTER = 64  # rounds without a chain before one of a single draft re-measures drafting
 MEASURED = True  # False: flat prices and no probes, the forms chosen by acceptance alone
 # (tests that must see every form, whatever this machine's timings)
-REPRICE_EVERY = 8  # rounds without a chain between re-readings of the verify's costs
 CHAIN_ROUNDS_KEPT = 7  # a chain token's cost: the median of the last few chain rounds
 
 

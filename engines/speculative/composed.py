@@ -43,6 +43,7 @@ from engines.speculative.schedule import MAX_STEPS
 from engines.speculative.tuning import PositionAcceptance
 
 NGRAM = "ngram"
+REPRICE_EVERY = 8  # rounds between re-readings of measured costs (each re-reading prices every width)
 
 
 def expected_by_count(acceptance: list[float], n: int) -> list[float]:
