@@ -48,9 +48,9 @@ REPRICE_EVERY = 8  # rounds between re-readings of measured costs (each re-readi
 
 def expected_by_count(acceptance: list[float], n: int) -> list[float]:
     """expected_tokens(acceptance, k) for k = 0..n, in one pass."""
-    out, reach = [1.0], 1.0
+    out, reach, last = [1.0], 1.0, len(acceptance) - 1
     for i in range(n):
-        reach *= acceptance[min(i, len(acceptance) - 1)]
+        reach *= acceptance[i if i < last else last]
         out.append(out[-1] + reach)
     return out
 
