@@ -32,7 +32,7 @@ from engines.glm_ocr.config import GlmOcrConfig
 from engines.glm_ocr.positions import prompt_positions, text_positions, text_rope
 from engines.glm_ocr.prompts import GlmTokenizer, TextStream, prompt_ids
 from engines.glm_ocr.runtime import Runtime
-from engines.speculative.composed import Chooser
+from engines.speculative.composed import REPRICE_EVERY, Chooser
 from engines.speculative.costs import StepCosts
 from engines.speculative.ngram import NGramProposer as NGramIndex
 from engines.speculative.repetition import RepetitionDetector, clip_at_repetition
@@ -103,7 +103,8 @@ class MtpDrafter:
         self.eos = set(eos_ids)
         self.slot = 0  # next MTP cache row to write; rows below hold verified pairs
         self.pending_hidden: list[np.ndarray] = []
-        self.pending_embeds: list[np.ndarray] = []
+        self.pending_embeds: list[np.ndarray] = []  # the prompt's rows (image features among them)
+        self.pending_tokens: list[int] = []  # then the output's, embedded when a chain needs them
         self.mtp_rows = 0  # rows run through the MTP layer (cost accounting)
 
     def start(self, hiddens: np.ndarray, embeds: np.ndarray) -> None:
@@ -111,16 +112,18 @@ class MtpDrafter:
         lazily, with the first chain)."""
         self.pending_hidden = list(hiddens[:-1])
         self.pending_embeds = list(embeds[1:])
+        self.pending_tokens = []
 
     def propose(self, hidden: np.ndarray, token: int, k: int) -> list[int]:
         self._wait(hidden, token)
         if k == 0:
             return []
         # first step, one MTP call: the pending verified pairs, the newest one last
-        n = len(self.pending_embeds)
-        raw, head = self._run(self.slot, np.stack(self.pending_hidden), np.stack(self.pending_embeds))
+        n = len(self.pending_hidden)
+        embeds = self.pending_embeds + list(self._embed(self.pending_tokens))
+        raw, head = self._run(self.slot, np.stack(self.pending_hidden), np.stack(embeds))
         self.slot += n
-        self.pending_hidden, self.pending_embeds = [], []
+        self.pending_hidden, self.pending_embeds, self.pending_tokens = [], [], []
         drafts = [self._greedy(head[-1])]
         # chain: the MTP layer's own output and its last draft, one position further
         for step in range(1, k):
@@ -143,8 +146,11 @@ class MtpDrafter:
             self._wait(hidden, token)
 
     def _wait(self, hidden: np.ndarray, token: int) -> None:
+        """Queue a verified pair; its token is embedded with the others at the next chain (one
+        lookup there, not one per round: composed rounds that draft from n-gram queue pairs
+        for many rounds, and on a tiny model a lookup is a share of the round)."""
         self.pending_hidden.append(hidden)
-        self.pending_embeds.append(self._embed([token])[0])
+        self.pending_tokens.append(token)
 
     def _embed(self, tokens: list[int]) -> np.ndarray:
         return self.runtime.embeddings[np.asarray(tokens)]
@@ -218,11 +224,12 @@ class ComposedDrafter:
     MTP call) and its accepted n-gram drafts (accept), so its cache rows below `slot` hold
     exactly what a lone MTP run's would, and the next chain starts from the right state.
 
-    Costs are timed here, not passed in: from propose's return to accept is the verify
-    forward of 1 + len(drafts) rows (the loop does nothing else between them), and a chain's
-    share of propose is the MTP drafting cost per chain token (the median of the last few
-    chains), kept in `costs` (the engine's, across pages). Rounds are priced flat until two
-    widths have each been verified twice, then in seconds. Why so wary: on a shared machine
+    Costs: the loop hands each round's verify time to `observe` (its own timing: the forward
+    of 1 + len(drafts) rows and the verdict), and a chain's share of propose, timed here, is
+    the MTP drafting cost per chain token (the median of the last few chains); both are kept
+    in `costs` (the engine's, across pages). Rounds are priced flat until two widths have each
+    been verified twice, then in seconds, re-read after each chain and every REPRICE_EVERY
+    rounds (re-reading is a share of a tiny model's round). Why so wary: on a shared machine
     one round slowed by another process would price its width out, and a width no longer
     chosen is never measured again.
     """
@@ -233,12 +240,13 @@ class ComposedDrafter:
         self.mtp, self.ngram = mtp, ngram
         self.chooser = Chooser(mtp.name, max_drafts)
         self.costs = costs if costs is not None else DraftCosts()
+        self.priced = False  # in seconds yet (flat until the costs are known)
+        self.rounds = 0
         self._price()
         self.chain, self.proposed = 0, 0  # this round: chain drafts, all drafts
         self.undrafted: list[int] = []  # this round's n-gram continuation, when it did not draft it
         self.shadowed: tuple[list[int], list[int]] | None = None  # that, and the drafts accepted after it
         self.source: str | None = None
-        self.sent = 0.0  # when this round's drafts were handed to the verify
 
     def start(self, hiddens: np.ndarray, embeds: np.ndarray) -> None:
         self.mtp.start(hiddens, embeds)
@@ -262,7 +270,6 @@ class ComposedDrafter:
             self.mtp.propose(hidden, token, 0)  # the verified pair still goes to the MTP layer
             drafts, self.chain = found[:m], 0
         self.proposed, self.source = len(drafts), self.chooser.source(self.chain, len(drafts))
-        self.sent = time.perf_counter()
         return drafts
 
     def _tail(self, chain: list[int]) -> list[int]:
@@ -273,15 +280,21 @@ class ComposedDrafter:
         found = self.ngram.index.propose(room, after=chain)
         return found[: self.chooser.tail(len(chain), len(found))]
 
+    def observe(self, verify_s: float) -> None:
+        """The loop's time for this round's verify (forward and verdict), before `accept`."""
+        self.costs.verify_s.setdefault(1 + self.proposed, deque(maxlen=7)).append(verify_s)
+        self.rounds += 1
+        if self.chain or not self.priced or self.rounds % REPRICE_EVERY == 0:
+            self._price()
+
     def _price(self) -> None:
         """Price rounds in seconds once the costs are known (flat until then)."""
         verify = self.costs.verify()
         if verify.ready and self.timed:
             self.chooser.measured(verify, self.costs.chain())
+            self.priced = True
 
     def accept(self, hiddens: np.ndarray, tokens: list[int]) -> None:
-        self.costs.verify_s.setdefault(1 + self.proposed, deque(maxlen=7)).append(time.perf_counter() - self.sent)
-        self._price()
         self.chooser.record(self.chain, self.proposed, len(tokens))
         if self.undrafted:
             self.shadowed = (self.undrafted, list(tokens))
@@ -495,6 +508,8 @@ class OcrEngine:
 
             # roll forward; the MTP layer learns the verified rows
             if drafter is not None:
+                if hasattr(drafter, "observe"):  # composed: prices widths by the loop's own timing
+                    drafter.observe(t2 - t1)
                 drafter.accept(rows[: verdict.accepted], drafts[: verdict.accepted])
             schedule.record(len(drafts), verdict.accepted, t2 - t1, t1 - t0)
             seq.advance(verdict, rows)

@@ -23,7 +23,11 @@ runs plain, and so does one in every PROBE_AFTER chain rounds in a row: without 
 that costs more than it brings -- the tiny Gemma 4 pair's assistant on a CPU -- would be chosen
 forever by the flat prices it starts with. The other way, a drafter priced out drafts one token
 after CHAIN_PROBE_AFTER rounds without a chain, so a slow start (a first chain's compile, a
-busy machine) does not price it out for good.
+busy machine) does not price it out for good; each probe after which it is still priced out
+doubles that wait, up to CHAIN_PROBE_MAX rounds (a chain chosen on its merits resets it): a
+probe costs about one chain token, so probing costs at most 1/64 of a chain token per round,
+falling to 1/1024 of one as it keeps finding the drafter a loss (the tiny Gemma 4 pair's
+assistant costs about a round per token: under 0.1% of the time).
 At T>0 a tail's tokens are point masses beside the chain's sampled drafts: their rows of q
 are one-hot, which rejection sampling reads as "accept with p(x), resample from p without x".
 The choice depends only on the context and on past rounds and their times, never on this round's draws:
@@ -39,14 +43,14 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 
 from engines.mlx_chat.proposers import Draft, LazyVerdict, NGramProposer, ProposerContext
-from engines.speculative.composed import Chooser
+from engines.speculative.composed import REPRICE_EVERY, Chooser
 from engines.speculative.costs import StepCosts
 
 PROBE_AFTER = 8  # chain rounds in a row before one plain round measures the verify alone
 CHAIN_PROBE_AFTER = 64  # rounds without a chain before one of a single draft re-measures drafting
+CHAIN_PROBE_MAX = 1024  # that wait, doubled by each probe that still finds drafting a loss, at most
 MEASURED = True  # False: flat prices and no probes, the forms chosen by acceptance alone
 # (tests that must see every form, whatever this machine's timings)
-REPRICE_EVERY = 8  # rounds without a chain between re-readings of the verify's costs
 CHAIN_ROUNDS_KEPT = 7  # a chain token's cost: the median of the last few chain rounds
 
 
@@ -60,6 +64,26 @@ class DraftingCosts:
     chain_rounds: deque = field(default_factory=lambda: deque(maxlen=CHAIN_ROUNDS_KEPT))  # (seconds, width, chain)
     chained_in_a_row: int = 0
     unchained_in_a_row: int = 0
+    probe_after: int = CHAIN_PROBE_AFTER  # rounds without a chain before the next one-draft probe
+    probed: bool = False  # the last round was a one-draft probe
+
+    def form(self, chain: int, k: int) -> int | None:
+        """This round's chain length when the probes override the chooser's `chain` (0: a plain
+        round, 1: a one-draft probe), else None; counts the rounds either way."""
+        if self.probed:  # the round after a probe, priced with what it measured
+            self.probed = False
+            self.probe_after = CHAIN_PROBE_AFTER if chain else min(2 * self.probe_after, CHAIN_PROBE_MAX)
+        elif chain:
+            self.probe_after = CHAIN_PROBE_AFTER  # chosen on its merits: probe soon if that stops
+        forced = None
+        if chain and (not self.verify.seconds or self.chained_in_a_row >= PROBE_AFTER):
+            forced = 0  # a plain round: the verify's cost alone (see the module docstring)
+        elif k and not chain and self.unchained_in_a_row >= self.probe_after:
+            forced = self.probed = 1  # one draft: what drafting costs now
+        chain = chain if forced is None else forced
+        self.chained_in_a_row = self.chained_in_a_row + 1 if chain else 0
+        self.unchained_in_a_row = 0 if chain else self.unchained_in_a_row + 1
+        return forced
 
     def observe(self, seconds: float, width: int, chain: int) -> None:
         if chain:
@@ -82,8 +106,9 @@ class ComposedProposer:
         self.name = f"{model.name}+ngram"
         self.needs_hidden = model.needs_hidden
         self.chooser = Chooser(model.name)
-        self.last: tuple[int, Draft, int, list[int]] | None = None  # the round in flight: chain length, draft,
-        # context length, and the n-gram continuation it did not draft
+        self.last: tuple[int, Draft, int, list[int], list[int] | None] | None = None  # the round in flight:
+        # chain length, draft, context length, the n-gram continuation it did not draft, and its
+        # drafts as a list when they are n-gram's (a chain's are read back at commit)
         self.target_forward = getattr(model, "target_forward", None)
         self.costs = costs or DraftingCosts()
         self.observed = 0
@@ -97,21 +122,19 @@ class ComposedProposer:
     def propose(self, ctx: ProposerContext, k: int) -> Draft:
         found = self.ngram.index.propose(self.chooser.max_drafts)
         m, chain = self.chooser.plan(len(found), k)
-        costs = self.costs
-        if MEASURED and chain and (not costs.verify.seconds or costs.chained_in_a_row >= PROBE_AFTER):
-            m, chain = 0, 0  # a plain round: the verify's cost alone (see the module docstring)
-        elif MEASURED and k and not chain and costs.unchained_in_a_row >= CHAIN_PROBE_AFTER:
-            m, chain = 0, 1  # one draft: what drafting costs now
-        costs.chained_in_a_row = costs.chained_in_a_row + 1 if chain else 0
-        costs.unchained_in_a_row = 0 if chain else costs.unchained_in_a_row + 1
+        forced = self.costs.form(chain, k) if MEASURED else None
+        if forced is not None:
+            m, chain = 0, forced
         if chain:
             draft = self.model.propose(ctx, chain)
             chain = draft.size
             draft = self._with_tail(draft)
+            drafted = None  # read from the draft at commit, once evaluated
         else:  # the n-gram continuation, or no drafts (the loop verifies what it gets)
-            draft = Draft(mx.array(found[:m], dtype=mx.uint32))
+            drafted = found[:m]
+            draft = Draft(mx.array(drafted, dtype=mx.uint32))
         draft.source = self.chooser.source(chain, draft.size)
-        self.last = (chain, draft, len(ctx.tokens), [] if m else found)
+        self.last = (chain, draft, len(ctx.tokens), [] if m else found, drafted)
         return draft
 
     def _with_tail(self, draft: Draft) -> Draft:
@@ -155,12 +178,12 @@ class ComposedProposer:
 
     def commit(self, ctx: ProposerContext) -> None:
         if self.last is not None:
-            chain, draft, before, undrafted = self.last
+            chain, draft, before, undrafted, drafted = self.last
             if undrafted:
                 self.chooser.shadow(undrafted, ctx.tokens[before:])
             if draft.size:  # accepted: the drafts the emitted tokens begin with (at T>0 a
                 # resampled token may equal the next draft: one more counted, statistics only)
-                drafted, emitted = draft.tokens.tolist(), ctx.tokens[before:]
+                drafted, emitted = drafted or draft.tokens.tolist(), ctx.tokens[before:]
                 accepted = next((i for i, (d, e) in enumerate(zip(drafted, emitted)) if d != e),
                                 min(len(drafted), len(emitted)))
                 self.chooser.record(chain, len(drafted), accepted)

@@ -43,13 +43,14 @@ from engines.speculative.schedule import MAX_STEPS
 from engines.speculative.tuning import PositionAcceptance
 
 NGRAM = "ngram"
+REPRICE_EVERY = 8  # rounds between re-readings of measured costs (each re-reading prices every width)
 
 
 def expected_by_count(acceptance: list[float], n: int) -> list[float]:
     """expected_tokens(acceptance, k) for k = 0..n, in one pass."""
-    out, reach = [1.0], 1.0
+    out, reach, last = [1.0], 1.0, len(acceptance) - 1
     for i in range(n):
-        reach *= acceptance[min(i, len(acceptance) - 1)]
+        reach *= acceptance[i if i < last else last]
         out.append(out[-1] + reach)
     return out
 
@@ -78,7 +79,9 @@ class Chooser:
     max_drafts: int = MAX_STEPS  # a round's drafts, chain and tail together
     latency: Callable[[int], float] = flat  # the verify of w tokens (see Units above)
     model_s: float = 0.0  # drafting one chain token, in latency's unit
-    seen: dict[str, PositionAcceptance] = field(default_factory=dict)
+    seen: dict[str, PositionAcceptance] = field(default_factory=dict)  # changed by record and shadow only
+    expected: dict[str, list[float]] = field(default_factory=dict)  # each source's expected tokens by count,
+    # until its counts change (a model priced out is not re-estimated every round)
 
     def __post_init__(self):
         self.seen = {NGRAM: PositionAcceptance(self.max_drafts), self.model: PositionAcceptance(self.max_drafts)}
@@ -106,9 +109,13 @@ class Chooser:
     def prices(self) -> "Prices":
         """This round's figures, computed once for all its options (a round prices up to nine:
         on a tiny model each microsecond of the host's is a share of the round)."""
-        n = self.max_drafts
-        return Prices(expected_by_count(self.seen[self.model].estimate(), n),
-                      expected_by_count(self.seen[NGRAM].estimate(), n), [self.latency(1 + w) for w in range(n + 1)])
+        return Prices(self._expected(self.model), self._expected(NGRAM),
+                      [self.latency(1 + w) for w in range(self.max_drafts + 1)])
+
+    def _expected(self, source: str) -> list[float]:
+        if source not in self.expected:
+            self.expected[source] = expected_by_count(self.seen[source].estimate(), self.max_drafts)
+        return self.expected[source]
 
     def plan(self, found: int, k: int) -> tuple[int, int]:
         """Before drafting: (n-gram tokens, chain length) of the round that pays best of the
@@ -118,10 +125,13 @@ class Chooser:
         wider verify prices it. Ties go to the cheaper form."""
         if not k:
             return 0, 0
+        p = self.prices()
+        best, best_rate = (0, 0), self.rate(0, 0, p)
+        for m in range(1, min(found, self.max_drafts) + 1):  # in order of cost: a tie keeps the cheaper
+            if (r := self.rate(0, m, p)) > best_rate:
+                best, best_rate = (m, 0), r
         k = min(k, self.max_drafts)
-        options = [(0, 0), (0, k)] + [(m, 0) for m in range(1, min(found, self.max_drafts) + 1)]
-        prices = self.prices()
-        return max(options, key=lambda o: (self.rate(o[1], o[0], prices), -o[1], -o[0]))
+        return (0, k) if self.rate(k, 0, p) > best_rate else best
 
     def tail(self, chain: int, found: int) -> int:
         """After a chain of `chain` drafts: how many of the `found` n-gram tokens that continue
@@ -137,8 +147,10 @@ class Chooser:
         from n-gram), `accepted` of them were accepted."""
         if chain:
             self.seen[self.model].record(chain, min(accepted, chain))
+            self.expected.pop(self.model, None)
         if proposed > chain and accepted >= chain:
             self.seen[NGRAM].record(proposed - chain, accepted - chain)
+            self.expected.pop(NGRAM, None)
 
     def shadow(self, found: list[int], emitted: list[int]) -> None:
         """A round that did not draft the n-gram continuation `found`: score it against the
@@ -151,6 +163,7 @@ class Chooser:
         compared = min(len(found), len(emitted))
         hits = next((i for i in range(compared) if found[i] != emitted[i]), compared)
         self.seen[NGRAM].record(compared, hits)
+        self.expected.pop(NGRAM, None)
 
     def source(self, chain: int, proposed: int) -> str | None:
         """Round.draft_source of a round that drafted `chain` model tokens of `proposed`."""

@@ -24,20 +24,25 @@ class StepCosts:
 
     recent: int = 7  # steps kept per size
     history: dict[int, deque] = field(default_factory=dict)
-    seconds: dict[int, float] = field(default_factory=dict)  # the median per size
+    seconds: dict[int, float] = field(default_factory=dict)  # the median per size (set through observe)
+    curve: tuple[list[int], list[float]] | None = field(default=None, repr=False, compare=False)  # sizes and
+    # their non-decreasing costs, until the next observe (a chooser reads many sizes at once)
 
     def observe(self, tokens: int, seconds: float) -> None:
         seen = self.history.setdefault(tokens, deque(maxlen=self.recent))
         seen.append(seconds)
         self.seconds[tokens] = statistics.median(seen)
+        self.curve = None
 
     @property
     def ready(self) -> bool:
         return len(self.seconds) >= 2
 
     def at(self, tokens: int) -> float:
-        sizes = sorted(self.seconds)
-        costs = list(itertools.accumulate((self.seconds[t] for t in sizes), max))  # non-decreasing
+        if self.curve is None:
+            sizes = sorted(self.seconds)
+            self.curve = sizes, list(itertools.accumulate((self.seconds[t] for t in sizes), max))  # non-decreasing
+        sizes, costs = self.curve
         if tokens <= sizes[0]:
             return costs[0]
         if tokens >= sizes[-1]:

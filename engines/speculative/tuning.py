@@ -213,11 +213,10 @@ class PositionAcceptance:
                 break
 
     def estimate(self) -> list[float]:
-        out = []
-        for i in range(self.positions):
-            prior = self.prior[min(i, len(self.prior) - 1)] if self.prior else 0.5
-            out.append((self.accepted[i] + prior * self.weight) / (self.reached[i] + self.weight))
-        return out
+        w = self.weight
+        priors = [self.prior[min(i, len(self.prior) - 1)] for i in range(self.positions)] if self.prior else \
+            [0.5] * self.positions
+        return [(a + prior * w) / (r + w) for a, r, prior in zip(self.accepted, self.reached, priors)]
 
 
 @dataclass

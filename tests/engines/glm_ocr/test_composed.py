@@ -232,3 +232,23 @@ def test_a_broken_verifier_fails_the_drafted_positions_law(engine, trained_glm_o
     hits = draft_hits(engine, trained_glm_ocr[1][1], PIT_SAMPLING, PIT_RUNS)
     print(defect, f"z {calibration_z(hits['ngram']):.1f}")
     assert calibration_z(hits["ngram"]) > 4
+
+
+def test_the_verify_is_priced_from_the_loops_own_timing(engine, trained_glm_ocr):
+    """The verify is timed once, by the loop: the seconds composed drafting keeps per width are
+    exactly the rounds' verify_s (before, the drafter timed the same span again itself, at
+    every round: a share of a tiny model's round)."""
+    from engines.glm_ocr.engine import DraftCosts
+
+    req = request(trained_glm_ocr[1][1], 2)
+    prompt = engine._prompt(req)
+    costs = DraftCosts()
+    drafter = ComposedDrafter(MtpDrafter(engine.runtime, prompt.positions, engine.config.eos_token_ids),
+                              NgramDrafter(prompt.ids), engine.runtime.seq_len - 1, costs)
+    rounds = [r for r in engine.generate(req, drafter=drafter) if not r.prefill]
+    by_width = {}
+    for r in rounds:
+        by_width.setdefault(1 + r.proposed, []).append(r.verify_s)
+    assert len(rounds) > 10 and costs.verify_s.keys() == by_width.keys()
+    for width, seconds in by_width.items():
+        assert list(costs.verify_s[width]) == seconds[-7:], width

@@ -150,3 +150,21 @@ def test_drafting_costs_carry_to_the_next_request(targets, monkeypatch):
     fresh = first_rounds()
     assert not any((s or "").startswith("mtp") for s in carried), carried
     assert fresh[0] is None and any((s or "").startswith("mtp") for s in fresh[1:3]), fresh
+
+
+def test_a_dear_drafter_is_probed_ever_more_rarely(targets, monkeypatch):
+    """Priced out, the drafter is still re-tried with a one-draft round after 64 rounds without
+    a chain, in case drafting got cheaper (a slow first chain, a busy machine): but each probe
+    that finds it still dear doubles that wait, so over many requests the probes' cost fades
+    (every 64 rounds they cost a few percent of a tiny model's time: the tiny Gemma 4 pair's
+    composed runs lost about 1.5% to them)."""
+    engine, _, drafter = targets["llama"]
+    chains_late(engine, drafter, monkeypatch, drafting_costs=3.0)  # measures it dear, as the first requests do
+    spec = SpecConfig("mtp", 3, draft_model=str(drafter), compose_ngram=True)
+    rounds = chained = 0
+    for _ in range(3):
+        for prompt in MIXED:
+            for r in engine.generate(Request(prompt=prompt, max_tokens=64, spec=spec)):
+                rounds += not r.prefill
+                chained += (r.draft_source or "").startswith("mtp")
+    assert rounds > 400 and chained <= 3, (rounds, chained)
