@@ -44,6 +44,9 @@ class Features:
     labels: mx.array  # [N, L] int32: the target's greedy token after position t
     keys: mx.array  # [N, kv_heads, L, head_dim] of the layer the drafter reads
     values: mx.array
+    # [N] int32: each row's first answer position (0 for a text segment). Not stored with the
+    # features: train.answer_starts recomputes it from the prompts.
+    starts: mx.array | None = None
 
     @property
     def size(self) -> int:
@@ -54,7 +57,7 @@ class Features:
         idx = mx.array(index, dtype=mx.int32)
         f32 = lambda a: a[idx].astype(mx.float32)
         return Features(self.tokens[idx], self.lengths[idx], f32(self.hidden), self.labels[idx],
-                        f32(self.keys), f32(self.values))
+                        f32(self.keys), f32(self.values), None if self.starts is None else self.starts[idx])
 
     def arrays(self) -> dict[str, mx.array]:
         return {k: getattr(self, k) for k in ("tokens", "lengths", "hidden", "labels", "keys", "values")}

@@ -1,7 +1,7 @@
 """The trainer's data: a run stopped while the target answers keeps the answers so far and the
 next run answers only the rest (ending with exactly the answers of a run never stopped);
 features are kept in float16 and handed to training in float32; acceptance is measured on held-out
-answers only, never on the user's text."""
+answers only, never on the user's text, and over their answer positions only."""
 
 import json
 
@@ -9,9 +9,9 @@ import mlx.core as mx
 import pytest
 
 from engines.mlx_chat.engine import ChatEngine
-from engines.mlx_chat.drafter import TargetView
+from engines.mlx_chat.drafter import Drafter, DrafterArgs, TargetView
 from engines.training import data as D
-from engines.training.train import TrainConfig, prepare, split
+from engines.training.train import TrainConfig, answer_starts, chained_loss, depth_outputs, evaluate, prepare, split
 from tests.engines.mlx_chat import checkpoints
 from tests.engines.training.trained import write_prompts
 
@@ -62,3 +62,57 @@ def test_held_out_rows_are_answers_only():
     assert sorted(train + held) == list(range(100))
     train, held = split(100, 0, 0.1, seed=0)  # no answers: text rows are held out
     assert len(held) == 10 and sorted(train + held) == list(range(100))
+
+
+def test_answer_positions_start_after_each_prompt(llama, tmp_path):
+    engine, _, prompts = llama
+    feats, answers, sources = run_prepare(llama, tmp_path / "out")
+    starts = answer_starts(engine.tokenizer, D.load_prompts(prompts), 48, feats.size)
+    for row, prompt in enumerate(D.load_prompts(prompts)):
+        ids = D.chat_ids(engine.tokenizer, prompt)[: 48 - 8]
+        assert feats.tokens[row, : starts[row]].tolist() == ids
+        assert starts[row] < int(feats.lengths[row])  # an answer follows
+
+
+def test_held_out_acceptance_counts_answer_positions_only(llama, tmp_path):
+    """Labels rigged so the drafter's depth-1 draft is right exactly at the prompt positions:
+    acceptance over every position is well above 0, over the answers exactly 0."""
+    engine, _, prompts = llama
+    feats, _, _ = run_prepare(llama, tmp_path / "out")
+    target = TargetView.of(engine.model)
+    held = feats.rows(list(range(8)))
+    drafter = Drafter(DrafterArgs.for_target(target, 64)).attach(target)
+    (_, h), = list(depth_outputs(drafter, held, 1))
+    drafted = drafter.vocab_ids[mx.argmax(drafter.sub_logits(h), axis=-1)]  # depth 1 at positions 1..L-1
+    L = held.tokens.shape[1]
+    starts = mx.array(answer_starts(engine.tokenizer, D.load_prompts(prompts)[:8], 48, 8), dtype=mx.int32)
+    in_prompt = mx.arange(1, L)[None, :] < starts[:, None]
+    held.labels[:, 1:] = mx.where(in_prompt, drafted, drafted + 1)  # right in the prompt, wrong after it
+    everywhere = evaluate(drafter, held, 4)
+    held.starts = starts
+    answers_only = evaluate(drafter, held, 4)
+    assert everywhere[0] > 0.1 and answers_only[0] == 0.0, (everywhere, answers_only)
+
+
+def test_the_loss_leaves_out_chains_that_start_in_a_prompt(llama, tmp_path):
+    """Changing the labels of prompt positions changes nothing the loss counts (chains of depth
+    d that start in the answer read labels from the answer's first position + d - 1 on)."""
+    engine, _, prompts = llama
+    feats, _, _ = run_prepare(llama, tmp_path / "out")
+    target = TargetView.of(engine.model)
+    batch = feats.rows(list(range(4)))
+    batch.starts = mx.array(answer_starts(engine.tokenizer, D.load_prompts(prompts)[:4], 48, 4), dtype=mx.int32)
+    config = TrainConfig(out=tmp_path, depth=3)
+    drafter = Drafter(DrafterArgs.for_target(target, 64))
+    drafter.vocab_ids = mx.arange(64, dtype=mx.int32)
+    drafter.attach(target)
+    key = mx.random.key(0)
+    before = chained_loss(drafter, batch, config, key).item()
+    L = batch.tokens.shape[1]
+    in_prompt = mx.arange(L)[None, :] < batch.starts[:, None]
+    batch.labels = mx.where(in_prompt, (batch.labels + 1) % 64, batch.labels)
+    assert chained_loss(drafter, batch, config, key).item() == before
+    batch.starts = None  # every chain counted: the same change moves the loss
+    rigged = chained_loss(drafter, batch, config, key).item()
+    batch.labels = mx.where(in_prompt, (batch.labels + 63) % 64, batch.labels)
+    assert chained_loss(drafter, batch, config, key).item() != rigged

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from engines.training.train import TrainConfig, train
 
-BUILDER_VERSION = 3  # bump when the training below changes
+BUILDER_VERSION = 4  # bump when the training below changes
 PROMPT_WORDS = 6
 
 
