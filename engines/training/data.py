@@ -45,7 +45,7 @@ class Features:
     keys: mx.array  # [N, kv_heads, L, head_dim] of the layer the drafter reads
     values: mx.array
     # [N] int32: each row's first answer position (0 for a text segment). Not stored with the
-    # features: train.answer_starts recomputes it from the prompts.
+    # features: train.prepare recomputes it from the prompts (answer_starts).
     starts: mx.array | None = None
 
     @property

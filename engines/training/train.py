@@ -134,7 +134,6 @@ def train(target_model, tokenizer, target_path: str, config: TrainConfig,
     feats, answers, sources = prepare(target, tokenizer, target_path, config, on_progress, should_stop)
     prepare_s = time.perf_counter() - t0
     train_rows, held = split(feats.size, answers, config.held_out, config.seed)
-    feats.starts = mx.array(answer_starts(tokenizer, sources.pop("prompt_texts"), config.seq_len, feats.size), dtype=mx.int32)
 
     drafter, opt, state = init_or_resume(target, feats, config, out)
     loss_and_grad = nn.value_and_grad(drafter, lambda b, key: chained_loss(drafter, b, config, key))
@@ -203,7 +202,7 @@ def prepare(target: TargetView, tokenizer, target_path: str, config: TrainConfig
     texts = D.read_text_files(config.data_files)  # bad files fail now, before any work
     files = default_prompts_files() if config.prompts_file is None else [config.prompts_file] if config.prompts_file else []
     prompts = [p for f in files for p in D.load_prompts(f)]
-    sources = {"prompts": [str(f) for f in files] or None, "prompt_count": len(prompts), "prompt_texts": prompts,
+    sources = {"prompts": [str(f) for f in files] or None, "prompt_count": len(prompts),
                "answer_tokens": config.answer_tokens, "files": [p for p, _ in texts]}
     stamp = [target_path, _file_stamp(target_path)]
     answers_key = D.fingerprint(*stamp, prompts, config.answer_tokens, config.seq_len)
@@ -211,7 +210,9 @@ def prepare(target: TargetView, tokenizer, target_path: str, config: TrainConfig
     out = Path(config.out)
     cached = D.load_features(out / "features.safetensors", key)
     if cached is not None:
-        return (*cached, sources)
+        feats, answers = cached
+        feats.starts = answer_starts(tokenizer, prompts, config.seq_len, feats.size)
+        return feats, answers, sources
     t0 = time.perf_counter()
     answers_file = out / "data" / "answers.json"
     sequences = D.load_answers(answers_file, answers_key)
@@ -247,6 +248,7 @@ def prepare(target: TargetView, tokenizer, target_path: str, config: TrainConfig
     if should_stop():
         raise KeyboardInterrupt
     D.save_features(out / "features.safetensors", feats, key, answers)
+    feats.starts = answer_starts(tokenizer, prompts, config.seq_len, feats.size)
     return feats, answers, sources
 
 
@@ -256,12 +258,12 @@ def _file_stamp(path: str) -> list:
     return [(f.name, f.stat().st_size, int(f.stat().st_mtime)) for f in files]
 
 
-def answer_starts(tokenizer, prompts: list[str], seq_len: int, rows: int) -> list[int]:
-    """Per row, its first answer position: the prompt's length for the target's answers (rows
-    0..len(prompts)-1, as data.own_answers cut them), 0 for text segments. Recomputed from the
-    prompts, so the features file needs no field for it."""
+def answer_starts(tokenizer, prompts: list[str], seq_len: int, rows: int) -> mx.array:
+    """[rows] int32, each row's first answer position: the prompt's length for the target's
+    answers (rows 0..len(prompts)-1, as data.own_answers cut them), 0 for text segments.
+    Recomputed from the prompts, so the features file needs no field for it."""
     starts = [len(D.chat_ids(tokenizer, p)[: seq_len - 8]) for p in prompts]
-    return (starts + [0] * rows)[:rows]
+    return mx.array((starts + [0] * rows)[:rows], dtype=mx.int32)
 
 
 def split(n: int, answers: int, held_out: float, seed: int) -> tuple[list[int], list[int]]:

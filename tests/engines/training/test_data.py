@@ -67,7 +67,8 @@ def test_held_out_rows_are_answers_only():
 def test_answer_positions_start_after_each_prompt(llama, tmp_path):
     engine, _, prompts = llama
     feats, answers, sources = run_prepare(llama, tmp_path / "out")
-    starts = answer_starts(engine.tokenizer, D.load_prompts(prompts), 48, feats.size)
+    starts = feats.starts.tolist()  # set by prepare
+    assert starts == answer_starts(engine.tokenizer, D.load_prompts(prompts), 48, feats.size).tolist()
     for row, prompt in enumerate(D.load_prompts(prompts)):
         ids = D.chat_ids(engine.tokenizer, prompt)[: 48 - 8]
         assert feats.tokens[row, : starts[row]].tolist() == ids
@@ -85,7 +86,7 @@ def test_held_out_acceptance_counts_answer_positions_only(llama, tmp_path):
     (_, h), = list(depth_outputs(drafter, held, 1))
     drafted = drafter.vocab_ids[mx.argmax(drafter.sub_logits(h), axis=-1)]  # depth 1 at positions 1..L-1
     L = held.tokens.shape[1]
-    starts = mx.array(answer_starts(engine.tokenizer, D.load_prompts(prompts)[:8], 48, 8), dtype=mx.int32)
+    starts, held.starts = held.starts, None  # first measured over every position
     in_prompt = mx.arange(1, L)[None, :] < starts[:, None]
     held.labels[:, 1:] = mx.where(in_prompt, drafted, drafted + 1)  # right in the prompt, wrong after it
     everywhere = evaluate(drafter, held, 4)
@@ -101,7 +102,6 @@ def test_the_loss_leaves_out_chains_that_start_in_a_prompt(llama, tmp_path):
     feats, _, _ = run_prepare(llama, tmp_path / "out")
     target = TargetView.of(engine.model)
     batch = feats.rows(list(range(4)))
-    batch.starts = mx.array(answer_starts(engine.tokenizer, D.load_prompts(prompts)[:4], 48, 4), dtype=mx.int32)
     config = TrainConfig(out=tmp_path, depth=3)
     drafter = Drafter(DrafterArgs.for_target(target, 64))
     drafter.vocab_ids = mx.arange(64, dtype=mx.int32)
