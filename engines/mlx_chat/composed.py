@@ -28,6 +28,13 @@ doubles that wait, up to CHAIN_PROBE_MAX rounds (a chain chosen on its merits re
 probe costs about one chain token, so probing costs at most 1/64 of a chain token per round,
 falling to 1/1024 of one as it keeps finding the drafter a loss (the tiny Gemma 4 pair's
 assistant costs about a round per token: under 0.1% of the time).
+A verify width is priced from its own recent rounds, and a width no longer chosen is not
+measured again: under load a few slow rounds can price it (and, the curve being monotone,
+every wider one) out for good -- in a diagnostic pass of the tiny Gemma 4 pair it cut most
+7-token n-gram continuations to one or two drafts that way. So the curve is monotone from below (a slow round raises only
+its own width: StepCosts.from_below), and after REMEASURE_AFTER rounds in a row that drafted
+less than the n-gram continuation found, one drafts all of it: the widest verify re-measured,
+and on its tokens' merits nearly free where wide verifies cost what narrow ones do.
 At T>0 a tail's tokens are point masses beside the chain's sampled drafts: their rows of q
 are one-hot, which rejection sampling reads as "accept with p(x), resample from p without x".
 The choice depends only on the context and on past rounds and their times, never on this round's draws:
@@ -52,6 +59,7 @@ CHAIN_PROBE_MAX = 1024  # that wait, doubled by each probe that still finds draf
 MEASURED = True  # False: flat prices and no probes, the forms chosen by acceptance alone
 # (tests that must see every form, whatever this machine's timings)
 CHAIN_ROUNDS_KEPT = 7  # a chain token's cost: the median of the last few chain rounds
+REMEASURE_AFTER = 32  # n-gram continuations cut short in a row before one is drafted whole
 
 
 @dataclass
@@ -60,12 +68,14 @@ class DraftingCosts:
     requests (what a verify and a chain token cost does not depend on the prompt), so only the
     first request pays to find out, and the probes' counts run on across requests too."""
 
-    verify: StepCosts = field(default_factory=StepCosts)  # rounds without a chain: seconds by width
+    verify: StepCosts = field(default_factory=lambda: StepCosts(from_below=True))  # rounds without a chain:
+    # seconds by width (see the module docstring)
     chain_rounds: deque = field(default_factory=lambda: deque(maxlen=CHAIN_ROUNDS_KEPT))  # (seconds, width, chain)
     chained_in_a_row: int = 0
     unchained_in_a_row: int = 0
     probe_after: int = CHAIN_PROBE_AFTER  # rounds without a chain before the next one-draft probe
     probed: bool = False  # the last round was a one-draft probe
+    cut_short_in_a_row: int = 0  # rounds that drafted less than the n-gram continuation found
 
     def form(self, chain: int, k: int) -> int | None:
         """This round's chain length when the probes override the chooser's `chain` (0: a plain
@@ -84,6 +94,18 @@ class DraftingCosts:
         self.chained_in_a_row = self.chained_in_a_row + 1 if chain else 0
         self.unchained_in_a_row = 0 if chain else self.unchained_in_a_row + 1
         return forced
+
+    def whole_continuation_due(self, drafted: int, found: int) -> bool:
+        """Whether this round, which would draft `drafted` of the `found` n-gram tokens, should
+        draft them all: one in every REMEASURE_AFTER that cut it short (see the module docstring)."""
+        if drafted >= found:
+            self.cut_short_in_a_row = 0
+            return False
+        self.cut_short_in_a_row += 1
+        if self.cut_short_in_a_row < REMEASURE_AFTER:
+            return False
+        self.cut_short_in_a_row = 0
+        return True
 
     def observe(self, seconds: float, width: int, chain: int) -> None:
         if chain:
@@ -122,6 +144,8 @@ class ComposedProposer:
     def propose(self, ctx: ProposerContext, k: int) -> Draft:
         found = self.ngram.index.propose(self.chooser.max_drafts)
         m, chain = self.chooser.plan(len(found), k)
+        if MEASURED and found and not chain and self.costs.whole_continuation_due(m, len(found)):
+            m = len(found)  # re-measures the widest verify (see the module docstring)
         forced = self.costs.form(chain, k) if MEASURED else None
         if forced is not None:
             m, chain = 0, forced
