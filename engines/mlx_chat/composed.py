@@ -31,10 +31,11 @@ assistant costs about a round per token: under 0.1% of the time).
 A verify width is priced from its own recent rounds, and a width no longer chosen is not
 measured again: under load a few slow rounds can price it (and, the curve being monotone,
 every wider one) out for good -- in a diagnostic pass of the tiny Gemma 4 pair it cut most
-7-token n-gram continuations to one or two drafts that way. So the curve is monotone from below (a slow round raises only
-its own width: StepCosts.from_below), and after REMEASURE_AFTER rounds in a row that drafted
-less than the n-gram continuation found, one drafts all of it: the widest verify re-measured,
-and on its tokens' merits nearly free where wide verifies cost what narrow ones do.
+7-token n-gram continuations to one or two drafts that way. So the curve is monotone from
+below (a slow round raises only its own width: StepCosts.from_below), and after
+REMEASURE_AFTER rounds in a row that drafted less than the n-gram continuation found, one
+drafts all of it: the widest verify re-measured, nearly free where wide verifies cost what
+narrow ones do, and its tokens still worth their acceptance.
 At T>0 a tail's tokens are point masses beside the chain's sampled drafts: their rows of q
 are one-hot, which rejection sampling reads as "accept with p(x), resample from p without x".
 The choice depends only on the context and on past rounds and their times, never on this round's draws:
@@ -49,7 +50,7 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 
-from engines.mlx_chat.proposers import Draft, LazyVerdict, NGramProposer, ProposerContext
+from engines.mlx_chat.proposers import EMPTY, Draft, LazyVerdict, NGramProposer, ProposerContext
 from engines.speculative.composed import REPRICE_EVERY, Chooser
 from engines.speculative.costs import StepCosts
 
@@ -153,11 +154,13 @@ class ComposedProposer:
             draft = self.model.propose(ctx, chain)
             chain = draft.size
             draft = self._with_tail(draft)
+            draft.source = self.chooser.source(chain, draft.size)
             drafted = None  # read from the draft at commit, once evaluated
-        else:  # the n-gram continuation, or no drafts (the loop verifies what it gets)
+        elif m:  # the n-gram continuation
             drafted = found[:m]
-            draft = Draft(mx.array(drafted, dtype=mx.uint32))
-        draft.source = self.chooser.source(chain, draft.size)
+            draft = Draft(mx.array(drafted, dtype=mx.uint32), source=self.chooser.source(0, m))
+        else:  # no drafts: a plain round (no array made: on a tiny model that is a share of it)
+            drafted, draft = [], EMPTY
         self.last = (chain, draft, len(ctx.tokens), [] if m else found, drafted)
         return draft
 
