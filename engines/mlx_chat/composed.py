@@ -36,6 +36,13 @@ below (a slow round raises only its own width: StepCosts.from_below), and after
 REMEASURE_AFTER rounds in a row that drafted less than the n-gram continuation found, one
 drafts all of it: the widest verify re-measured, nearly free where wide verifies cost what
 narrow ones do, and its tokens still worth their acceptance.
+The target's hidden state (what an MTP chain starts from) is asked of a forward only when the
+round after it may chain -- this round chains, the chooser would chain with no n-gram match, or
+a probe is due (`needs_hidden`, read by the loop as it launches each forward): returning it
+costs a plain round of the tiny Gemma 4 pair ~1% (an extra output kept, a slice per round), and
+where the drafter is priced out nearly every round is such a plain or n-gram round. A chain
+is never started from an older round's state: without this round's, the round runs plain
+(and asks for it).
 At T>0 a tail's tokens are point masses beside the chain's sampled drafts: their rows of q
 are one-hot, which rejection sampling reads as "accept with p(x), resample from p without x".
 The choice depends only on the context and on past rounds and their times, never on this round's draws:
@@ -96,6 +103,10 @@ class DraftingCosts:
         self.unchained_in_a_row = 0 if chain else self.unchained_in_a_row + 1
         return forced
 
+    def probe_due(self) -> bool:
+        """Whether the next round (if the chooser does not chain) is a one-draft probe."""
+        return self.unchained_in_a_row >= self.probe_after
+
     def whole_continuation_due(self, drafted: int, found: int) -> bool:
         """Whether this round, which would draft `drafted` of the `found` n-gram tokens, should
         draft them all: one in every REMEASURE_AFTER that cut it short (see the module docstring)."""
@@ -127,7 +138,7 @@ class ComposedProposer:
         self.model = model  # MTPProposer or DraftModelProposer
         self.ngram = ngram
         self.name = f"{model.name}+ngram"
-        self.needs_hidden = model.needs_hidden
+        self.hidden_wanted = True  # the next forward returns the target's hidden state (see needs_hidden)
         self.chooser = Chooser(model.name)
         self.last: tuple[int, Draft, int, list[int], list[int] | None] | None = None  # the round in flight:
         # chain length, draft, context length, the n-gram continuation it did not draft, and its
@@ -135,6 +146,13 @@ class ComposedProposer:
         self.target_forward = getattr(model, "target_forward", None)
         self.costs = costs or DraftingCosts()
         self.observed = 0
+
+    @property
+    def needs_hidden(self) -> bool:
+        """Read by the loop as it launches each forward (right after propose): whether that forward
+        returns the target's hidden state -- only if the round after it may chain (see the module
+        docstring)."""
+        return self.model.needs_hidden and self.hidden_wanted
 
     def start(self, ctx: ProposerContext) -> None:
         self.model.start(ctx)
@@ -147,9 +165,16 @@ class ComposedProposer:
         m, chain = self.chooser.plan(len(found), k)
         if MEASURED and found and not chain and self.costs.whole_continuation_due(m, len(found)):
             m = len(found)  # re-measures the widest verify (see the module docstring)
+        planned = chain
         forced = self.costs.form(chain, k) if MEASURED else None
         if forced is not None:
             m, chain = 0, forced
+        stale = bool(chain) and self.model.needs_hidden and ctx.hidden is None
+        if stale:  # the last forward did not return the state a chain starts from: this one will
+            m, chain = 0, 0
+        # may the next round chain? (again after a chain; the chooser's choice with no n-gram match; a probe)
+        self.hidden_wanted = bool(stale or chain or (planned if not found else self.chooser.plan(0, k)[1])
+                                  or (MEASURED and self.costs.probe_due()))
         if chain:
             draft = self.model.propose(ctx, chain)
             chain = draft.size
