@@ -31,7 +31,7 @@ assistant costs about a round per token: under 0.1% of the time).
 A verify width is priced from its own recent rounds, and a width no longer chosen is not
 measured again: under load a few slow rounds can price it (and, the curve being monotone,
 every wider one) out for good -- in a diagnostic pass of the tiny Gemma 4 pair it cut most
-7-token n-gram continuations to one or two drafts that way. So the curve is monotone from
+7-token n-gram continuations to one to three drafts that way. So the curve is monotone from
 below (a slow round raises only its own width: StepCosts.from_below), and after
 REMEASURE_AFTER rounds in a row that drafted less than the n-gram continuation found, one
 drafts all of it: the widest verify re-measured, nearly free where wide verifies cost what
