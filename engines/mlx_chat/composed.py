@@ -58,7 +58,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 
 from engines.mlx_chat.proposers import EMPTY, Draft, LazyVerdict, NGramProposer, ProposerContext
-from engines.speculative.composed import REPRICE_EVERY, Chooser
+from engines.speculative.composed import Chooser
 from engines.speculative.costs import StepCosts
 
 PROBE_AFTER = 8  # chain rounds in a row before one plain round measures the verify alone
@@ -68,6 +68,8 @@ MEASURED = True  # False: flat prices and no probes, the forms chosen by accepta
 # (tests that must see every form, whatever this machine's timings)
 CHAIN_ROUNDS_KEPT = 7  # a chain token's cost: the median of the last few chain rounds
 REMEASURE_AFTER = 32  # n-gram continuations cut short in a row before one is drafted whole
+REPRICE_UNCHAINED_EVERY = 32  # rounds without a chain between re-readings of the measured costs (chain
+# rounds re-read them at once): each reading prices every width, ~100 us in place on the tiny Gemma 4 pair
 
 
 @dataclass
@@ -220,7 +222,7 @@ class ComposedProposer:
         chain, draft = self.last[0], self.last[1]
         self.costs.observe(seconds, 1 + draft.size, chain)
         self.observed += 1
-        if chain or self.observed % REPRICE_EVERY == 0:  # pricing is a share of a tiny model's round
+        if chain or self.observed % REPRICE_UNCHAINED_EVERY == 0:  # pricing is a share of a tiny model's round
             self._price()
 
     def _price(self) -> None:

@@ -91,3 +91,21 @@ def test_a_chooser_that_drafts_the_whole_continuation_is_not_counted_as_cutting_
     assert not any(costs.whole_continuation_due(7, 7) for _ in range(3 * REMEASURE_AFTER))
     assert [costs.whole_continuation_due(0, 7) for _ in range(REMEASURE_AFTER)][-1]
     assert costs.cut_short_in_a_row == 0
+
+
+def test_rounds_without_a_chain_reprice_every_32():
+    """Re-reading the measured costs prices every width (~100 us in place on the tiny Gemma 4
+    pair): rounds without a chain do it every REPRICE_UNCHAINED_EVERY rounds (it was every 8);
+    a chain round at once."""
+    from engines.mlx_chat.composed import REPRICE_UNCHAINED_EVERY, EMPTY
+
+    proposer, _ = copying_run(measured_costs(MACHINE))
+    readings = []
+    proposer._price = lambda: readings.append(proposer.observed)
+    for _ in range(64):
+        proposer.last = (0, EMPTY, 0, [], [])  # a plain round in flight
+        proposer.observe(0.002)
+    assert REPRICE_UNCHAINED_EVERY == 32 and readings == [32, 64]
+    proposer.last = (2, EMPTY, 0, [], None)  # a chain round
+    proposer.observe(0.006)
+    assert readings == [32, 64, 65]
