@@ -28,6 +28,21 @@ doubles that wait, up to CHAIN_PROBE_MAX rounds (a chain chosen on its merits re
 probe costs about one chain token, so probing costs at most 1/64 of a chain token per round,
 falling to 1/1024 of one as it keeps finding the drafter a loss (the tiny Gemma 4 pair's
 assistant costs about a round per token: under 0.1% of the time).
+A verify width is priced from its own recent rounds, and a width no longer chosen is not
+measured again: under load a few slow rounds can price it (and, the curve being monotone,
+every wider one) out for good -- in a diagnostic pass of the tiny Gemma 4 pair it cut most
+7-token n-gram continuations to one to three drafts that way. So the curve is monotone from
+below (a slow round raises only its own width: StepCosts.from_below), and after
+REMEASURE_AFTER rounds in a row that drafted less than the n-gram continuation found, one
+drafts all of it: the widest verify re-measured, nearly free where wide verifies cost what
+narrow ones do, and its tokens still worth their acceptance.
+The target's hidden state (what an MTP chain starts from) is asked of a forward only when the
+round after it may chain -- this round chains, the chooser would chain with no n-gram match, or
+a probe is due (`needs_hidden`, read by the loop as it launches each forward): returning it
+costs a plain round of the tiny Gemma 4 pair ~1% (an extra output kept, a slice per round), and
+where the drafter is priced out nearly every round is such a plain or n-gram round. A chain
+is never started from an older round's state: without this round's, the round runs plain
+(and asks for it).
 At T>0 a tail's tokens are point masses beside the chain's sampled drafts: their rows of q
 are one-hot, which rejection sampling reads as "accept with p(x), resample from p without x".
 The choice depends only on the context and on past rounds and their times, never on this round's draws:
@@ -42,8 +57,8 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 
-from engines.mlx_chat.proposers import Draft, LazyVerdict, NGramProposer, ProposerContext
-from engines.speculative.composed import REPRICE_EVERY, Chooser
+from engines.mlx_chat.proposers import EMPTY, Draft, LazyVerdict, NGramProposer, ProposerContext
+from engines.speculative.composed import Chooser
 from engines.speculative.costs import StepCosts
 
 PROBE_AFTER = 8  # chain rounds in a row before one plain round measures the verify alone
@@ -52,6 +67,9 @@ CHAIN_PROBE_MAX = 1024  # that wait, doubled by each probe that still finds draf
 MEASURED = True  # False: flat prices and no probes, the forms chosen by acceptance alone
 # (tests that must see every form, whatever this machine's timings)
 CHAIN_ROUNDS_KEPT = 7  # a chain token's cost: the median of the last few chain rounds
+REMEASURE_AFTER = 32  # n-gram continuations cut short in a row before one is drafted whole
+REPRICE_UNCHAINED_EVERY = 32  # rounds without a chain between re-readings of the measured costs (chain
+# rounds re-read them at once): each reading prices every width, ~100 us in place on the tiny Gemma 4 pair
 
 
 @dataclass
@@ -60,12 +78,14 @@ class DraftingCosts:
     requests (what a verify and a chain token cost does not depend on the prompt), so only the
     first request pays to find out, and the probes' counts run on across requests too."""
 
-    verify: StepCosts = field(default_factory=StepCosts)  # rounds without a chain: seconds by width
+    verify: StepCosts = field(default_factory=lambda: StepCosts(from_below=True))  # rounds without a chain:
+    # seconds by width (see the module docstring)
     chain_rounds: deque = field(default_factory=lambda: deque(maxlen=CHAIN_ROUNDS_KEPT))  # (seconds, width, chain)
     chained_in_a_row: int = 0
     unchained_in_a_row: int = 0
     probe_after: int = CHAIN_PROBE_AFTER  # rounds without a chain before the next one-draft probe
     probed: bool = False  # the last round was a one-draft probe
+    cut_short_in_a_row: int = 0  # rounds that drafted less than the n-gram continuation found
 
     def form(self, chain: int, k: int) -> int | None:
         """This round's chain length when the probes override the chooser's `chain` (0: a plain
@@ -84,6 +104,22 @@ class DraftingCosts:
         self.chained_in_a_row = self.chained_in_a_row + 1 if chain else 0
         self.unchained_in_a_row = 0 if chain else self.unchained_in_a_row + 1
         return forced
+
+    def probe_due(self) -> bool:
+        """Whether the next round (if the chooser does not chain) is a one-draft probe."""
+        return self.unchained_in_a_row >= self.probe_after
+
+    def whole_continuation_due(self, drafted: int, found: int) -> bool:
+        """Whether this round, which would draft `drafted` of the `found` n-gram tokens, should
+        draft them all: one in every REMEASURE_AFTER that cut it short (see the module docstring)."""
+        if drafted >= found:
+            self.cut_short_in_a_row = 0
+            return False
+        self.cut_short_in_a_row += 1
+        if self.cut_short_in_a_row < REMEASURE_AFTER:
+            return False
+        self.cut_short_in_a_row = 0
+        return True
 
     def observe(self, seconds: float, width: int, chain: int) -> None:
         if chain:
@@ -104,7 +140,7 @@ class ComposedProposer:
         self.model = model  # MTPProposer or DraftModelProposer
         self.ngram = ngram
         self.name = f"{model.name}+ngram"
-        self.needs_hidden = model.needs_hidden
+        self.hidden_wanted = True  # the next forward returns the target's hidden state (see needs_hidden)
         self.chooser = Chooser(model.name)
         self.last: tuple[int, Draft, int, list[int], list[int] | None] | None = None  # the round in flight:
         # chain length, draft, context length, the n-gram continuation it did not draft, and its
@@ -112,6 +148,13 @@ class ComposedProposer:
         self.target_forward = getattr(model, "target_forward", None)
         self.costs = costs or DraftingCosts()
         self.observed = 0
+
+    @property
+    def needs_hidden(self) -> bool:
+        """Read by the loop as it launches each forward (right after propose): whether that forward
+        returns the target's hidden state -- only if the round after it may chain (see the module
+        docstring)."""
+        return self.model.needs_hidden and self.hidden_wanted
 
     def start(self, ctx: ProposerContext) -> None:
         self.model.start(ctx)
@@ -122,18 +165,29 @@ class ComposedProposer:
     def propose(self, ctx: ProposerContext, k: int) -> Draft:
         found = self.ngram.index.propose(self.chooser.max_drafts)
         m, chain = self.chooser.plan(len(found), k)
+        if MEASURED and found and not chain and self.costs.whole_continuation_due(m, len(found)):
+            m = len(found)  # re-measures the widest verify (see the module docstring)
+        planned = chain
         forced = self.costs.form(chain, k) if MEASURED else None
         if forced is not None:
             m, chain = 0, forced
+        stale = bool(chain) and self.model.needs_hidden and ctx.hidden is None
+        if stale:  # the last forward did not return the state a chain starts from: this one will
+            m, chain = 0, 0
+        # may the next round chain? (again after a chain; the chooser's choice with no n-gram match; a probe)
+        self.hidden_wanted = bool(stale or chain or (planned if not found else self.chooser.plan(0, k)[1])
+                                  or (MEASURED and self.costs.probe_due()))
         if chain:
             draft = self.model.propose(ctx, chain)
             chain = draft.size
             draft = self._with_tail(draft)
+            draft.source = self.chooser.source(chain, draft.size)
             drafted = None  # read from the draft at commit, once evaluated
-        else:  # the n-gram continuation, or no drafts (the loop verifies what it gets)
+        elif m:  # the n-gram continuation
             drafted = found[:m]
-            draft = Draft(mx.array(drafted, dtype=mx.uint32))
-        draft.source = self.chooser.source(chain, draft.size)
+            draft = Draft(mx.array(drafted, dtype=mx.uint32), source=self.chooser.source(0, m))
+        else:  # no drafts: a plain round (no array made: on a tiny model that is a share of it)
+            drafted, draft = [], EMPTY
         self.last = (chain, draft, len(ctx.tokens), [] if m else found, drafted)
         return draft
 
@@ -168,7 +222,7 @@ class ComposedProposer:
         chain, draft = self.last[0], self.last[1]
         self.costs.observe(seconds, 1 + draft.size, chain)
         self.observed += 1
-        if chain or self.observed % REPRICE_EVERY == 0:  # pricing is a share of a tiny model's round
+        if chain or self.observed % REPRICE_UNCHAINED_EVERY == 0:  # pricing is a share of a tiny model's round
             self._price()
 
     def _price(self) -> None:

@@ -406,8 +406,10 @@ class ChatEngine:
         rollback(run.cache, step.k - verdict.accepted)
         run.ctx.tokens += tokens
         run.remaining -= len(tokens)
-        if step.hidden is not None:
-            run.ctx.hidden = step.hidden[verdict.accepted]
+        # None when this forward did not return it: composed drafting asks for it only before
+        # a round that may chain (engines/mlx_chat/composed.py), and a chain must not start from
+        # an older round's
+        run.ctx.hidden = step.hidden[verdict.accepted] if step.hidden is not None else None
         # the round's cost as the user waits for it: settle to settle, drafting apart (a plain
         # round launched behind the previous one costs less than a lone forward, and --steps
         # auto should know it)

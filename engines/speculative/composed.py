@@ -82,6 +82,9 @@ class Chooser:
     seen: dict[str, PositionAcceptance] = field(default_factory=dict)  # changed by record and shadow only
     expected: dict[str, list[float]] = field(default_factory=dict)  # each source's expected tokens by count,
     # until its counts change (a model priced out is not re-estimated every round)
+    keep: bool = False  # keep prices() between rounds: set by measured() (a latency function set by the
+    # caller may change under them; a measured table changes only through measured())
+    kept: Prices | None = field(default=None, repr=False)  # until a count or a measured cost changes
 
     def __post_init__(self):
         self.seen = {NGRAM: PositionAcceptance(self.max_drafts), self.model: PositionAcceptance(self.max_drafts)}
@@ -94,6 +97,7 @@ class Chooser:
         """Price rounds in seconds from now on: the verify by width, a chain token's drafting."""
         widths = {w: costs.at(w) for w in range(1, self.max_drafts + 2)}  # read once, not per option priced
         self.latency, self.model_s = widths.__getitem__, model_s
+        self.keep, self.kept = True, None
 
     def rate(self, chain: int, tail: int, prices: "Prices | None" = None) -> float:
         """Expected tokens per unit of latency of a round with `chain` model drafts and then
@@ -108,9 +112,15 @@ class Chooser:
 
     def prices(self) -> "Prices":
         """This round's figures, computed once for all its options (a round prices up to nine:
-        on a tiny model each microsecond of the host's is a share of the round)."""
-        return Prices(self._expected(self.model), self._expected(NGRAM),
-                      [self.latency(1 + w) for w in range(self.max_drafts + 1)])
+        on a tiny model each microsecond of the host's is a share of the round), and kept across
+        rounds once the costs are measured, until something they read changes."""
+        if self.kept is not None:
+            return self.kept
+        prices = Prices(self._expected(self.model), self._expected(NGRAM),
+                        [self.latency(1 + w) for w in range(self.max_drafts + 1)])
+        if self.keep:
+            self.kept = prices
+        return prices
 
     def _expected(self, source: str) -> list[float]:
         if source not in self.expected:
@@ -147,10 +157,10 @@ class Chooser:
         from n-gram), `accepted` of them were accepted."""
         if chain:
             self.seen[self.model].record(chain, min(accepted, chain))
-            self.expected.pop(self.model, None)
+            self._changed(self.model)
         if proposed > chain and accepted >= chain:
             self.seen[NGRAM].record(proposed - chain, accepted - chain)
-            self.expected.pop(NGRAM, None)
+            self._changed(NGRAM)
 
     def shadow(self, found: list[int], emitted: list[int]) -> None:
         """A round that did not draft the n-gram continuation `found`: score it against the
@@ -163,7 +173,12 @@ class Chooser:
         compared = min(len(found), len(emitted))
         hits = next((i for i in range(compared) if found[i] != emitted[i]), compared)
         self.seen[NGRAM].record(compared, hits)
-        self.expected.pop(NGRAM, None)
+        self._changed(NGRAM)
+
+    def _changed(self, source: str) -> None:
+        """`source`'s counts changed: its expected tokens, and the kept prices, are stale."""
+        self.expected.pop(source, None)
+        self.kept = None
 
     def source(self, chain: int, proposed: int) -> str | None:
         """Round.draft_source of a round that drafted `chain` model tokens of `proposed`."""

@@ -20,9 +20,18 @@ class StepCosts:
     grows linearly once compute dominates; a line would price small forwards too dear and large
     ones too cheap. Why a median: another process on the machine makes a step slow now and then,
     and a mean would carry that spike for many steps -- on a loaded 2-core machine it stopped
-    drafting where drafting paid, and kept it where it did not."""
+    drafting where drafting paid, and kept it where it did not.
+
+    `from_below`: make the curve monotone from below instead -- each size no dearer than the
+    cheapest larger size measured -- so a slow round raises only its own size's price. From
+    above (the default), one size stuck high (a few slow rounds, under load) lifts every larger
+    size with it; a chooser then stops choosing them and never measures them again (composed
+    drafting, engines/mlx_chat/composed.py, drafted 2 of a 7-token n-gram continuation for a
+    whole pass). Another process only ever slows a round down, so a larger size measured
+    cheap bounds the smaller ones."""
 
     recent: int = 7  # steps kept per size
+    from_below: bool = False  # the monotone curve under the measured sizes, not over them (see above)
     history: dict[int, deque] = field(default_factory=dict)
     seconds: dict[int, float] = field(default_factory=dict)  # the median per size (set through observe)
     curve: tuple[list[int], list[float]] | None = field(default=None, repr=False, compare=False)  # sizes and
@@ -41,7 +50,12 @@ class StepCosts:
     def at(self, tokens: int) -> float:
         if self.curve is None:
             sizes = sorted(self.seconds)
-            self.curve = sizes, list(itertools.accumulate((self.seconds[t] for t in sizes), max))  # non-decreasing
+            seconds = [self.seconds[t] for t in sizes]
+            if self.from_below:  # non-decreasing: each size at most the cheapest larger one
+                costs = list(itertools.accumulate(reversed(seconds), min))[::-1]
+            else:  # non-decreasing: each size at least the dearest smaller one
+                costs = list(itertools.accumulate(seconds, max))
+            self.curve = sizes, costs
         sizes, costs = self.curve
         if tokens <= sizes[0]:
             return costs[0]

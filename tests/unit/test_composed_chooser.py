@@ -118,3 +118,32 @@ def test_ngram_priced_out_by_early_misses_comes_back_once_the_output_copies():
     for _ in range(40):  # the output starts repeating rows: plain rounds emit what n-gram proposed
         c.shadow(found=[4, 4, 4, 4, 4, 4, 4], emitted=[4])
     assert c.plan(found=7, k=2)[0] > 0
+
+
+def test_kept_prices_follow_every_change_of_counts_and_costs():
+    """Once measured, the chooser keeps its prices between rounds (rebuilding them each round was
+    a share of a tiny model's round); whatever happens -- a verdict recorded, n-gram scored on a
+    round it did not draft, new costs -- they equal prices computed afresh."""
+    import random
+
+    from engines.speculative.composed import Prices, expected_by_count
+
+    rng = random.Random(0)
+    c = Chooser("mtp")
+    for step in range(400):
+        op = rng.randrange(4)
+        if op == 0 or step == 0:
+            costs = StepCosts()
+            for width in range(1, 9):
+                costs.observe(width, 0.001 + rng.random() * 0.0005 * width)
+            c.measured(costs, rng.random() * 0.002)
+        elif op == 1:
+            proposed = rng.randrange(1, 8)
+            chain = rng.randrange(0, proposed + 1)
+            c.record(chain, proposed, rng.randrange(0, proposed + 1))
+        elif op == 2:
+            c.shadow(found=[1, 2, 3, 4][: rng.randrange(1, 5)], emitted=[1, 2, 9][: rng.randrange(1, 4)])
+        fresh = Prices(expected_by_count(c.seen["mtp"].estimate(), c.max_drafts),
+                       expected_by_count(c.seen[NGRAM].estimate(), c.max_drafts),
+                       [c.latency(1 + w) for w in range(c.max_drafts + 1)])
+        assert c.prices() == fresh, step
