@@ -5,8 +5,9 @@ The shape is the Gemma 4 assistant's (gemma4_assistant.py) and EAGLE's (Li et al
 that reads the target's last hidden state and the next token's embedding, and the target's own
 embeddings and LM head (frozen, never stored with the drafter). One step:
 
-    x      = pre_projection(concat(target_embed(token), h_prev))       [EAGLE's fc, Gemma 4's
-                                                                        pre_projection]
+    x      = pre_projection(concat(norm(target_embed(token)),          [EAGLE's fc, Gemma 4's
+                               norm(h_prev)))                           pre_projection; the norms
+                                                                        are EAGLE-3's]
     x      = x + attention(norm(x))     queries only; K/V are the target's own, read from its
                                         cache at one layer (the last full-attention layer), as
                                         the Gemma 4 assistant does -- so the drafter keeps no
@@ -173,6 +174,9 @@ class DrafterArgs:
     intermediate_size: int
     draft_vocab: int  # K: tokens the drafter can propose (vocab_ids)
     rms_norm_eps: float = 1e-6
+    # RMSNorm on the embedding and on h_prev before pre_projection (EAGLE-3's input_layernorm
+    # and hidden_norm). False for drafters trained before it (their config has no such key).
+    input_norms: bool = False
     model_type: str = MODEL_TYPE
     extra: dict = field(default_factory=dict)  # the training record (model card), not read here
 
@@ -189,6 +193,7 @@ class DrafterArgs:
             kv_layer=target.kv_layer,
             intermediate_size=target.args.intermediate_size,
             rms_norm_eps=float(getattr(target.args, "rms_norm_eps", 1e-6)),
+            input_norms=True,
         )
 
 
@@ -197,6 +202,9 @@ class Drafter(nn.Module):
         super().__init__()
         self.args = args
         d, heads, kv_heads, hd = args.hidden_size, args.n_heads, args.n_kv_heads, args.head_dim
+        if args.input_norms:
+            self.embed_norm = nn.RMSNorm(d, eps=args.rms_norm_eps)
+            self.hidden_norm = nn.RMSNorm(d, eps=args.rms_norm_eps)
         self.pre_projection = nn.Linear(2 * d, d, bias=False)
         self.input_norm = nn.RMSNorm(d, eps=args.rms_norm_eps)
         self.q_proj = nn.Linear(d, heads * hd, bias=False)
@@ -249,6 +257,8 @@ class Drafter(nn.Module):
         return self.norm(x)
 
     def inputs(self, embedding: mx.array, h_prev: mx.array) -> mx.array:
+        if self.args.input_norms:  # SmolLM2's embeddings are ~17x smaller (RMS) than its final states
+            embedding, h_prev = self.embed_norm(embedding), self.hidden_norm(h_prev)
         return self.pre_projection(mx.concatenate([embedding, h_prev], axis=-1))
 
     # -- one chained step (what mtp.MTPProposer calls) ---------------------------------------------

@@ -93,3 +93,28 @@ def test_a_drafter_for_another_target_is_refused(targets):
     rounds = run(engine, FRESH[0], SpecConfig(method="mtp", steps=3, draft_model=str(llama_drafter)))
     assert rounds[0].note and "trained for another target" in rounds[0].note
     assert tokens_of(rounds) == tokens_of(run(engine, FRESH[0]))
+
+
+
+def test_a_drafter_saved_before_input_norms_loads_without_them(targets, tmp_path):
+    """Drafters trained before the input norms (a config without `input_norms`) load without
+    them and step as they were trained; new ones carry the norms and use them."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    engine, _, trained = targets["llama"]
+    new = load_drafter(trained)
+    assert new.args.input_norms and "embed_norm.weight" in dict(tree_flatten(new.parameters()))
+    before = tmp_path / "before"
+    before.mkdir()
+    weights = {k: v for k, v in tree_flatten(new.parameters()) if not k.startswith(("embed_norm", "hidden_norm"))}
+    mx.save_safetensors(str(before / "model.safetensors"), weights)
+    config = json.loads((trained / "config.json").read_text())
+    del config["input_norms"]
+    (before / "config.json").write_text(json.dumps(config))
+    old = load_drafter(before)
+    assert not old.args.input_norms and "embed_norm.weight" not in dict(tree_flatten(old.parameters()))
+    embedding, hidden = mx.full((1, new.args.hidden_size), 0.1), mx.full((1, new.args.hidden_size), 2.0)
+    plain = old.pre_projection(mx.concatenate([embedding, hidden], axis=-1))
+    assert mx.allclose(old.inputs(embedding, hidden), plain).item()
+    assert not mx.allclose(new.inputs(embedding, hidden), plain).item()
