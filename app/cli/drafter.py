@@ -29,15 +29,19 @@ def parser() -> Parser:
                    help="prompts the target answers to make training data (JSON list or {\"prompts\": [...]}; "
                         "default: the shipped set; 'none' = only --data)")
     p.add_argument("--answer-tokens", type=int, default=200, help="tokens per generated answer (default 200)")
+    p.add_argument("--answers-per-prompt", type=int, default=3,
+                   help="answers the target writes per prompt: the first greedy, the others sampled (default 3)")
+    p.add_argument("--answer-temperature", type=float, default=0.8,
+                   help="temperature of the sampled answers (default 0.8)")
     p.add_argument("--minutes", type=float, default=None, help=f"training time (default {DEFAULT_MINUTES:g} unless --steps)")
     p.add_argument("--steps", type=int, default=None, help="training steps")
     p.add_argument("--out", required=True, help="the drafter's directory (resumes from its last checkpoint)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--depth", type=int, default=3, help="chained depths trained (default 3)")
+    p.add_argument("--depth", type=int, default=1, help="chained depths trained (default 1)")
     p.add_argument("--batch", type=int, default=4, help="sequences per step (default 4)")
     p.add_argument("--seq-len", type=int, default=256, help="tokens per sequence (default 256)")
     p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate (default 1e-3)")
-    p.add_argument("--draft-vocab", type=int, default=8192, help="tokens the drafter can propose (default 8192)")
+    p.add_argument("--draft-vocab", type=int, default=4096, help="tokens the drafter can propose (default 4096)")
     p.add_argument("--noise", type=float, default=0.0,
                    help="uniform noise on the target's hidden state in training (default 0; EAGLE uses 0.1)")
     p.add_argument("--feature-weight", type=float, default=0.0,
@@ -63,7 +67,8 @@ def train(args) -> int:
     from engines.training.data import read_text_files
     from engines.training.train import TrainConfig
 
-    for name in ("minutes", "steps", "batch", "seq_len", "depth", "save_every", "eval_every", "draft_vocab", "answer_tokens"):
+    for name in ("minutes", "steps", "batch", "seq_len", "depth", "save_every", "eval_every", "draft_vocab", "answer_tokens",
+                 "answers_per_prompt", "answer_temperature"):
         value = getattr(args, name)
         if value is not None and value <= 0:
             raise UsageError(f"--{name.replace('_', '-')} must be positive")
@@ -77,7 +82,8 @@ def train(args) -> int:
         raise UsageError(f"cannot read prompts file {args.prompts}")
     minutes = args.minutes if args.minutes is not None or args.steps is not None else DEFAULT_MINUTES
     config = TrainConfig(out=out, data_files=args.data, prompts_file="" if args.prompts == "none" else args.prompts,
-                         answer_tokens=args.answer_tokens, steps=args.steps, minutes=minutes, seed=args.seed,
+                         answer_tokens=args.answer_tokens, answers_per_prompt=args.answers_per_prompt,
+                         answer_temperature=args.answer_temperature, steps=args.steps, minutes=minutes, seed=args.seed,
                          depth=args.depth, seq_len=args.seq_len, batch=args.batch, learning_rate=args.lr,
                          draft_vocab=args.draft_vocab, save_every=args.save_every, eval_every=args.eval_every,
                          noise=args.noise, feature_weight=args.feature_weight, soft_labels=args.soft_labels)

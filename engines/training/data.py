@@ -1,10 +1,11 @@
 """What a drafter learns from: token sequences, and the target's own state over them.
 
 Sequences come from two places, and nothing leaves the machine:
-  - the target's own greedy answers to a prompt set (the default set ships in
-    resources/prompts/drafter_train.json): self-distillation on the target's own outputs, as
-    Medusa-2 (Cai et al. 2024, sec. 3.2.2) does when no training set matches the model;
-    generated in batches with mlx-lm's batch_generate;
+  - the target's own answers to a prompt set (the default sets ship in resources/prompts/):
+    self-distillation on the target's own outputs, as Medusa-2 (Cai et al. 2024, sec. 3.2.2)
+    does when no training set matches the model; one greedy answer per prompt and, by default,
+    two sampled ones (more of the target's own text from the same prompts); generated in
+    batches with mlx-lm's batch_generate;
   - the user's text files, cut into segments of `seq_len` tokens.
 
 Teacher forcing (`features`) runs the target once over each padded batch of sequences: that
@@ -99,25 +100,39 @@ def chat_ids(tokenizer, prompt: str) -> list[int]:
     return list(tokenizer.encode(prompt))
 
 
-def own_answers(model, tokenizer, prompts: list[str], max_tokens: int, seq_len: int,
-                batch: int = 32, done: list[list[int]] | None = None, should_stop: Callable[[], bool] = lambda: False,
+def own_answers(model, tokenizer, prompts: list[str], max_tokens: int, seq_len: int, rounds: int = 1,
+                temperature: float = 0.8, seed: int = 0, batch: int = 32, done: list[list[int]] | None = None,
+                should_stop: Callable[[], bool] = lambda: False,
                 on_batch: Callable[[list[list[int]]], None] = lambda answered: None) -> list[list[int]]:
-    """prompt ids + the target's greedy answer, per prompt (cut at seq_len), in prompt order;
-    `done` holds the sequences of the first prompts, answered by an earlier, stopped run;
-    on_batch(sequences so far) after each batch (the caller keeps them, so a stop loses at most
-    one batch). 32 at a time: batch_generate's tokens/s here rise up to 32 rows and fall past it
-    (SmolLM2 on 2 cores, measured)."""
+    """prompt ids + the target's answer (cut at seq_len), `rounds` times over the prompts: the
+    first round greedy (what chat at T=0 writes, and what acceptance is measured on), each
+    further round sampled at `temperature` -- another answer to the same prompt from the
+    target's own distribution, so more of its own text per prompt (the labels stay the
+    target's greedy tokens: teacher forcing computes them). Row r answers prompt r % len(prompts).
+    `done` holds the first rows, answered by an earlier, stopped run; on_batch(rows so far)
+    after each batch (the caller keeps them, so a stop loses at most one batch). 32 at a time:
+    batch_generate's tokens/s here rise up to 32 rows and fall past it (SmolLM2 on 2 cores,
+    measured). A sampled batch is seeded by (seed, its first row), so a resumed run writes
+    the same rows as one that never stopped."""
     from mlx_lm.generate import batch_generate
+    from mlx_lm.sample_utils import make_sampler
 
     out = list(done or [])
-    for i in range(len(out), len(prompts), batch):
-        if should_stop():
-            break
-        ids = [chat_ids(tokenizer, p)[: seq_len - 8] for p in prompts[i:i + batch]]
-        answer = batch_generate(model, tokenizer, ids, max_tokens=max_tokens, return_token_ids=True)
-        for prompt_ids, answer_ids in zip(ids, answer.token_ids):
-            out.append((prompt_ids + list(answer_ids))[:seq_len])
-        on_batch(out)
+    n = len(prompts)
+    for r in range(rounds):
+        sampler = None if r == 0 else make_sampler(temp=temperature)
+        for i in range(0, n, batch):
+            first = r * n + i
+            if first < len(out):
+                continue
+            if should_stop():
+                return out
+            ids = [chat_ids(tokenizer, p)[: seq_len - 8] for p in prompts[i:i + batch]]
+            mx.random.seed(seed * 1_000_003 + first)
+            answer = batch_generate(model, tokenizer, ids, max_tokens=max_tokens, return_token_ids=True, sampler=sampler)
+            for prompt_ids, answer_ids in zip(ids, answer.token_ids):
+                out.append((prompt_ids + list(answer_ids))[:seq_len])
+            on_batch(out)
     return out
 
 
@@ -161,20 +176,25 @@ def fingerprint(*parts) -> str:
     return h.hexdigest()[:16]
 
 
-def save_answers(path: Path, sequences: list[list[int]], key: str) -> None:
-    """The target's answers so far (a stopped run resumes from them), written whole."""
+def save_answers(path: Path, sequences: list[list[int]], key: str, sampling: list) -> None:
+    """The target's answers so far (a stopped run resumes from them), written whole; `sampling`
+    (temperature, seed) is what the rows past the greedy round were sampled with."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".partial")
-    tmp.write_text(json.dumps({"fingerprint": key, "sequences": sequences}))
+    tmp.write_text(json.dumps({"fingerprint": key, "sampling": sampling, "sequences": sequences}))
     tmp.replace(path)
 
 
-def load_answers(path: Path, key: str) -> list[list[int]]:
+def load_answers(path: Path, key: str, sampling: list, greedy: int) -> list[list[int]]:
+    """The kept answers for this key; only the first `greedy` rows (the greedy round) when the
+    rest were sampled otherwise -- a run asking more answers per prompt reuses the greedy ones."""
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
         return []
-    return data["sequences"] if data.get("fingerprint") == key else []
+    if data.get("fingerprint") != key:
+        return []
+    return data["sequences"] if data.get("sampling") == sampling else data["sequences"][:greedy]
 
 
 def save_features(path: Path, f: Features, key: str, answers: int) -> None:

@@ -64,10 +64,21 @@ class TrainConfig:
     data_files: list[str] = field(default_factory=list)
     prompts_file: str | None = None  # None: the shipped prompt sets (SHIPPED_PROMPTS); "" = none
     answer_tokens: int = 200  # per generated answer
+    # answers per prompt: the first greedy, the others sampled at answer_temperature (more of
+    # the target's own text from the same prompts; see data.own_answers). 3: on SmolLM2 the
+    # drafter learns one answer per prompt (80k tokens) by heart within minutes (held-out depth 1
+    # flat at 36-37.5% from step 600, training rows 84%); three (236k tokens) gave 42% at the
+    # same 900 steps and 44-45% from step 1400 (docs/benchmarks.md), for ~3x the answering time
+    answers_per_prompt: int = 3
+    answer_temperature: float = 0.8
     steps: int | None = None
     minutes: float | None = None  # training-loop time (resumed runs count the time before)
     seed: int = 0
-    depth: int = 3  # chained depths trained
+    # chained depths trained. 1: one draft a round is what pays on a CPU (docs/benchmarks.md),
+    # and a depth-1 step costs ~0.4 of a depth-3 one for the same depth-1 acceptance per step
+    # (SmolLM2, 150 steps: 27.6% against 26.4%); depths 2+ still draft (chained from their own
+    # outputs), only less well (d2 9% against 12%)
+    depth: int = 1
     seq_len: int = 256
     batch: int = 4  # sequences per step
     learning_rate: float = 1e-3
@@ -85,7 +96,8 @@ class TrainConfig:
     # soft_labels=False: the target's greedy token as a hard label
     soft_labels: bool = False
     feature_weight: float = 0.0
-    draft_vocab: int = 8192
+    draft_vocab: int = 4096  # the head over the 4096 most frequent labels (92% of SmolLM2's
+    # held-out labels; 8192: 95%) costs half of 8192's, in training and in drafting
     held_out: float = 0.1  # fraction of sequences kept for acceptance
     save_every: int = 50
     eval_every: int = 50
@@ -133,7 +145,7 @@ def train(target_model, tokenizer, target_path: str, config: TrainConfig,
     t0 = time.perf_counter()
     feats, answers, sources = prepare(target, tokenizer, target_path, config, on_progress, should_stop)
     prepare_s = time.perf_counter() - t0
-    train_rows, held = split(feats.size, answers, config.held_out, config.seed)
+    train_rows, held = split(feats.size, answers, sources["prompt_count"], config.held_out, config.seed)
 
     drafter, opt, state = init_or_resume(target, feats, config, out)
     loss_and_grad = nn.value_and_grad(drafter, lambda b, key: chained_loss(drafter, b, config, key))
@@ -202,33 +214,39 @@ def prepare(target: TargetView, tokenizer, target_path: str, config: TrainConfig
     texts = D.read_text_files(config.data_files)  # bad files fail now, before any work
     files = default_prompts_files() if config.prompts_file is None else [config.prompts_file] if config.prompts_file else []
     prompts = [p for f in files for p in D.load_prompts(f)]
+    rounds = config.answers_per_prompt if prompts else 0
     sources = {"prompts": [str(f) for f in files] or None, "prompt_count": len(prompts),
-               "answer_tokens": config.answer_tokens, "files": [p for p, _ in texts]}
+               "answer_tokens": config.answer_tokens, "answers_per_prompt": rounds,
+               "answer_temperature": config.answer_temperature if rounds > 1 else None,
+               "files": [p for p, _ in texts]}
     stamp = [target_path, _file_stamp(target_path)]
     answers_key = D.fingerprint(*stamp, prompts, config.answer_tokens, config.seq_len)
-    key = D.fingerprint(answers_key, [t for _, t in texts], config.seq_len)
+    sampling = [config.answer_temperature, config.seed]  # what the answers past the first round depend on
+    key = D.fingerprint(answers_key, [t for _, t in texts], config.seq_len, *([rounds, *sampling] if rounds > 1 else []))
     out = Path(config.out)
     cached = D.load_features(out / "features.safetensors", key)
     if cached is not None:
         feats, answers = cached
-        feats.starts = answer_starts(tokenizer, prompts, config.seq_len, feats.size)
+        feats.starts = answer_starts(tokenizer, prompts * rounds, config.seq_len, feats.size)
         return feats, answers, sources
     t0 = time.perf_counter()
     answers_file = out / "data" / "answers.json"
-    sequences = D.load_answers(answers_file, answers_key)
-    if prompts and len(sequences) < len(prompts):
+    sequences = D.load_answers(answers_file, answers_key, sampling, greedy=len(prompts))[: len(prompts) * rounds]
+    asked = len(prompts) * rounds
+    if len(sequences) < asked:
         start = len(sequences)
         on_progress(Progress(0, config.steps, 0.0, None, 0.0, None, "answers",
-                             f"the target answers {len(prompts) - start} of {len(prompts)} prompts"))
+                             f"the target answers {asked - start} of {asked} prompts"))
 
         def answered(done: list[list[int]]) -> None:
-            D.save_answers(answers_file, done, answers_key)
+            D.save_answers(answers_file, done, answers_key, sampling)
             n, elapsed = len(done), time.perf_counter() - t0
-            on_progress(Progress(0, config.steps, 0.0, None, elapsed, elapsed * (len(prompts) - n) / (n - start), "answers",
-                                 f"the target answered {n} of {len(prompts)} prompts ({elapsed / 60:.1f} min)"))
+            on_progress(Progress(0, config.steps, 0.0, None, elapsed, elapsed * (asked - n) / (n - start), "answers",
+                                 f"the target answered {n} of {asked} prompts ({elapsed / 60:.1f} min)"))
 
-        sequences = D.own_answers(target.model, tokenizer, prompts, config.answer_tokens, config.seq_len,
-                                  done=sequences, should_stop=should_stop, on_batch=answered)
+        sequences = D.own_answers(target.model, tokenizer, prompts, config.answer_tokens, config.seq_len, rounds,
+                                  config.answer_temperature, config.seed, done=sequences, should_stop=should_stop,
+                                  on_batch=answered)
     answers = len(sequences)
     sequences += D.text_segments(tokenizer, texts, config.seq_len)
     if should_stop():
@@ -248,7 +266,7 @@ def prepare(target: TargetView, tokenizer, target_path: str, config: TrainConfig
     if should_stop():
         raise KeyboardInterrupt
     D.save_features(out / "features.safetensors", feats, key, answers)
-    feats.starts = answer_starts(tokenizer, prompts, config.seq_len, feats.size)
+    feats.starts = answer_starts(tokenizer, prompts * rounds, config.seq_len, feats.size)
     return feats, answers, sources
 
 
@@ -260,22 +278,27 @@ def _file_stamp(path: str) -> list:
 
 def answer_starts(tokenizer, prompts: list[str], seq_len: int, rows: int) -> mx.array:
     """[rows] int32, each row's first answer position: the prompt's length for the target's
-    answers (rows 0..len(prompts)-1, as data.own_answers cut them), 0 for text segments.
+    answers (rows 0..len(prompts)-1, as data.own_answers cut them; `prompts` repeated once per
+    round of answers), 0 for text segments.
     Recomputed from the prompts, so the features file needs no field for it."""
     starts = [len(D.chat_ids(tokenizer, p)[: seq_len - 8]) for p in prompts]
     return mx.array((starts + [0] * rows)[:rows], dtype=mx.int32)
 
 
-def split(n: int, answers: int, held_out: float, seed: int) -> tuple[list[int], list[int]]:
+def split(n: int, answers: int, prompts: int, held_out: float, seed: int) -> tuple[list[int], list[int]]:
     """Train and held-out rows (at least one of each when n >= 2), fixed by the seed. The
-    held-out rows are drawn from the target's answers (rows 0..answers-1) when there are any:
-    acceptance is then measured on what the target itself writes, as in chat; text files are
-    all for training."""
-    pool = answers if answers >= 2 else n
+    held-out rows are drawn from the target's greedy answers (rows 0..prompts-1) when there are
+    any: acceptance is then measured on what the target itself writes at T=0, as in chat, and
+    every other answer to a held-out prompt (row r < answers answers prompt r % prompts) is
+    left out of training, so held-out prompts stay unseen; text files are all for training."""
+    pool = min(prompts, answers) if answers >= 2 else n
     order = np.random.default_rng([seed, 7]).permutation(pool).tolist()
     k = min(max(1, round(pool * held_out)), pool - 1) if pool >= 2 else 0
     held = sorted(order[:k]) or order
-    return sorted(set(range(n)) - set(held)) or order, held
+    unseen = set(held)
+    if answers >= 2:
+        unseen |= {r for r in range(pool, answers) if r % pool in unseen}
+    return sorted(set(range(n)) - unseen) or order, held
 
 
 def batch_rows(rows: list[int], batch: int, seed: int, step: int) -> list[int]:

@@ -23,10 +23,11 @@ def llama(tmp_path_factory):
     return ChatEngine.load(str(target)), target, write_prompts(d / "prompts.json", checkpoints.WORDS, n=40)
 
 
-def run_prepare(llama, out, should_stop=lambda: False):
+def run_prepare(llama, out, should_stop=lambda: False, rounds=1, on_progress=lambda p: None):
     engine, target, prompts = llama
-    config = TrainConfig(out=out, prompts_file=str(prompts), answer_tokens=20, seq_len=48, steps=1)
-    return prepare(TargetView.of(engine.model), engine.tokenizer, str(target), config, lambda p: None, should_stop)
+    config = TrainConfig(out=out, prompts_file=str(prompts), answer_tokens=20, seq_len=48, steps=1,
+                         answers_per_prompt=rounds, answer_temperature=1.5)
+    return prepare(TargetView.of(engine.model), engine.tokenizer, str(target), config, on_progress, should_stop)
 
 
 def test_a_run_stopped_while_answering_resumes_from_the_kept_answers(llama, tmp_path):
@@ -57,11 +58,41 @@ def test_states_are_kept_in_float16_and_trained_on_in_float32(llama, tmp_path):
 
 
 def test_held_out_rows_are_answers_only():
-    train, held = split(100, 20, 0.1, seed=0)
+    train, held = split(100, 20, 20, 0.1, seed=0)
     assert len(held) == 2 and all(r < 20 for r in held)
     assert sorted(train + held) == list(range(100))
-    train, held = split(100, 0, 0.1, seed=0)  # no answers: text rows are held out
+    train, held = split(100, 0, 0, 0.1, seed=0)  # no answers: text rows are held out
     assert len(held) == 10 and sorted(train + held) == list(range(100))
+
+
+def test_held_out_prompts_are_unseen_in_training_whatever_the_answers_per_prompt():
+    one_train, one_held = split(100, 20, 20, 0.1, seed=0)
+    train, held = split(100, 60, 20, 0.1, seed=0)  # 3 answers per prompt: rows r, r + 20, r + 40
+    assert held == one_held  # the greedy answers of the same prompts are held out
+    assert not {r % 20 for r in train if r < 60} & set(held)  # no other answer to them is trained on
+    assert sorted(train + held + [r + k for r in held for k in (20, 40)]) == list(range(100))
+
+
+def test_further_answers_per_prompt_are_sampled_seeded_and_resumable(llama, tmp_path):
+    greedy, _, _ = run_prepare(llama, tmp_path / "one")
+    whole, answers, _ = run_prepare(llama, tmp_path / "two", rounds=2)
+    assert answers == 80
+    assert mx.array_equal(whole.tokens[:40], greedy.tokens).item()  # round 1 is the greedy answers
+    first = lambda f, r: f.tokens[r, : int(f.starts[r])].tolist()
+    assert all(first(whole, r + 40) == first(whole, r) for r in range(40))  # the same prompts again
+    differ = sum(not mx.array_equal(whole.tokens[r + 40], whole.tokens[r]).item() for r in range(40))
+    assert differ >= 30, differ  # sampled at T=1.5: nearly every second answer differs from the greedy one
+    calls = []
+    with pytest.raises(KeyboardInterrupt):  # stopped after the second batch: the first of round 2
+        run_prepare(llama, tmp_path / "stopped", lambda: calls.append(1) or len(calls) > 3, rounds=2)
+    kept = json.loads((tmp_path / "stopped" / "data" / "answers.json").read_text())["sequences"]
+    assert len(kept) == 72
+    resumed, _, _ = run_prepare(llama, tmp_path / "stopped", rounds=2)
+    assert mx.array_equal(resumed.tokens, whole.tokens).item()  # the sampled rows seeded by their place
+    notes = []  # a second answer per prompt asked where the greedy ones were made: only those are answered
+    again, _, _ = run_prepare(llama, tmp_path / "one", rounds=2, on_progress=lambda p: notes.append(p.note))
+    assert "the target answers 40 of 80 prompts" in notes
+    assert mx.array_equal(again.tokens, whole.tokens).item()
 
 
 def test_answer_positions_start_after_each_prompt(llama, tmp_path):

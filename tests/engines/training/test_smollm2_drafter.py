@@ -26,7 +26,7 @@ MINUTES = 4
 def trained(tmp_path_factory):
     out = tmp_path_factory.mktemp("smollm2_drafter") / "drafter"
     cmd = [sys.executable, "-c", "import sys; from app.cli.main import main; sys.exit(main(sys.argv[1:]))",
-           "drafter", "train", "--minutes", str(MINUTES), "--answer-tokens", "128", "--no-register", "--out", str(out)]
+           "drafter", "train", "--minutes", str(MINUTES), "--answer-tokens", "128", "--answers-per-prompt", "1", "--no-register", "--out", str(out)]
     done = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ), timeout=3600)
     assert done.returncode == 0, done.stderr[-2000:]
     return out
