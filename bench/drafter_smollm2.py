@@ -65,7 +65,7 @@ def main() -> int:
     p.add_argument("--prompts", default=str(resources.path("prompts", "open_chat.json")))
     p.add_argument("--json", default=None)
     p.add_argument("--limit", type=int, default=None, help="only the first N prompts")
-    p.add_argument("--cases", default="mtp-5,mtp-3,ngram-4", help="beside plain: mtp-5, mtp-3, mtp-1, ngram-4")
+    p.add_argument("--cases", default="mtp-5,mtp-3,ngram-4", help="beside plain: mtp-5, mtp-3, mtp-2, mtp-1, mtp-auto, ngram-4")
     args = p.parse_args()
     prompts = [(q["name"], q["prompt"]) for q in json.loads(open(args.prompts).read())["prompts"]]
     engine = ChatEngine.load(str(default_chat_model()))
@@ -86,7 +86,9 @@ def main() -> int:
     plain = results["plain"]["outputs"]
     cases = {"mtp-5": SpecConfig(method="mtp", steps=5, draft_model=args.drafter),
              "mtp-3": SpecConfig(method="mtp", steps=3, draft_model=args.drafter),
+             "mtp-2": SpecConfig(method="mtp", steps=2, draft_model=args.drafter),
              "mtp-1": SpecConfig(method="mtp", steps=1, draft_model=args.drafter),
+             "mtp-auto": SpecConfig(method="mtp", steps=3, auto=True, draft_model=args.drafter),  # measured in the run
              "ngram-4": SpecConfig(method="ngram", steps=4)}
     for name in args.cases.split(","):
         results[name] = measure(engine, prompts[: args.limit], cases[name], args.max_tokens, plain)
