@@ -236,13 +236,13 @@ def prepare(target: TargetView, tokenizer, target_path: str, config: TrainConfig
     if len(sequences) < asked:
         start = len(sequences)
         on_progress(Progress(0, config.steps, 0.0, None, 0.0, None, "answers",
-                             f"the target answers {asked - start} of {asked} prompts"))
+                             f"the target writes {asked - start} of {asked} answers ({rounds} per prompt)"))
 
         def answered(done: list[list[int]]) -> None:
             D.save_answers(answers_file, done, answers_key, sampling)
             n, elapsed = len(done), time.perf_counter() - t0
             on_progress(Progress(0, config.steps, 0.0, None, elapsed, elapsed * (asked - n) / (n - start), "answers",
-                                 f"the target answered {n} of {asked} prompts ({elapsed / 60:.1f} min)"))
+                                 f"the target wrote {n} of {asked} answers ({elapsed / 60:.1f} min)"))
 
         sequences = D.own_answers(target.model, tokenizer, prompts, config.answer_tokens, config.seq_len, rounds,
                                   config.answer_temperature, config.seed, done=sequences, should_stop=should_stop,

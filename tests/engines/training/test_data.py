@@ -91,7 +91,7 @@ def test_further_answers_per_prompt_are_sampled_seeded_and_resumable(llama, tmp_
     assert mx.array_equal(resumed.tokens, whole.tokens).item()  # the sampled rows seeded by their place
     notes = []  # a second answer per prompt asked where the greedy ones were made: only those are answered
     again, _, _ = run_prepare(llama, tmp_path / "one", rounds=2, on_progress=lambda p: notes.append(p.note))
-    assert "the target answers 40 of 80 prompts" in notes
+    assert "the target writes 40 of 80 answers (2 per prompt)" in notes
     assert mx.array_equal(again.tokens, whole.tokens).item()
 
 
