@@ -3,9 +3,10 @@
 
     acceptance by depth 1..5   rounds of 5 drafts: the share of rounds whose drafts 1..d were
                                all accepted (the chat engine's own per-position acceptance)
-    tok/s                      plain, --spec mtp with the drafter (3 drafts per round), and
-                               n-gram lookup (the default 4), decode tok/s over all prompts;
-                               every output checked equal to plain greedy
+    tok/s                      plain, then each case of --cases: --spec mtp with the drafter
+                               (1, 2, 3 or 5 drafts a round, or --steps auto) and n-gram
+                               lookup (4), decode tok/s over all prompts; every output
+                               checked equal to plain greedy
 
 Train first (`specscope drafter train --minutes M --out DIR`), then:
 
