@@ -70,6 +70,8 @@ class Run:
     last_settled: float = 0.0  # end of the previous round's settle: rounds tile the timeline
     note: str | None = None  # said once, by the next Round
     repetition: RepetitionDetector | None = None  # the loop detector (Request.max_repeat)
+    drafted_last: int = 0  # drafts asked of the last round that drafted (an anticipated chain's length)
+    ahead: int = 0  # drafts the proposer anticipated for the next round (depth-2 overlap), 0 if none
 
     @property
     def cache(self) -> list[Any]:
@@ -96,6 +98,7 @@ class Step:
     expected: tuple[list[float], list[float]] | None = None  # --steps auto: tok/s and tokens per k when k was chosen
     verify_s: float = 0.0  # set when settled
     wall_s: float = 0.0
+    ahead: int = 0  # drafts anticipated for this round by the last one (its chain runs in this round's time)
 
     @property
     def k(self) -> int:
@@ -114,6 +117,8 @@ class ChatEngine:
     _drafts: dict[str, LoadedModel] = field(default_factory=dict)
     _hash: str | None = None
     _composed_costs: dict[tuple[str, str], Any] = field(default_factory=dict)  # (method, drafter) -> DraftingCosts
+    _auto_seen: dict[tuple, tuple[Any, Any]] = field(default_factory=dict)  # --steps auto: (method, drafter, ...) ->
+    # (StepCosts of whole rounds, PositionAcceptance) over the requests so far
 
     # -- construction ------------------------------------------------------------------------
     @classmethod
@@ -211,6 +216,8 @@ class ChatEngine:
         ctx = ProposerContext(prompt_ids, request.sampling, self.model, cache)
         spec = request.spec
         schedule = DraftSchedule.of(spec, self.model_path) if proposer is not None else DraftSchedule(0)
+        if schedule.auto is not None:
+            self._auto_from_earlier_requests(schedule.auto, request)
         if schedule.auto is not None and isinstance(proposer, NGramProposer):
             proposer.auto = schedule.auto  # n-gram's acceptance from whole continuations (tuning.py)
         if schedule.auto is not None and hasattr(proposer, "chooser"):  # composed: price widths as auto does
@@ -229,6 +236,21 @@ class ChatEngine:
             note=note or schedule.note,
             repetition=detector_for(request.max_repeat),
         )
+
+    def _auto_from_earlier_requests(self, auto, request: Request) -> None:
+        """--steps auto starts from what earlier requests with this drafter showed: what its
+        rounds cost by width (the machine's, not the prompt's: kept as composed drafting keeps
+        DraftingCosts, so only the first request pays to find them -- the fallback's rounds at the
+        spec's steps, the narrow widths tried) and its acceptance by position, as the prior
+        (engines/speculative/tuning.py)."""
+        from engines.speculative.costs import StepCosts
+        from engines.speculative.tuning import PositionAcceptance
+
+        spec = request.spec
+        key = (spec.method, spec.draft_model or self.draft_path or "", spec.compose_ngram, request.sampling.greedy,
+               auto.max_steps)
+        auto.costs, auto.history = self._auto_seen.setdefault(key, (StepCosts(), PositionAcceptance(auto.max_steps)))
+        auto.draft_warm = bool(auto.costs.seconds)  # the drafter warmed up in an earlier request
 
     def _speculation(self, request: Request) -> tuple[Proposer | None, list[Any], str | None]:
         """The proposer and the target's cache for this run, or plain decoding and the reason
@@ -327,7 +349,8 @@ class ChatEngine:
         last = after.next_token if after is not None else mx.array(run.ctx.tokens[-1:], dtype=mx.uint32)
         inputs = mx.concatenate([last.astype(mx.uint32), draft.tokens]) if draft.size else last.astype(mx.uint32)
         logits, hidden = self._forward(run, inputs)
-        step = Step(steps, draft, t1 - t0, hidden=hidden, expected=self._expected(run) if after is None else None)
+        step = Step(steps, draft, t1 - t0, hidden=hidden, expected=self._expected(run) if after is None else None,
+                    ahead=run.ahead)
         sampling = run.ctx.sampling
         if sampling.greedy:
             step.argmax = mx.argmax(logits, axis=-1)
@@ -341,8 +364,15 @@ class ChatEngine:
             outputs = [step.token]
         mx.async_eval(*outputs, *([hidden] if hidden is not None else []))
         step.build_s = time.perf_counter() - t1
+        run.drafted_last, run.ahead = steps or run.drafted_last, 0
         if run.proposer is not None and run.proposer.drafts_ahead and run.schedule.enabled:
-            self._anticipate(run, step)
+            # Depth-2 overlap: the next round's chain -- not behind a round that chose to draft
+            # nothing (--steps auto pricing the drafter out: the next round likely drafts nothing
+            # either, and the chain would be computed and dropped every round), unless it was a
+            # skip-streak skip, after which the next round drafts again
+            ahead = bool(steps or run.schedule.skipped)
+            self._anticipate(run, step, chain=ahead)
+            run.ahead = run.drafted_last if ahead else 0
         return step
 
     @staticmethod
@@ -365,12 +395,14 @@ class ChatEngine:
             self._stop_speculating(run, e)
             return EMPTY
 
-    def _anticipate(self, run: Run, step: Step) -> None:
+    def _anticipate(self, run: Run, step: Step, chain: bool = True) -> None:
         """Depth-2 overlap: hand the proposer this round's verdict while it is still in the
-        graph, so it can queue the next round's draft right behind the verify."""
+        graph, so it can queue the next round's draft right behind the verify. `chain` False:
+        a verdict without the target's hidden state, from which nothing is chained (the
+        proposer drops the chain it anticipated before, which this round did not use)."""
         try:
             accepted, token = mxs.verdict_in_graph(step.draft.tokens, step.argmax, step.sampled, step.token)
-            hidden = mx.take(step.hidden, accepted, axis=0) if step.hidden is not None else None
+            hidden = mx.take(step.hidden, accepted, axis=0) if step.hidden is not None and chain else None
             verdict = LazyVerdict(run.ctx.position, step.draft.tokens, accepted, token, hidden)
             run.proposer.anticipate(run.ctx, verdict)
         except Exception as e:
@@ -413,7 +445,10 @@ class ChatEngine:
         # the round's cost as the user waits for it: settle to settle, drafting apart (a plain
         # round launched behind the previous one costs less than a lone forward, and --steps
         # auto should know it)
-        run.schedule.record(step.k, verdict.accepted, step.wall_s - step.draft_s, step.draft_s)
+        # (and whether it also paid for drafts it did not verify: a chain anticipated at the last
+        # round's k, cut to this one's -- its time is not the price of this k)
+        run.schedule.record(step.k, verdict.accepted, step.wall_s - step.draft_s, step.draft_s,
+                            wasted=step.ahead > step.k)
         if hasattr(run.proposer, "observe"):  # composed: prices its sources by the rounds' own times
             run.proposer.observe(step.wall_s)
         if run.proposer is not None and run.schedule.enabled and not finish:

@@ -161,14 +161,20 @@ class DraftSchedule:
             self.expected = (list(self.auto.last_rates), list(self.auto.last_tokens))
         return min(self.steps if chosen is None else chosen, remaining - 1)
 
-    def record(self, proposed: int, accepted: int, verify_s: float | None = None, draft_s: float | None = None) -> None:
+    def record(self, proposed: int, accepted: int, verify_s: float | None = None, draft_s: float | None = None,
+               wasted: bool = False) -> None:
         """After a round: its drafts and accepted count, and (for auto) what its verify and
-        drafting cost."""
+        drafting cost -- `wasted`: it also paid for drafts it did not verify (tuning.AutoSteps)."""
         self.skip.record(proposed, accepted)
         if self.depth:
             self.depth.update(proposed, accepted)
         if self.auto is not None:
-            self.auto.record(proposed, accepted, verify_s, draft_s)
+            self.auto.record(proposed, accepted, verify_s, draft_s, wasted)
+
+    @property
+    def skipped(self) -> bool:
+        """The last next_steps() was a skip-streak skip: the round after it drafts again."""
+        return self.skip.skipped_last
 
     def disable(self) -> None:
         """Graceful degradation: the drafter failed, decode plainly from here on."""

@@ -1,16 +1,32 @@
 """`--steps auto`: each round, the draft length that maximises expected tokens per second on
 this machine (the MtPC paper's throughput model, as the batch controller uses it):
 
-    k* = argmax_k  E[accepted + 1 | k] / (latency(1 + k) + k * draft_s)
+    k* = argmax_k  E[accepted + 1 | k] / round(k)
     E[accepted + 1 | k] = 1 + a1 + a1 a2 + ... + a1 ... ak
 
-with latency(w) the target's forward of w tokens, draft_s what drafting one token costs, and
-a_i the acceptance at draft position i given the positions before it were accepted. Where
-the numbers come from: a profile `specscope tune` measured on this machine for this model and
-drafter (its latency curve, drafting cost and acceptance by position), refined as the run goes
-(the run's own rounds are counted beside the profile's acceptance); without a profile, the
-run's own rounds alone once they have shown two forward widths -- and until then the EMA
-depth controller (schedule.AdaptiveDepth) moves k, which is what shows them.
+with round(k) what a whole round of k drafts costs -- the target's forward of 1 + k tokens and
+the drafting of k, as the user waits for them -- and a_i the acceptance at draft position i
+given the positions before it were accepted. Where the numbers come from: a profile `specscope
+tune` measured on this machine for this model and drafter (its latency curve by width, drafting
+cost and acceptance by position), refined as the run goes (the run's own rounds are counted
+beside the profile's acceptance, and its rounds' costs fit the profile's curve as
+scale x latency(1 + k) + k x drafting); without a profile, the run's own rounds alone once they
+have shown two widths -- and until then the EMA depth controller (schedule.AdaptiveDepth) moves
+k, which is what shows them. The chat engine keeps the rounds' costs and the acceptance by
+position across requests with the same drafter (`costs`, `history`): a later request starts
+from those costs, and from that acceptance as its prior where it has no profile.
+
+Why whole rounds, timed settle to settle, and not a forward and a drafting cost apart: with
+depth-2 overlap (MTP) the next chain is queued in the graph right behind the verify, so the
+host's timer around propose sees almost nothing, while on a CPU the chain runs on the same
+cores between the two settles and lengthens the round by what it costs -- on a GPU it hides
+behind the host's work and costs nothing, and the round's time says so either way. Two
+consequences, each a fix of what made auto over-draft a drafter trained here for SmolLM2:
+- a round that paid for drafts it did not verify (a chain anticipated at the last round's k,
+  cut to a smaller one) is not a price of its own k (`record(..., wasted=True)`);
+- a width narrower than every one measured is priced by the slope of the narrowest two, not as
+  dear as the narrowest: the fallback starts deep and probes go deeper, so the flat price kept
+  k = 1 (and plain rounds) from ever being chosen, hence measured.
 
 A profile is JSON; one from another machine or model, or one that does not parse, is ignored
 with one line (`ProfileError`) and the run goes on without it.
@@ -22,7 +38,6 @@ import json
 import platform
 import statistics
 import time
-from collections import deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -43,7 +58,6 @@ PRIOR_ROUNDS = 5
 # the run below what pays. One wider verify in nine costs little (a CPU's verify of k + 2 rows
 # is about the price of k + 1) and finds depth that pays when the text starts to repeat.
 PROBE_AFTER = 8
-DRAFT_COSTS_KEPT = 16  # rounds whose per-token drafting cost is kept (their median is the cost)
 
 
 class ProfileError(ValueError):
@@ -225,13 +239,18 @@ class AutoSteps:
 
     max_steps: int
     profile: Profile | None = None
-    costs: StepCosts = field(default_factory=StepCosts)  # this run's rounds: width -> seconds
-    draft_costs: deque = field(default_factory=lambda: deque(maxlen=DRAFT_COSTS_KEPT))  # seconds per drafted token
+    costs: StepCosts = field(default_factory=StepCosts)  # whole rounds (drafting included): width -> seconds;
+    # the chat engine keeps one per drafter across requests (a round's cost is the machine's, not the prompt's)
     since_probe: int = 0  # rounds chosen since the last probe (PROBE_AFTER)
     draft_warm: bool = False  # the drafter's first round was seen (its cost is not counted)
     last_rates: list[float] = field(default_factory=list)  # expected tok/s per k, at the last choice
     last_tokens: list[float] = field(default_factory=list)  # expected tokens per round (E[accepted + 1]) per k, ditto
     seen: PositionAcceptance | None = None
+    # earlier requests with this drafter (the chat engine keeps it): every round is counted there
+    # too, and without a profile its acceptance by position is this run's prior, weighing as
+    # PRIOR_ROUNDS rounds -- not one half at every position, which priced a second draft accepted
+    # 9% of the time at 50% until the run had reached it a dozen times, at every request
+    history: PositionAcceptance | None = None
     # n-gram lookup: acceptance by position from each round's whole continuation, scored against
     # the output as it arrives (`continuation`, `score`), not from the drafts alone
     pending: list[tuple[int, list[int]]] = field(default_factory=list)  # (output length then, continuation)
@@ -241,24 +260,75 @@ class AutoSteps:
         self.seen = PositionAcceptance(self.max_steps)
 
     def acceptance(self) -> list[float]:
-        """The run's acceptance by position, the profile's as the prior (one half without one)."""
+        """The run's acceptance by position, the profile's as the prior, else earlier requests'
+        (one half without either)."""
         if self.profile is not None:
             self.seen.prior, self.seen.weight = self.profile.acceptance, PRIOR_ROUNDS
+        elif self.seen.prior is None and self.history is not None and any(self.history.reached):
+            self.seen.prior, self.seen.weight = self.history.estimate(), PRIOR_ROUNDS  # as of this run's start
         return self.seen.estimate()
 
+    def _count(self, proposed: int, accepted: int) -> None:
+        self.seen.record(proposed, accepted)
+        if self.history is not None:
+            self.history.record(proposed, accepted)
+
     def latency(self) -> StepCosts:
-        """The profile's curve scaled to what this run's rounds cost (the median ratio over the
-        widths seen: a round costs its forward plus the loop's own work, and the machine's
-        load moves the level, not the shape); the run's own curve without a profile."""
-        if self.profile is None:
-            return self.costs
-        curve = self.profile.latency()
-        ratios = [seconds / curve.at(width) for width, seconds in self.costs.seconds.items()]
-        scale = statistics.median(ratios) if ratios else 1.0
+        """What a whole round costs by its width 1 + k, drafting included (see the module
+        docstring), at every width 1..max_steps + 1. Without a profile: the run's rounds, and
+        below the narrowest width they showed, the slope of the narrowest two (see `_measured`).
+        With one: the profile's forward latency, scaled to what the run's rounds cost, plus
+        the drafting per token (`_fit`): the machine's load moves the level, not the shape."""
         out = StepCosts()
-        for width, seconds in self.profile.target_s.items():
-            out.observe(width, seconds * scale)
+        widths = range(1, self.max_steps + 2)
+        if self.profile is None:
+            for width in widths:
+                out.observe(width, self._measured(width))
+            return out
+        curve = self.profile.latency()
+        scale, per_token = self._fit(curve)
+        for width in widths:
+            out.observe(width, scale * curve.at(width) + per_token * (width - 1))
         return out
+
+    def _measured(self, width: int) -> float:
+        """A whole round of `width` as the run measured it; narrower than every width measured,
+        the narrowest price less the slope of the narrowest two per width (at least half the
+        narrowest price). Why not the narrowest price itself: then a narrower k costs as much
+        as a wider one and brings fewer tokens, so it is never chosen, hence never measured --
+        the fallback starts at the spec's steps and probes go deeper, and auto drafted 2.4 a
+        round for a drafter whose second draft was accepted 9% of the time. Priced this way it
+        is chosen when it would pay at that price, and then measured."""
+        sizes = sorted(self.costs.seconds)
+        if width >= sizes[0] or len(sizes) < 2:
+            return self.costs.at(width)
+        low, next_ = self.costs.at(sizes[0]), self.costs.at(sizes[1])
+        slope = (next_ - low) / (sizes[1] - sizes[0])
+        return max(low - slope * (sizes[0] - width), 0.5 * low)
+
+    def _fit(self, curve: StepCosts) -> tuple[float, float]:
+        """(scale, drafting seconds per token) with which the profile's curve prices the run's
+        rounds: least squares over the widths measured, round(w) = scale x latency(w) +
+        per_token x (w - 1); with fewer than two widths (or a fit that says drafting is
+        negative) the drafting is the profile's and only the scale is fitted."""
+        measured = [(w, s) for w, s in self.costs.seconds.items()]
+        if not measured:
+            return 1.0, self.profile.draft_s
+        v = [curve.at(w) for w, _ in measured]
+        d = [w - 1 for w, _ in measured]
+        y = [s for _, s in measured]
+        if len({*d}) >= 2:
+            svv, sdd, svd = sum(a * a for a in v), sum(b * b for b in d), sum(a * b for a, b in zip(v, d))
+            svy, sdy = sum(a * c for a, c in zip(v, y)), sum(b * c for b, c in zip(d, y))
+            det = svv * sdd - svd * svd
+            if det > 0:
+                scale, per_token = (svy * sdd - sdy * svd) / det, (sdy * svv - svy * svd) / det
+                if scale > 0 and per_token >= 0:
+                    return scale, per_token
+                if scale > 0 > per_token:  # the widths priced no drafting at all: scale alone
+                    return svy / svv, 0.0
+        per_token = self.profile.draft_s
+        return statistics.median((s - per_token * b) / a for a, b, s in zip(v, d, y)), per_token
 
     def ready(self) -> bool:
         return self.profile is not None or self.costs.ready
@@ -270,7 +340,7 @@ class AutoSteps:
             return None
         latency = self.latency()
         acceptance = self.acceptance()
-        self.last_rates = rates(latency.at, self.draft_s(), acceptance, self.max_steps)
+        self.last_rates = rates(latency.at, 0.0, acceptance, self.max_steps)  # drafting is in the rounds' prices
         self.last_tokens = [expected_tokens(acceptance, k) for k in range(self.max_steps + 1)]
         k = max(range(len(self.last_rates)), key=self.last_rates.__getitem__)
         self.since_probe += 1
@@ -278,14 +348,6 @@ class AutoSteps:
             self.since_probe = 0
             return k + 1  # a probe (see PROBE_AFTER)
         return k
-
-    def draft_s(self) -> float:
-        """Seconds to draft one token: the median of this run's recent rounds, else the
-        profile's, else free. The drafter's first round is not counted: it warms up (graphs
-        built, caches allocated) and may take a second, which a mean would carry for the run."""
-        if self.draft_costs:
-            return statistics.median(self.draft_costs)
-        return self.profile.draft_s if self.profile else 0.0
 
     def continuation(self, found: list[int], at: int) -> None:
         """n-gram lookup found `found` (up to max_steps tokens) when the output was `at` tokens
@@ -307,21 +369,24 @@ class AutoSteps:
             shown = tokens[at : at + len(found)]
             hits = next((i for i, (f, t) in enumerate(zip(found, shown)) if f != t), len(shown))
             if hits < len(shown) or len(shown) == len(found):
-                self.seen.record(len(found), hits)
+                self._count(len(found), hits)
             else:
                 waiting.append((at, found))
         self.pending = waiting
 
-    def record(self, proposed: int, accepted: int, verify_s: float | None = None, draft_s: float | None = None) -> None:
+    def record(self, proposed: int, accepted: int, verify_s: float | None = None, draft_s: float | None = None,
+               wasted: bool = False) -> None:
         """One round: its acceptance by position (from its drafts, unless continuations are
-        counted instead), its verify and drafting seconds."""
+        counted instead), and its cost -- the whole round, verify_s + draft_s, by its width --
+        unless it is the drafter's first (it warms up: graphs built, caches allocated, maybe a
+        second) or it paid for drafts it did not verify (`wasted`: a chain anticipated deeper
+        than this round's k; not what a round of this k costs once it is the k anticipated)."""
         if not self.continuations:
-            self.seen.record(proposed, accepted)
-        if verify_s is not None and verify_s > 0:
-            self.costs.observe(1 + proposed, verify_s)
-        if draft_s is not None and proposed:
-            if self.draft_warm:
-                self.draft_costs.append(draft_s / proposed)
+            self._count(proposed, accepted)
+        if verify_s is None or verify_s <= 0:
+            return
+        if proposed and not self.draft_warm:
             self.draft_warm = True
-
-
+            return
+        if not wasted:
+            self.costs.observe(1 + proposed, verify_s + (draft_s or 0.0))

@@ -37,14 +37,34 @@ def test_auto_equals_plain_at_t0_and_moves_k(engines, llama_draft_dir, method):
     assert chosen and all(len(r.expected_tok_s) == MAX_STEPS + 1 for r in chosen)
 
 
+def flat(width: int) -> float:
+    return 0.01 * (1 + 0.3 * width)
+
+
 def flat_profile(engine, tmp_path, method: str, drafter: str = "") -> str:
     """A machine on which verifying 8 tokens costs what 1 does: auto drafts deep, then less
     as the run's acceptance falls -- k varies within the first rounds."""
     path = tmp_path / "profile.json"
     Profile(machine=machine_id(), model=engine.model_path, method=method, drafter=drafter,
-            target_s={w: 0.01 * (1 + 0.3 * w) for w in range(1, 9)}, draft_s=0.0,
+            target_s={w: flat(w) for w in range(1, 9)}, draft_s=0.0,
             acceptance=[0.9, 0.8, 0.6, 0.5, 0.4, 0.3, 0.2]).save(path)
     return str(path)
+
+
+@pytest.fixture
+def flat_machine(tiny, monkeypatch):  # noqa: F811
+    """The rounds cost what the flat profile says, drafting free -- not what this machine's
+    timing of the tiny pair says: auto prices whole rounds, drafting included, and a draft of
+    the tiny draft model costs more than a forward of the tiny target, so on a CPU auto rightly
+    drafts nothing, and these tests of the law would test nothing."""
+    from engines.speculative.tuning import AutoSteps
+
+    record = AutoSteps.record
+    monkeypatch.setattr(AutoSteps, "record", lambda self, proposed, accepted, verify_s=None, draft_s=None,
+                        wasted=False: record(self, proposed, accepted, flat(1 + proposed), 0.0, wasted))
+    tiny._auto_seen.clear()
+    yield
+    tiny._auto_seen.clear()
 
 
 def law(engine, spec):
@@ -60,7 +80,7 @@ def law(engine, spec):
     return counts, proposed, accepted, asked
 
 
-def test_auto_keeps_the_target_law_at_t_above_0(tiny, tmp_path):  # noqa: F811
+def test_auto_keeps_the_target_law_at_t_above_0(tiny, tmp_path, flat_machine):  # noqa: F811
     spec = SpecConfig("draft", 3, auto=True, profile=flat_profile(tiny, tmp_path, "draft", tiny.draft_path))
     spec.draft_model = tiny.draft_path
     counts, proposed, accepted, asked = law(tiny, spec)
@@ -69,7 +89,7 @@ def test_auto_keeps_the_target_law_at_t_above_0(tiny, tmp_path):  # noqa: F811
     assert chi_square_pvalue(counts, exact_distribution(tiny), N) > 1e-3
 
 
-def test_a_broken_verifier_fails_the_auto_law(tiny, tmp_path, monkeypatch):  # noqa: F811
+def test_a_broken_verifier_fails_the_auto_law(tiny, tmp_path, monkeypatch, flat_machine):  # noqa: F811
     spec = SpecConfig("draft", 3, auto=True, profile=flat_profile(tiny, tmp_path, "draft", tiny.draft_path))
     spec.draft_model = tiny.draft_path
     BROKEN["resample_from_p"](monkeypatch)
