@@ -177,6 +177,11 @@ class ComposedProposer:
         # may the next round chain? (again after a chain; the chooser's choice with no n-gram match; a probe)
         self.hidden_wanted = bool(stale or chain or (planned if not found else self.chooser.plan(0, k)[1])
                                   or (MEASURED and self.costs.probe_due()))
+        if not chain and getattr(self.model, "pending", None) is not None:
+            # the MTP chain anticipated for this round, which does not chain: by the next round it
+            # is another round's (left, the next chain round took it as its own and drafted from
+            # a stale state -- all rejected)
+            self.model.pending = None
         if chain:
             draft = self.model.propose(ctx, chain)
             chain = draft.size
