@@ -68,7 +68,7 @@ def cmd_tune(argv: list[str]) -> int:
         f"{b}x{w}:{s * 1000:.1f}" for b, by_width in sorted(profile.batch_s.items()) for w, s in sorted(by_width.items())))
     print("acceptance by position: " + "  ".join(f"{i + 1}:{a:.2f}" for i, a in enumerate(cal.acceptance))
           + f"  ({cal.rounds} rounds)")
-    print(f"drafting: {cal.draft_s * 1000:.2f} ms per token")
+    print(f"drafting: {profile.draft_s * 1000:.2f} ms per token")
     evens = [break_even(profile.latency().at, profile.draft_s, k) for k in range(1, len(profile.acceptance) + 1)]
     print("break-even acceptance by k (below it speculation loses here): "
           + "  ".join(f"{k}:{'-' if a is None else f'{a:.2f}'}" for k, a in enumerate(evens, 1)))

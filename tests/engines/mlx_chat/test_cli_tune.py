@@ -59,3 +59,17 @@ def test_a_fresh_measurement_reproduces_the_curve():
     shape = lambda c: [c[w] / c[1] for w in sorted(c)]  # noqa: E731
     for a, b in zip(shape(first), shape(second)):
         assert b == pytest.approx(a, rel=0.10), (shape(first), shape(second))
+
+
+def test_an_overlapped_drafters_drafting_is_priced_from_its_rounds():
+    """With depth-2 overlap an MTP chain is drafted in the graph behind the last verify: the host's
+    timer around drafting sees ~0, while the calibration's rounds of 7 drafts cost the forward of
+    8 tokens and the chain. The profile's drafting cost is what the round cost beyond the forward,
+    per draft (it was the host's ~0); a drafter the host times (no overlap) keeps its own figure."""
+    from engines.mlx_chat.tuning import Calibration, drafting_s
+
+    latency = {w: 0.080 + 0.004 * w for w in range(1, 9)}
+    overlapped = Calibration([0.4] * 7, [10] * 7, draft_s=0.0001, rounds=10, round_s=latency[8] + 7 * 0.005)
+    assert drafting_s(overlapped, latency) == pytest.approx(0.005)
+    timed = Calibration([0.4] * 7, [10] * 7, draft_s=0.006, rounds=10, round_s=latency[8] + 7 * 0.006 + 0.001)
+    assert drafting_s(timed, latency) == pytest.approx(0.006 + 0.001 / 7)
