@@ -58,6 +58,13 @@ PRIOR_ROUNDS = 5
 # the run below what pays. One wider verify in nine costs little (a CPU's verify of k + 2 rows
 # is about the price of k + 1) and finds depth that pays when the text starts to repeat.
 PROBE_AFTER = 8
+# Every SHALLOW_AFTER + 1 rounds, two rounds draft one token less than chosen (to k - 1 >= 1;
+# with depth-2 overlap the first carries the chain anticipated at k, so the second is the price):
+# a narrower width is otherwise measured only when chosen, so one measured dear under a passing
+# load kept its k from being chosen again (on a model of this CPU with 10% noise on each round,
+# one run in eight drafted 2.3 a round where 1 pays). Not to k = 0: plain rounds cost a drafter
+# worth drafting most, and a plain round's price only decides between plain and one draft.
+SHALLOW_AFTER = 26
 
 
 class ProfileError(ValueError):
@@ -242,6 +249,8 @@ class AutoSteps:
     costs: StepCosts = field(default_factory=StepCosts)  # whole rounds (drafting included): width -> seconds;
     # the chat engine keeps one per drafter across requests (a round's cost is the machine's, not the prompt's)
     since_probe: int = 0  # rounds chosen since the last probe (PROBE_AFTER)
+    since_shallow: int = 0  # rounds chosen since the last shallower probe (SHALLOW_AFTER)
+    shallow: list[int] = field(default_factory=list)  # the rounds left of a shallower probe (their k)
     draft_warm: bool = False  # the drafter's first round was seen (its cost is not counted)
     last_rates: list[float] = field(default_factory=list)  # expected tok/s per k, at the last choice
     last_tokens: list[float] = field(default_factory=list)  # expected tokens per round (E[accepted + 1]) per k, ditto
@@ -343,10 +352,17 @@ class AutoSteps:
         self.last_rates = rates(latency.at, 0.0, acceptance, self.max_steps)  # drafting is in the rounds' prices
         self.last_tokens = [expected_tokens(acceptance, k) for k in range(self.max_steps + 1)]
         k = max(range(len(self.last_rates)), key=self.last_rates.__getitem__)
+        if self.shallow:
+            return self.shallow.pop()
         self.since_probe += 1
+        self.since_shallow += 1
         if self.since_probe > PROBE_AFTER and k < self.max_steps:
             self.since_probe = 0
             return k + 1  # a probe (see PROBE_AFTER)
+        if self.since_shallow > SHALLOW_AFTER and k >= 2:
+            self.since_shallow = 0
+            self.shallow = [k - 1]  # a second round, which does not carry a deeper anticipated chain
+            return k - 1  # a shallower probe (see SHALLOW_AFTER)
         return k
 
     def continuation(self, found: list[int], at: int) -> None:

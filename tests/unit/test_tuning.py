@@ -376,3 +376,38 @@ def test_a_profile_prices_drafting_from_the_runs_rounds():
         assert curve.at(w) == pytest.approx(SMOLLM2[w] + CHAIN_TOKEN * (w - 1))
     auto.seen = type(auto.seen)(MAX_STEPS)  # the profile's acceptance alone
     assert auto.choose() == 1
+
+
+def test_a_narrower_width_priced_dear_by_a_passing_load_is_measured_again(monkeypatch):
+    """One draft a round was measured while another process was busy (its width priced above a
+    second draft's): chosen no more, it was never measured again. Two rounds one shallower every
+    SHALLOW_AFTER + 1 find its price again (the second half: without them k stays 2)."""
+    import random
+
+    import engines.speculative.tuning as tuning
+
+    def run():
+        rng = random.Random(2)
+        auto = AutoSteps(MAX_STEPS)
+        for _ in range(60):  # the acceptance by position, known
+            accepted = 0
+            while accepted < 3 and rng.random() < SMOLLM2_DRAFTER[accepted]:
+                accepted += 1
+            auto.record(3, accepted)
+        auto.record(2, 0, 1.0, 0.0)  # warming up
+        for width, seconds in ((2, 0.108), (3, 0.103), (4, 0.113)):  # width 2 under load
+            for _ in range(7):
+                auto.record(width - 1, 0, seconds, 0.0)
+        chosen = []
+        for _ in range(150):
+            k = auto.choose()
+            accepted = 0
+            while accepted < k and rng.random() < SMOLLM2_DRAFTER[min(accepted, 3)]:
+                accepted += 1
+            auto.record(k, accepted, SMOLLM2[1 + k] + CHAIN_TOKEN * k, 0.0)
+            chosen.append(k)
+        return chosen
+
+    assert run()[-50:].count(1) > 35
+    monkeypatch.setattr(tuning, "SHALLOW_AFTER", 10**6)
+    assert run()[-50:].count(1) == 0
