@@ -260,6 +260,8 @@ class AutoSteps:
     # PRIOR_ROUNDS rounds -- not one half at every position, which priced a second draft accepted
     # 9% of the time at 50% until the run had reached it a dozen times, at every request
     history: PositionAcceptance | None = None
+    priced: tuple[tuple, StepCosts] | None = field(default=None, repr=False)  # latency() for the costs as
+    # they were (composed drafting reads it width by width until it measures its own)
     # n-gram lookup: acceptance by position from each round's whole continuation, scored against
     # the output as it arrives (`continuation`, `score`), not from the drafts alone
     pending: list[tuple[int, list[int]]] = field(default_factory=list)  # (output length then, continuation)
@@ -288,16 +290,20 @@ class AutoSteps:
         below the narrowest width they showed, the slope of the narrowest two (see `_measured`).
         With one: the profile's forward latency, scaled to what the run's rounds cost, plus
         the drafting per token (`_fit`): the machine's load moves the level, not the shape."""
+        key = tuple(self.costs.seconds.items())
+        if self.priced is not None and self.priced[0] == key:
+            return self.priced[1]
         out = StepCosts()
         widths = range(1, self.max_steps + 2)
         if self.profile is None:
             for width in widths:
                 out.observe(width, self._measured(width))
-            return out
-        curve = self.profile.latency()
-        scale, per_token = self._fit(curve)
-        for width in widths:
-            out.observe(width, scale * curve.at(width) + per_token * (width - 1))
+        else:
+            curve = self.profile.latency()
+            scale, per_token = self._fit(curve)
+            for width in widths:
+                out.observe(width, scale * curve.at(width) + per_token * (width - 1))
+        self.priced = key, out
         return out
 
     def _measured(self, width: int) -> float:
