@@ -249,8 +249,7 @@ class ChatEngine:
         spec = request.spec
         key = (spec.method, spec.draft_model or self.draft_path or "", spec.compose_ngram, request.sampling.greedy,
                auto.max_steps)
-        auto.costs, auto.history = self._auto_seen.setdefault(key, (StepCosts(), PositionAcceptance(auto.max_steps)))
-        auto.draft_warm = bool(auto.costs.seconds)  # the drafter warmed up in an earlier request
+        auto.attach(*self._auto_seen.setdefault(key, (StepCosts(), PositionAcceptance(auto.max_steps))))
 
     def _speculation(self, request: Request) -> tuple[Proposer | None, list[Any], str | None]:
         """The proposer and the target's cache for this run, or plain decoding and the reason

@@ -270,13 +270,19 @@ class AutoSteps:
     def __post_init__(self):
         self.seen = PositionAcceptance(self.max_steps)
 
+    def attach(self, costs: StepCosts, history: "PositionAcceptance") -> None:
+        """Start from what earlier requests with this drafter showed (the chat engine keeps
+        them): the rounds' costs, and their acceptance by position as the prior."""
+        self.costs, self.history = costs, history
+        self.draft_warm = bool(costs.seconds)  # the drafter warmed up in an earlier request
+        if any(history.reached):
+            self.seen.prior, self.seen.weight = history.estimate(), PRIOR_ROUNDS
+
     def acceptance(self) -> list[float]:
         """The run's acceptance by position, the profile's as the prior, else earlier requests'
-        (one half without either)."""
+        (`attach`; one half without either)."""
         if self.profile is not None:
             self.seen.prior, self.seen.weight = self.profile.acceptance, PRIOR_ROUNDS
-        elif self.seen.prior is None and self.history is not None and any(self.history.reached):
-            self.seen.prior, self.seen.weight = self.history.estimate(), PRIOR_ROUNDS  # as of this run's start
         return self.seen.estimate()
 
     def _count(self, proposed: int, accepted: int) -> None:

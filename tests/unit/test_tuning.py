@@ -282,7 +282,7 @@ def overlapped(verify, chain_s, acc, requests=24, rounds=45, steps=3, seed=0):
     for _ in range(requests):
         schedule = DraftSchedule.of(SpecConfig("mtp", steps, auto=True))
         auto = schedule.auto
-        auto.costs, auto.history, auto.draft_warm = costs, history, bool(costs.seconds)
+        auto.attach(costs, history)
         ahead = drafted_last = 0
         seconds = tokens = 0
         for _ in range(rounds):
