@@ -48,6 +48,11 @@ def parser() -> Parser:
                    help="weight of a feature regression beside the token loss (default 0 = off; EAGLE uses 10)")
     p.add_argument("--soft-labels", action="store_true",
                    help="learn the target's distribution over the draft vocabulary, not only its greedy token (EAGLE)")
+    p.add_argument("--feature-layers", type=lambda v: [int(x) for x in v.split(",") if x.strip()], default=[],
+                   metavar="I,J", help="target layers read beside the final state (EAGLE-3's fused features; "
+                                       "default none)")
+    p.add_argument("--dropout", type=float, default=0.0, help="dropout in the drafter's layer while training (default 0)")
+    p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay (default 0: Adam)")
     p.add_argument("--save-every", type=int, default=50, help="checkpoint every N steps (default 50)")
     p.add_argument("--eval-every", type=int, default=50, help="held-out acceptance every N steps (default 50)")
     p.add_argument("--no-register", action="store_true", help="do not pair the drafter with the model in the catalog")
@@ -86,7 +91,8 @@ def train(args) -> int:
                          answer_temperature=args.answer_temperature, steps=args.steps, minutes=minutes, seed=args.seed,
                          depth=args.depth, seq_len=args.seq_len, batch=args.batch, learning_rate=args.lr,
                          draft_vocab=args.draft_vocab, save_every=args.save_every, eval_every=args.eval_every,
-                         noise=args.noise, feature_weight=args.feature_weight, soft_labels=args.soft_labels)
+                         noise=args.noise, feature_weight=args.feature_weight, soft_labels=args.soft_labels,
+                         feature_layers=args.feature_layers, dropout=args.dropout, weight_decay=args.weight_decay)
     model_id = args.model or DEFAULT_MODEL
     target = target_path(model_id)
     from engines.mlx_chat.loading import load_model

@@ -61,9 +61,12 @@ class TargetView:
     model: Any  # the mlx-lm Model (llama.Model, gemma3_text.Model, ...)
     model_type: str
     kv_layer: int  # the target layer whose K/V the drafter reads
+    # target layers whose outputs the drafter reads beside the final-norm state (EAGLE-3's
+    # low / mid features); () = the final state only
+    feature_layers: tuple[int, ...] = ()
 
     @classmethod
-    def of(cls, model) -> "TargetView":
+    def of(cls, model, feature_layers=()) -> "TargetView":
         model_type = getattr(model, "model_type", None) or getattr(getattr(model, "args", None), "model_type", None)
         if model_type not in SUPPORTED:
             raise EngineError(
@@ -73,7 +76,12 @@ class TargetView:
         kv_layer = len(layers) - 1
         if model_type == "gemma3_text":  # the last full-attention layer: its K/V cover every position
             kv_layer = max(i for i, layer in enumerate(layers) if not layer.self_attn.is_sliding)
-        return cls(model, model_type, kv_layer)
+        feature_layers = tuple(int(i) for i in feature_layers)
+        if any(not 0 <= i < len(layers) - 1 for i in feature_layers):
+            raise EngineError(f"feature layers {list(feature_layers)}: this target has layers 0..{len(layers) - 2} below its last")
+        for i in feature_layers:
+            _tap(layers[i])
+        return cls(model, model_type, kv_layer, feature_layers)
 
     @property
     def args(self):
@@ -134,11 +142,22 @@ class TargetView:
             return w[ids]
         return head.weight[ids]
 
+    @property
+    def feature_size(self) -> int:
+        """The width of what forward() returns beside the logits: D per layer read."""
+        return self.hidden_size * (len(self.feature_layers) + 1)
+
     def forward(self, tokens: mx.array, cache: list | None) -> tuple[mx.array, mx.array]:
-        """(logits [1, L, V], final-norm hidden [1, L, D]): the target's own forward, split
-        before its head (mlx-lm's Model.__call__ is model.model then the head)."""
+        """(logits [1, L, V], features [1, L, feature_size]): the target's own forward, split
+        before its head (mlx-lm's Model.__call__ is model.model then the head). The features
+        are the final-norm hidden state, preceded by the outputs of feature_layers (their
+        residual streams, as the layers left them) when the drafter reads several layers."""
         hidden = self.model.model(tokens, cache=cache)
-        return self.lm_head(hidden), hidden
+        logits = self.lm_head(hidden)
+        if self.feature_layers:
+            layers = self.model.model.layers
+            hidden = mx.concatenate([*(layers[i].tapped for i in self.feature_layers), hidden], axis=-1)
+        return logits, hidden
 
     def drafter_view(self, cache: list, last_kept: mx.array):
         """The K/V the drafter reads -- the whole buffer of layer `kv_layer`'s cache -- and a
@@ -159,6 +178,23 @@ class TargetView:
             )
 
 
+def _tap(layer) -> None:
+    """Make a target layer keep its last output (`layer.tapped`), so a forward can return it
+    beside the final state. The layer's class is swapped for a subclass that records after
+    calling the original: its parameters, their names and the model's own forward are untouched
+    (mlx-lm has no hook for intermediate states). Idempotent; costs one attribute write per call."""
+    base = type(layer)
+    if getattr(base, "records_output", False):
+        return
+
+    def call(self, *args, **kwargs):
+        out = base.__call__(self, *args, **kwargs)
+        object.__setattr__(self, "tapped", out)  # not a parameter: kept outside the module's dict
+        return out
+
+    layer.__class__ = type(f"Tapped{base.__name__}", (base,), {"__call__": call, "records_output": True})
+
+
 # -- the drafter -----------------------------------------------------------------------------------
 
 
@@ -177,12 +213,16 @@ class DrafterArgs:
     # RMSNorm on the embedding and on h_prev before pre_projection (EAGLE-3's input_layernorm
     # and hidden_norm). False for drafters trained before it (their config has no such key).
     input_norms: bool = False
+    # target layers read beside the final state (EAGLE-3's feature fusion: their outputs, each
+    # RMS-normed, and the final state go through one linear layer to D); [] = the final state only
+    feature_layers: list[int] = field(default_factory=list)
     model_type: str = MODEL_TYPE
     extra: dict = field(default_factory=dict)  # the training record (model card), not read here
 
     @classmethod
     def for_target(cls, target: TargetView, draft_vocab: int) -> "DrafterArgs":
         return cls(
+            feature_layers=list(target.feature_layers),
             draft_vocab=min(draft_vocab, target.vocab_size),
             target_model_type=target.model_type,
             hidden_size=target.hidden_size,
@@ -198,10 +238,14 @@ class DrafterArgs:
 
 
 class Drafter(nn.Module):
-    def __init__(self, args: DrafterArgs):
+    def __init__(self, args: DrafterArgs, dropout: float = 0.0):
         super().__init__()
         self.args = args
         d, heads, kv_heads, hd = args.hidden_size, args.n_heads, args.n_kv_heads, args.head_dim
+        if args.feature_layers:
+            self.feature_norms = [nn.RMSNorm(d, eps=args.rms_norm_eps) for _ in args.feature_layers]
+            self.fuse = nn.Linear(d * (len(args.feature_layers) + 1), d, bias=False)
+        self.dropout = nn.Dropout(dropout)  # training only (train.py); a no-op in eval mode
         if args.input_norms:
             self.embed_norm = nn.RMSNorm(d, eps=args.rms_norm_eps)
             self.hidden_norm = nn.RMSNorm(d, eps=args.rms_norm_eps)
@@ -223,7 +267,10 @@ class Drafter(nn.Module):
         object.__setattr__(self, "head", None)  # [K, D] the target's head rows for vocab_ids
 
     def attach(self, target: TargetView) -> "Drafter":
+        """Read this target (self.target: a view that returns the layers this drafter reads)."""
         target.check_compatible(self)
+        if tuple(self.args.feature_layers) != target.feature_layers:
+            target = TargetView.of(target.model, self.args.feature_layers)
         object.__setattr__(self, "target", target)
         object.__setattr__(self, "head", mx.stop_gradient(target.head_rows(self.vocab_ids)))
         mx.eval(self.head)
@@ -251,12 +298,23 @@ class Drafter(nn.Module):
         q = self.q_proj(self.input_norm(x)).reshape(B, L, a.n_heads, a.head_dim).transpose(0, 2, 1, 3)
         q = t.attention.rope(self.q_norm(q), offset=offset)  # the target layer's own RoPE
         o = mx.fast.scaled_dot_product_attention(q, keys, values, scale=t.attention.scale, mask=mask)
-        x = x + self.o_proj(o.transpose(0, 2, 1, 3).reshape(B, L, -1))
+        x = x + self.dropout(self.o_proj(o.transpose(0, 2, 1, 3).reshape(B, L, -1)))
         h = self.mlp_norm(x)
-        x = x + self.down_proj(nn.silu(self.gate_proj(h)) * self.up_proj(h))
+        x = x + self.dropout(self.down_proj(nn.silu(self.gate_proj(h)) * self.up_proj(h)))
         return self.norm(x)
 
+    def fused(self, features: mx.array) -> mx.array:
+        """The target's features [..., (n+1) D] -> [..., D]: each tapped layer's output
+        RMS-normed (their scales differ by layer), the final state as it is, one linear layer."""
+        d = self.args.hidden_size
+        parts = [norm(features[..., i * d:(i + 1) * d]) for i, norm in enumerate(self.feature_norms)]
+        return self.fuse(mx.concatenate([*parts, features[..., -d:]], axis=-1))
+
     def inputs(self, embedding: mx.array, h_prev: mx.array) -> mx.array:
+        """The layer's input from a token's embedding and h_prev: the target's features at a
+        chain's first step (fused when they span several layers), the drafter's own h_next after."""
+        if h_prev.shape[-1] != self.args.hidden_size:
+            h_prev = self.fused(h_prev)
         if self.args.input_norms:  # SmolLM2's embeddings are ~17x smaller (RMS) than its final states
             embedding, h_prev = self.embed_norm(embedding), self.hidden_norm(h_prev)
         return self.pre_projection(mx.concatenate([embedding, h_prev], axis=-1))

@@ -333,9 +333,9 @@ def make_mtp_proposer(engine, request) -> MTPProposer:
 
     drafter = drafters[path]
     if isinstance(drafter, Drafter):  # a drafter trained here reads the target through TargetView
-        target = TargetView.of(engine.model)
         if drafter.target is None or drafter.target.model is not engine.model:
-            drafter.attach(target)
+            drafter.attach(TargetView.of(engine.model))
+        target = drafter.target  # the view that returns the layers this drafter reads
     else:  # the Gemma 4 assistant (or a test's wrapper of one)
         target = Gemma4Target.of(engine.model)
     # Depth-2 overlap is on by default; SPECSCOPE_MTP_OVERLAP=0 turns it off for A/B runs

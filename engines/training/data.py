@@ -41,7 +41,7 @@ class Features:
 
     tokens: mx.array  # [N, L] int32
     lengths: mx.array  # [N] int32: real tokens per row (the rest is padding)
-    hidden: mx.array  # [N, L, D] final-norm hidden states
+    hidden: mx.array  # [N, L, F] the target's features: final-norm state (last D), after any tapped layers'
     labels: mx.array  # [N, L] int32: the target's greedy token after position t
     keys: mx.array  # [N, kv_heads, L, head_dim] of the layer the drafter reads
     values: mx.array

@@ -98,6 +98,11 @@ class TrainConfig:
     feature_weight: float = 0.0
     draft_vocab: int = 4096  # the head over the 4096 most frequent labels (92% of SmolLM2's
     # held-out labels; 8192: 95%) costs half of 8192's, in training and in drafting
+    # target layers the drafter reads beside the final state (EAGLE-3's fused low / mid / high
+    # features, Li et al. 2025, sec. 3.2); [] = the final state only
+    feature_layers: list[int] = field(default_factory=list)
+    dropout: float = 0.0  # on the drafter layer's two residual branches, in training only
+    weight_decay: float = 0.0  # AdamW's decoupled decay (0: Adam)
     held_out: float = 0.1  # fraction of sequences kept for acceptance
     save_every: int = 50
     eval_every: int = 50
@@ -139,7 +144,8 @@ OnProgress = Callable[[Progress], None]
 
 def train(target_model, tokenizer, target_path: str, config: TrainConfig,
           on_progress: OnProgress = lambda p: None, should_stop: Callable[[], bool] = lambda: False) -> Result:
-    target = TargetView.of(target_model)  # unsupported architecture: one line naming the supported ones
+    # unsupported architecture or layers: one line naming what is supported
+    target = TargetView.of(target_model, config.feature_layers)
     out = Path(config.out).expanduser()
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -157,6 +163,7 @@ def train(target_model, tokenizer, target_path: str, config: TrainConfig,
             break
         t = time.perf_counter()
         batch = feats.rows(batch_rows(train_rows, config.batch, config.seed, step))
+        mx.random.seed(config.seed * 1_000_003 + step)  # dropout's masks: (seed, step), exact resume
         loss, grads = loss_and_grad(batch, mx.random.key(config.seed * 1_000_003 + step))  # (seed, step): exact resume
         opt.update(drafter, grads)
         mx.eval(loss, drafter.parameters(), opt.state)
@@ -222,7 +229,8 @@ def prepare(target: TargetView, tokenizer, target_path: str, config: TrainConfig
     stamp = [target_path, _file_stamp(target_path)]
     answers_key = D.fingerprint(*stamp, prompts, config.answer_tokens, config.seq_len)
     sampling = [config.answer_temperature, config.seed]  # what the answers past the first round depend on
-    key = D.fingerprint(answers_key, [t for _, t in texts], config.seq_len, *([rounds, *sampling] if rounds > 1 else []))
+    key = D.fingerprint(answers_key, [t for _, t in texts], config.seq_len, *([rounds, *sampling] if rounds > 1 else []),
+                        *([list(target.feature_layers)] if target.feature_layers else []))
     out = Path(config.out)
     cached = D.load_features(out / "features.safetensors", key)
     if cached is not None:
@@ -320,13 +328,13 @@ def draft_vocabulary(feats: D.Features, size: int) -> mx.array:
 
 def init_or_resume(target: TargetView, feats: D.Features, config: TrainConfig, out: Path):
     mx.random.seed(config.seed)
-    drafter = Drafter(DrafterArgs.for_target(target, config.draft_vocab))
+    drafter = Drafter(DrafterArgs.for_target(target, config.draft_vocab), dropout=config.dropout)
     drafter.vocab_ids = draft_vocabulary(feats, drafter.args.draft_vocab)
     drafter.freeze(keys=["vocab_ids"])
     schedule = optim.join_schedules(
         [optim.linear_schedule(config.learning_rate / config.warmup, config.learning_rate, config.warmup),
          lambda _: config.learning_rate], [config.warmup])
-    opt = optim.Adam(learning_rate=schedule)
+    opt = optim.AdamW(learning_rate=schedule, weight_decay=config.weight_decay) if config.weight_decay else optim.Adam(learning_rate=schedule)
     state = {"step": 0, "train_s": 0.0}
     ckpt = latest_checkpoint(out)
     if ckpt is not None:
@@ -371,10 +379,11 @@ def chained_loss(drafter: Drafter, batch: D.Features, config: TrainConfig, key: 
     L = batch.tokens.shape[1]
     real = mx.arange(L)[None, :] < batch.lengths[:, None]
     hidden = batch.hidden
+    final = batch.hidden[..., -drafter.args.hidden_size:]  # the final-norm state (the features end with it)
     if config.noise:
         hidden = hidden + mx.random.uniform(-config.noise, config.noise, hidden.shape, key=key)
     if config.soft_labels:
-        teacher = mx.softmax(drafter.sub_logits(batch.hidden), axis=-1)  # over the draft vocabulary, renormalised
+        teacher = mx.softmax(drafter.sub_logits(final), axis=-1)  # over the draft vocabulary, renormalised
     else:
         lookup = mx.full((drafter.args.vocab_size,), -1, dtype=mx.int32)
         lookup = lookup.at[drafter.vocab_ids].add(mx.arange(drafter.vocab_ids.size, dtype=mx.int32) + 1)
@@ -393,7 +402,7 @@ def chained_loss(drafter: Drafter, batch: D.Features, config: TrainConfig, key: 
             keep = real_d & (sub[:, d:] >= 0)
             loss = nn.losses.cross_entropy(logits, mx.maximum(sub[:, d:], 0), reduction="none")
         if config.feature_weight:
-            loss = loss + config.feature_weight * nn.losses.smooth_l1_loss(h, batch.hidden[:, d:], reduction="none").mean(-1)
+            loss = loss + config.feature_weight * nn.losses.smooth_l1_loss(h, final[:, d:], reduction="none").mean(-1)
         w = DEPTH_DECAY ** (d - 1)
         total = total + w * (loss * keep).sum() / mx.maximum(keep.sum(), 1)
         weights += w
@@ -409,6 +418,8 @@ def evaluate(drafter: Drafter, held: D.Features, batch: int) -> list[float]:
     system prompt, which the drafter learns by heart)."""
     hits = np.zeros(EVAL_DEPTH)
     starts = 0
+    was_training = drafter.training
+    drafter.eval()  # no dropout
     for i in range(0, held.size, batch):
         b = held.rows(list(range(i, min(i + batch, held.size))))
         L = b.tokens.shape[1]
@@ -430,6 +441,7 @@ def evaluate(drafter: Drafter, held: D.Features, batch: int) -> list[float]:
                 for d in range(1, EVAL_DEPTH + 1):
                     ok = ok and d in correct and bool(correct[d][n, p + d - 1])
                     hits[d - 1] += ok
+    drafter.train(was_training)
     return [float(x) for x in hits / max(starts, 1)]
 
 

@@ -23,10 +23,12 @@ def prompts(words, n: int = 40, seed: int = 0) -> list[str]:
     return [" ".join(rng.choice(words) for _ in range(PROMPT_WORDS)) for _ in range(n)]
 
 
-def config(out: Path, prompts_file: Path, steps: int, seed: int = 0, save_every: int = 50) -> TrainConfig:
+def config(out: Path, prompts_file: Path, steps: int, seed: int = 0, save_every: int = 50,
+           feature_layers=()) -> TrainConfig:
     return TrainConfig(out=out, prompts_file=str(prompts_file), answer_tokens=40, steps=steps, seq_len=64,
                        batch=4, learning_rate=3e-3, seed=seed, save_every=save_every, eval_every=steps,
-                       depth=3, draft_vocab=8192, answers_per_prompt=1)  # the tests draft chains of 2-3
+                       depth=3, draft_vocab=8192, answers_per_prompt=1,  # the tests draft chains of 2-3
+                       feature_layers=list(feature_layers))
 
 
 def write_prompts(path: Path, words, n: int = 40) -> Path:
@@ -34,10 +36,11 @@ def write_prompts(path: Path, words, n: int = 40) -> Path:
     return path
 
 
-def trained_drafter(engine, target_dir: str | Path, words, steps: int = 200) -> Path:
-    """The directory of a drafter trained `steps` steps on `engine`'s target (cached)."""
+def trained_drafter(engine, target_dir: str | Path, words, steps: int = 200, feature_layers=()) -> Path:
+    """The directory of a drafter trained `steps` steps on `engine`'s target (cached);
+    `feature_layers`: target layers it reads beside the final state (fused features)."""
     target_dir = Path(target_dir)
-    digest = hashlib.sha256(f"{BUILDER_VERSION}-{steps}-{list(words)}".encode())
+    digest = hashlib.sha256(f"{BUILDER_VERSION}-{steps}-{list(words)}-{list(feature_layers)}".encode())
     for f in sorted(target_dir.glob("*.safetensors")):
         digest.update(f.read_bytes())
     root = Path(tempfile.gettempdir()) / "specscope-test-cache"
@@ -48,7 +51,8 @@ def trained_drafter(engine, target_dir: str | Path, words, steps: int = 200) -> 
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     prompts_file = write_prompts(work / "prompts.json", words)
-    train(engine.model, engine.tokenizer, str(target_dir), config(work / "drafter", prompts_file, steps))
+    train(engine.model, engine.tokenizer, str(target_dir),
+          config(work / "drafter", prompts_file, steps, feature_layers=feature_layers))
     shutil.rmtree(out, ignore_errors=True)
     (work / "drafter").rename(out)  # whole or absent, for a run killed mid-training
     shutil.rmtree(work, ignore_errors=True)
