@@ -9,6 +9,7 @@ once (the last checkpoint is kept). Bad input is one line and exit 2 (app.cli.ma
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -41,6 +42,8 @@ def parser() -> Parser:
     p.add_argument("--batch", type=int, default=4, help="sequences per step (default 4)")
     p.add_argument("--seq-len", type=int, default=256, help="tokens per sequence (default 256)")
     p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate (default 1e-3)")
+    p.add_argument("--decay", action="store_true",
+                   help="the learning rate falls linearly to 0 at the end of the run (default: constant after warm-up)")
     p.add_argument("--draft-vocab", type=int, default=4096, help="tokens the drafter can propose (default 4096)")
     p.add_argument("--noise", type=float, default=0.0,
                    help="uniform noise on the target's hidden state in training (default 0; EAGLE uses 0.1)")
@@ -48,15 +51,27 @@ def parser() -> Parser:
                    help="weight of a feature regression beside the token loss (default 0 = off; EAGLE uses 10)")
     p.add_argument("--soft-labels", action="store_true",
                    help="learn the target's distribution over the draft vocabulary, not only its greedy token (EAGLE)")
-    p.add_argument("--feature-layers", type=lambda v: [int(x) for x in v.split(",") if x.strip()], default=[],
-                   metavar="I,J", help="target layers read beside the final state (EAGLE-3's fused features; "
-                                       "default none)")
+    p.add_argument("--feature-layers", type=feature_layers, default=None, metavar="I,J|auto|none",
+                   help="target layers the drafter reads beside the final state (EAGLE-3's fused features; "
+                        "default auto: layers 1, n/2-1 and n-4 of n)")
     p.add_argument("--dropout", type=float, default=0.0, help="dropout in the drafter's layer while training (default 0)")
     p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay (default 0: Adam)")
     p.add_argument("--save-every", type=int, default=50, help="checkpoint every N steps (default 50)")
     p.add_argument("--eval-every", type=int, default=50, help="held-out acceptance every N steps (default 50)")
     p.add_argument("--no-register", action="store_true", help="do not pair the drafter with the model in the catalog")
     return p
+
+
+def feature_layers(value: str) -> list[int] | None:
+    """--feature-layers: 'auto' (None: the trainer's default), 'none' ([]), or I,J,..."""
+    if value == "auto":
+        return None
+    if value == "none":
+        return []
+    try:
+        return [int(x) for x in value.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected auto, none or layer numbers like 1,14: {value!r}") from None
 
 
 def cmd_drafter(argv: list[str]) -> int:
@@ -92,7 +107,8 @@ def train(args) -> int:
                          depth=args.depth, seq_len=args.seq_len, batch=args.batch, learning_rate=args.lr,
                          draft_vocab=args.draft_vocab, save_every=args.save_every, eval_every=args.eval_every,
                          noise=args.noise, feature_weight=args.feature_weight, soft_labels=args.soft_labels,
-                         feature_layers=args.feature_layers, dropout=args.dropout, weight_decay=args.weight_decay)
+                         feature_layers=args.feature_layers, dropout=args.dropout, weight_decay=args.weight_decay,
+                         decay=args.decay)
     model_id = args.model or DEFAULT_MODEL
     target = target_path(model_id)
     from engines.mlx_chat.loading import load_model

@@ -178,6 +178,12 @@ class TargetView:
             )
 
 
+def default_feature_layers(n_layers: int) -> tuple[int, ...]:
+    """EAGLE-3's low / mid / high layers (SpecForge's choice: 1, n/2 - 1, n - 4), those below
+    the last: SmolLM2's 30 layers -> (1, 14, 26); a 2-layer test model -> (0,)."""
+    return tuple(sorted({i for i in (1, n_layers // 2 - 1, n_layers - 4) if 0 <= i < n_layers - 1}))
+
+
 def _tap(layer) -> None:
     """Make a target layer keep its last output (`layer.tapped`), so a forward can return it
     beside the final state. The layer's class is swapped for a subclass that records after

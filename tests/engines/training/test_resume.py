@@ -37,7 +37,7 @@ def command(target, prompts, out):
     return [sys.executable, "-c", CLI, "drafter", "train", "--model", str(target), "--prompts", str(prompts),
             "--answer-tokens", "40", "--seq-len", "64", "--steps", str(STEPS), "--lr", "3e-3",
             "--save-every", "10", "--eval-every", str(STEPS), "--depth", "3", "--draft-vocab", "8192",
-            "--answers-per-prompt", "1", "--no-register", "--out", str(out)]  # as trained.config
+            "--answers-per-prompt", "1", "--feature-layers", "none", "--no-register", "--out", str(out)]  # as trained.config
 
 
 def checkpoint_step(out) -> int:
@@ -91,3 +91,25 @@ def test_ctrl_c_leaves_a_resumable_checkpoint(setup, tmp_path):
     resumed = subprocess.run(command(target, prompts, out), capture_output=True, text=True, env=dict(os.environ), timeout=120)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert same(mx.load(str(out / "model.safetensors")), uninterrupted)
+
+
+def test_a_decaying_run_stopped_and_resumed_ends_as_one_that_never_stopped(setup, tmp_path):
+    """--decay lowers the rate by the share of the run done, a function of the step under
+    --steps: a run cancelled at step 25 and resumed ends with the weights of one never stopped,
+    and those differ from a constant rate's."""
+    from dataclasses import replace
+
+    target, prompts, _ = setup
+    engine = ChatEngine.load(str(target))
+    weights = {}
+    for name, decay in (("constant", False), ("decay", True)):
+        train(engine.model, engine.tokenizer, str(target), replace(config(tmp_path / name, prompts, 60), decay=decay))
+        weights[name] = mx.load(str(tmp_path / name / "model.safetensors"))
+    seen = {"step": 0}
+    stopped = replace(config(tmp_path / "stopped", prompts, 60, save_every=10), decay=True)
+    first = train(engine.model, engine.tokenizer, str(target), stopped,
+                  on_progress=lambda p: seen.update(step=p.step), should_stop=lambda: seen["step"] >= 25)
+    assert not first.finished and first.step == 25
+    train(engine.model, engine.tokenizer, str(target), stopped)
+    assert same(mx.load(str(tmp_path / "stopped" / "model.safetensors")), weights["decay"])
+    assert not same(weights["decay"], weights["constant"])
