@@ -36,7 +36,7 @@ import errno
 import json
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -150,10 +150,9 @@ OnProgress = Callable[[Progress], None]
 def train(target_model, tokenizer, target_path: str, config: TrainConfig,
           on_progress: OnProgress = lambda p: None, should_stop: Callable[[], bool] = lambda: False) -> Result:
     # unsupported architecture or layers: one line naming what is supported
-    layers = config.feature_layers
-    if layers is None:
-        layers = default_feature_layers(len(target_model.model.layers))
-    target = TargetView.of(target_model, layers)
+    if config.feature_layers is None:  # the card records the layers chosen
+        config = replace(config, feature_layers=list(default_feature_layers(len(target_model.model.layers))))
+    target = TargetView.of(target_model, config.feature_layers)
     out = Path(config.out).expanduser()
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
