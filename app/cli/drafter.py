@@ -42,8 +42,9 @@ def parser() -> Parser:
     p.add_argument("--batch", type=int, default=4, help="sequences per step (default 4)")
     p.add_argument("--seq-len", type=int, default=256, help="tokens per sequence (default 256)")
     p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate (default 1e-3)")
-    p.add_argument("--decay", action="store_true",
-                   help="the learning rate falls linearly to 0 at the end of the run (default: constant after warm-up)")
+    p.add_argument("--decay", action=argparse.BooleanOptionalAction, default=True,
+                   help="the learning rate falls linearly to 0 at the end of the run (default; --no-decay: constant "
+                        "after the warm-up)")
     p.add_argument("--draft-vocab", type=int, default=4096, help="tokens the drafter can propose (default 4096)")
     p.add_argument("--noise", type=float, default=0.0,
                    help="uniform noise on the target's hidden state in training (default 0; EAGLE uses 0.1)")

@@ -28,7 +28,7 @@ def config(out: Path, prompts_file: Path, steps: int, seed: int = 0, save_every:
     return TrainConfig(out=out, prompts_file=str(prompts_file), answer_tokens=40, steps=steps, seq_len=64,
                        batch=4, learning_rate=3e-3, seed=seed, save_every=save_every, eval_every=steps,
                        depth=3, draft_vocab=8192, answers_per_prompt=1,  # the tests draft chains of 2-3
-                       feature_layers=list(feature_layers))
+                       feature_layers=list(feature_layers), decay=False)
 
 
 def write_prompts(path: Path, words, n: int = 40) -> Path:
