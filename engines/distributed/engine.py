@@ -127,7 +127,18 @@ def load_rank_zero(path: str, draft_model: str | None, group: mx.distributed.Gro
             engine._draft(draft_model)
         elif stage is not None:  # loaded now: its memory counts, and a wrong one is said at start
             preload_drafter(engine, draft_model)
+            check_drafter_layers(engine.mtp_drafters[draft_model], draft_model, stage)
     return engine, stage
+
+
+def check_drafter_layers(drafter, path: str, stage: Stage) -> None:
+    """A drafter trained here with fused features reads lower target layers, which a pipeline
+    runs on other ranks (rank 0's stage hands over only the final state): one line at start."""
+    layers = getattr(getattr(drafter, "args", None), "feature_layers", None) or []
+    if any(not stage.lo <= i < stage.hi for i in layers):
+        raise EngineError(f"the drafter {path} reads target layers {layers}, and rank 0 runs layers {stage.lo}.."
+                          f"{stage.hi - 1} of this pipeline: serve it in one process, or train it with "
+                          f"--feature-layers none")
 
 
 @dataclass

@@ -113,3 +113,21 @@ def test_what_has_no_stages_is_one_line(llama):
     model.model_type = "olmo"  # an architecture the stages do not know
     with pytest.raises(Unpipelinable, match="'olmo' model cannot be split into pipeline stages"):
         check_pipelinable(model, 2)
+
+
+def test_a_drafter_reading_layers_off_rank_zero_is_one_line(tmp_path):
+    """A drafter trained with fused features reads lower target layers; a pipeline runs them on
+    rank 1, so `serve --ranks 2` refuses it at start; a drafter reading only the last layer's
+    state and K/V is served."""
+    from engines.distributed.engine import check_drafter_layers
+    from engines.mlx_chat.drafter import Drafter, DrafterArgs, TargetView
+    from engines.types import EngineError
+    from tests.engines.mlx_chat import checkpoints
+
+    path = str(checkpoints.make_tiny_llama(tmp_path / "llama"))
+    model = load_model(path).model
+    rank0 = make_stage(load_model(path, lazy=True).model, None, 0, 2)
+    fused = Drafter(DrafterArgs.for_target(TargetView.of(model, [0]), 64))
+    with pytest.raises(EngineError, match=r"reads target layers \[0\], and rank 0 runs layers 1\.\.1"):
+        check_drafter_layers(fused, "DIR", rank0)
+    check_drafter_layers(Drafter(DrafterArgs.for_target(TargetView.of(model), 64)), "DIR", rank0)
