@@ -45,16 +45,32 @@ def system_openblas() -> str | None:
     return None
 
 
-def preload_openblas() -> None:
-    """Re-exec this very command line with OpenBLAS in LD_PRELOAD (once; SPECSCOPE_NO_OPENBLAS=1
-    opts out). Call it first thing: the console script and the benchmark scripts do."""
-    if sys.platform != "linux" or os.environ.get("SPECSCOPE_NO_OPENBLAS"):
-        return
-    lib = system_openblas()
-    if lib is None or lib in os.environ.get("LD_PRELOAD", ""):
+def cpu_libraries() -> list[str]:
+    """What MLX's CPU backend should run with, in LD_PRELOAD order: the few-row matrix kernel
+    (engines/mlx_chat/cpu_gemm.c, built on first use; SPECSCOPE_SMALL_GEMM=0 leaves it out),
+    which takes the products of decoding and verifying and hands the rest on to the next
+    library, then the system's OpenBLAS (SPECSCOPE_NO_OPENBLAS=1 leaves it out)."""
+    if sys.platform != "linux":
+        return []
+    libs = []
+    if os.environ.get("SPECSCOPE_SMALL_GEMM", "1") != "0":
+        from engines.mlx_chat import cpu_gemm
+
+        kernel = cpu_gemm.library()
+        libs += [str(kernel)] if kernel else []
+    blas = None if os.environ.get("SPECSCOPE_NO_OPENBLAS") else system_openblas()
+    return libs + ([blas] if blas else [])
+
+
+def preload_cpu_libraries() -> None:
+    """Re-exec this very command line with `cpu_libraries()` in LD_PRELOAD (once: when one is
+    missing). Call it first thing: the console script and the benchmark scripts do."""
+    preloaded = [p for p in os.environ.get("LD_PRELOAD", "").split(":") if p]
+    missing = [lib for lib in cpu_libraries() if lib not in preloaded]
+    if not missing:
         return
     env = dict(os.environ)
-    env["LD_PRELOAD"] = ":".join(p for p in (lib, env.get("LD_PRELOAD")) if p)
+    env["LD_PRELOAD"] = ":".join(missing + preloaded)  # the kernel ahead of the BLAS it hands on to
     os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
 
 
@@ -85,10 +101,9 @@ class TorchOwnBlas(importlib.abc.MetaPathFinder):
 
 
 def keep_torch_on_its_own_blas() -> None:
-    """When OpenBLAS is preloaded (for MLX), load torch so that it keeps its own BLAS. Call it
-    before anything imports torch: the entry point and the tests' conftest do."""
-    lib = system_openblas()
-    if sys.platform != "linux" or lib is None or lib not in os.environ.get("LD_PRELOAD", ""):
+    """When OpenBLAS or the few-row kernel is preloaded (for MLX), load torch so that it keeps
+    its own BLAS. Call it before anything imports torch: the entry point and the tests' conftest do."""
+    if sys.platform != "linux" or not os.environ.get("LD_PRELOAD"):
         return
     if "torch" in sys.modules or any(isinstance(f, TorchOwnBlas) for f in sys.meta_path):
         return
@@ -172,7 +187,7 @@ def check_xcb_libraries(libraries: dict[str, str] = XCB_LIBRARIES) -> int:
 
 
 def entry() -> int:
-    preload_openblas()
+    preload_cpu_libraries()
     keep_torch_on_its_own_blas()
     argv = sys.argv[1:]
     if opens_xcb_window(argv, dict(os.environ)):

@@ -17,9 +17,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from app.launch import preload_openblas  # noqa: E402
+from app.launch import preload_cpu_libraries  # noqa: E402
 
-preload_openblas()  # the process environment `specscope` runs in (MLX's CPU BLAS -> OpenBLAS)
+preload_cpu_libraries()  # the process environment `specscope` runs in (MLX's CPU matrix products -> the few-row kernel, OpenBLAS)
 
 
 def main() -> None:

@@ -42,9 +42,9 @@ from typing import Callable
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from app.launch import preload_openblas  # noqa: E402
+from app.launch import preload_cpu_libraries  # noqa: E402
 
-preload_openblas()  # the process environment `specscope` runs in (it may re-exec this script: first)
+preload_cpu_libraries()  # the process environment `specscope` runs in (it may re-exec this script: first)
 
 import torch  # noqa: E402
 

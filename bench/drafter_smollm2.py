@@ -21,10 +21,14 @@ import os
 import sys
 import time
 
-import resources
-from engines.types import Request, SpecConfig
-from engines.mlx_chat.engine import ChatEngine
-from engines.mlx_chat.models import default_chat_model
+from app.launch import preload_cpu_libraries
+
+preload_cpu_libraries()  # the process environment `specscope` runs in (MLX's CPU matrix products -> the few-row kernel, OpenBLAS)
+
+import resources  # noqa: E402
+from engines.types import Request, SpecConfig  # noqa: E402
+from engines.mlx_chat.engine import ChatEngine  # noqa: E402
+from engines.mlx_chat.models import default_chat_model  # noqa: E402
 
 
 def run(engine, prompt: str, spec: SpecConfig, max_tokens: int):

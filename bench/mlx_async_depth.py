@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from app.launch import preload_openblas  # noqa: E402
+from app.launch import preload_cpu_libraries  # noqa: E402
 
-preload_openblas()
+preload_cpu_libraries()
 
 import mlx.core as mx  # noqa: E402
 

@@ -1,4 +1,5 @@
-"""The launcher preloads the system OpenBLAS on Linux (MLX's wheel there links the reference BLAS)."""
+"""The launcher preloads the few-row matrix kernel and the system OpenBLAS on Linux (MLX's wheel
+there links the reference BLAS)."""
 
 import os
 import re
@@ -8,19 +9,26 @@ import sys
 import pytest
 
 from app.launch import system_openblas
+from engines.mlx_chat import cpu_gemm
 
-CODE = "from app.launch import preload_openblas; preload_openblas(); import os; print(os.environ.get('LD_PRELOAD', ''))"
+CODE = "from app.launch import preload_cpu_libraries; preload_cpu_libraries(); import os; print(os.environ.get('LD_PRELOAD', ''))"
+OPT_OUTS = ("LD_PRELOAD", "SPECSCOPE_NO_OPENBLAS", "SPECSCOPE_SMALL_GEMM")
 
 
 @pytest.mark.skipif(sys.platform != "linux" or system_openblas() is None, reason="no system OpenBLAS to preload")
 def test_reexecs_once_with_openblas_preloaded():
-    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "SPECSCOPE_NO_OPENBLAS")}
+    env = {k: v for k, v in os.environ.items() if k not in OPT_OUTS}
     out = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, env=env, check=True)
-    assert out.stdout.strip().split(":").count(system_openblas()) == 1
+    preloaded = out.stdout.strip().split(":")
+    assert preloaded.count(system_openblas()) == 1
+    kernel = cpu_gemm.library()
+    if kernel is not None:  # ahead of the BLAS it hands on to
+        assert preloaded.index(str(kernel)) < preloaded.index(system_openblas())
 
 
 def test_opt_out():
-    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"} | {"SPECSCOPE_NO_OPENBLAS": "1"}
+    env = {k: v for k, v in os.environ.items() if k not in OPT_OUTS} | {"SPECSCOPE_NO_OPENBLAS": "1",
+                                                                        "SPECSCOPE_SMALL_GEMM": "0"}
     out = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, env=env, check=True)
     assert out.stdout.strip() == ""
 
