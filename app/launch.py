@@ -62,16 +62,30 @@ def cpu_libraries() -> list[str]:
     return libs + ([blas] if blas else [])
 
 
-def preload_cpu_libraries() -> None:
-    """Re-exec this very command line with `cpu_libraries()` in LD_PRELOAD (once: when one is
-    missing). Call it first thing: the console script and the benchmark scripts do."""
+def cpu_environment() -> dict[str, str]:
+    """The environment variables this process lacks to run as `specscope` runs MLX on the CPU:
+    LD_PRELOAD with `cpu_libraries()` (the kernel ahead of the BLAS it hands on to) and, with
+    the kernel, OPENBLAS_THREAD_TIMEOUT=4 unless set. OpenBLAS's idle threads spin for 2^28
+    cycles (~0.1 s) after each threaded call before they sleep; once the kernel takes decoding's
+    products, OpenBLAS's are only the big ones (a prompt) and its spinning threads hold the core
+    the Python thread needs between forwards: SmolLM2 decoded 25 tok/s plain and 25 with one
+    MTP draft a round with them spinning, 30 and 35 with them asleep (2^4 cycles; 12 open chat
+    prompts). Without the kernel they stay as they are: there every product is theirs."""
     preloaded = [p for p in os.environ.get("LD_PRELOAD", "").split(":") if p]
-    missing = [lib for lib in cpu_libraries() if lib not in preloaded]
-    if not missing:
-        return
-    env = dict(os.environ)
-    env["LD_PRELOAD"] = ":".join(missing + preloaded)  # the kernel ahead of the BLAS it hands on to
-    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
+    libs = cpu_libraries()
+    missing = [lib for lib in libs if lib not in preloaded]
+    changes = {"LD_PRELOAD": ":".join(missing + preloaded)} if missing else {}
+    if any("/cpu_gemm-" in lib for lib in libs) and "OPENBLAS_THREAD_TIMEOUT" not in os.environ:
+        changes["OPENBLAS_THREAD_TIMEOUT"] = "4"
+    return changes
+
+
+def preload_cpu_libraries() -> None:
+    """Re-exec this very command line with `cpu_environment()` (once: when something is
+    missing). Call it first thing: the console script and the benchmark scripts do."""
+    changes = cpu_environment()
+    if changes:
+        os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], {**os.environ, **changes})
 
 
 class _DeepBoundExtension(importlib.machinery.ExtensionFileLoader):

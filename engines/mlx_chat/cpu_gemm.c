@@ -5,10 +5,10 @@
 // Why: MLX's CPU matmul calls cblas_sgemm, and the BLAS libraries at hand all run a few-row
 // product far below this machine's memory bandwidth (SmolLM2's 49152 x 576 head, 113 MB in
 // float32, 2 threads: OpenBLAS 0.3.21 6.1 ms for 1 row, 7.5 for 2, 10.6 for 4; BLIS and MKL
-// alike), so a forward of 2 tokens cost 1.18 forwards of 1 and a speculative round could not
-// pay for itself. Streaming B once and multiplying each of its rows by all of A's rows (A is
-// a few KB and stays in L1) takes 2.6 ms for 1 or 2 rows, 4.1 for 4: SmolLM2's forward went
-// from 47 ms to 32 for 1 token and from 55 to 32 for 2 (bench/cpu_gemm.py).
+// alike), so a forward of 2 tokens cost 1.2 forwards of 1 and a speculative round paid for a
+// draft before it was accepted. Streaming B once and multiplying each of its rows by all of
+// A's rows (A is a few KB and stays in L1) takes 2.6 ms for 1 or 2 rows, 4.1 for 4 on two
+// threads (5.8 on one). bench/cpu_gemm.py has the forwards.
 //
 // Lossless: every element of C is summed in one fixed order -- 8 lanes over k in steps of 8,
 // the lanes added, then the tail -- whatever M is and wherever its row falls in a tile. So row
@@ -32,6 +32,7 @@ typedef void (*sgemm_fn)(int, int, int, int, int, int, float, const float *, int
                          float, float *, int);
 static sgemm_fn next_sgemm;  // the BLAS's own, for everything else
 static int max_rows = -1;    // 0: off (SPECSCOPE_SMALL_GEMM=0, or no AVX2/FMA)
+static int team = 1;         // threads for the largest products
 
 #define AVX2 __attribute__((target("avx2,fma")))
 
@@ -137,6 +138,13 @@ static void configure(void) {
   __builtin_cpu_init();
   int usable = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && !(off && off[0] == '0');
   max_rows = usable ? (rows ? atoi(rows) : 16) : 0;
+  // One core is left to the Python thread that builds the next forward while this one runs.
+  // On this 2-core machine a second thread made each product 2.2x faster alone and decoding
+  // slower: plain 27-28 tok/s against 30-32 single-threaded, and --spec mtp fell to 1.0x plain
+  // with OpenMP's default spin-wait (SmolLM2, 12 open chat prompts). OMP_NUM_THREADS caps it.
+  team = omp_get_num_procs() - 1;
+  if (team > omp_get_max_threads()) team = omp_get_max_threads();
+  if (team < 1) team = 1;
 }
 
 void cblas_sgemm(int order, int transa, int transb, int M, int N, int K, float alpha, const float *A,
@@ -149,7 +157,7 @@ void cblas_sgemm(int order, int transa, int transb, int M, int N, int K, float a
     return;
   }
   long want = (long)N * K / PER_THREAD;
-  int threads = want < 1 ? 1 : (want < omp_get_max_threads() ? (int)want : omp_get_max_threads());
+  int threads = want < 1 ? 1 : (want < team ? (int)want : team);
 #pragma omp parallel num_threads(threads) if (threads > 1)
   {
     int t = omp_get_thread_num(), T = omp_get_num_threads();

@@ -11,26 +11,33 @@ import pytest
 from app.launch import system_openblas
 from engines.mlx_chat import cpu_gemm
 
-CODE = "from app.launch import preload_cpu_libraries; preload_cpu_libraries(); import os; print(os.environ.get('LD_PRELOAD', ''))"
-OPT_OUTS = ("LD_PRELOAD", "SPECSCOPE_NO_OPENBLAS", "SPECSCOPE_SMALL_GEMM")
+CODE = ("from app.launch import preload_cpu_libraries; preload_cpu_libraries(); import os; "
+        "print(os.environ.get('LD_PRELOAD', '')); print(os.environ.get('OPENBLAS_THREAD_TIMEOUT', ''))")
+OPT_OUTS = ("LD_PRELOAD", "SPECSCOPE_NO_OPENBLAS", "SPECSCOPE_SMALL_GEMM", "OPENBLAS_THREAD_TIMEOUT")
 
 
 @pytest.mark.skipif(sys.platform != "linux" or system_openblas() is None, reason="no system OpenBLAS to preload")
 def test_reexecs_once_with_openblas_preloaded():
     env = {k: v for k, v in os.environ.items() if k not in OPT_OUTS}
     out = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, env=env, check=True)
-    preloaded = out.stdout.strip().split(":")
+    preload, timeout = out.stdout.split("\n")[:2]
+    preloaded = preload.split(":")
     assert preloaded.count(system_openblas()) == 1
     kernel = cpu_gemm.library()
-    if kernel is not None:  # ahead of the BLAS it hands on to
+    if kernel is not None:  # ahead of the BLAS it hands on to, whose idle threads then sleep
         assert preloaded.index(str(kernel)) < preloaded.index(system_openblas())
+        assert timeout == "4"
+    # a timeout the user set is theirs
+    out = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, check=True,
+                         env=env | {"OPENBLAS_THREAD_TIMEOUT": "20"})
+    assert out.stdout.split("\n")[1] == "20"
 
 
 def test_opt_out():
     env = {k: v for k, v in os.environ.items() if k not in OPT_OUTS} | {"SPECSCOPE_NO_OPENBLAS": "1",
                                                                         "SPECSCOPE_SMALL_GEMM": "0"}
     out = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, env=env, check=True)
-    assert out.stdout.strip() == ""
+    assert out.stdout.split("\n")[:2] == ["", ""]
 
 
 TORCH_LINEAR = ("import torch; torch.nn.functional.linear(torch.randn(1, 64), torch.randn(64, 64)); "
