@@ -92,7 +92,9 @@ def test_launcher_as_a_normal_user_prints_the_sudo_command(tmp_path):
     lives under root's home here, so it is started as root and drops to nobody first)."""
     code = ("import os, sys; import app.launch, app.cli.main; os.setegid(65534); os.seteuid(65534); "
             "sys.argv = ['specscope']; sys.exit(app.launch.entry())")
-    env = window_env(tmp_path) | {"SPECSCOPE_NO_OPENBLAS": "1"}  # no re-exec: entry() runs as is
+    # no re-exec (entry() runs as is) and no new import after the switch: nobody cannot read
+    # this interpreter's library under root's home
+    env = window_env(tmp_path) | {"SPECSCOPE_NO_OPENBLAS": "1", "SPECSCOPE_SMALL_GEMM": "0"}
     out = run_hidden([sys.executable, "-c", code], env)
     assert out.returncode == 1, out.stderr
     line = out.stderr.strip()
