@@ -29,6 +29,7 @@ import importlib.machinery
 import os
 import shutil
 import sys
+from collections.abc import Mapping
 
 OPENBLAS_GLOBS = [
     "/usr/lib/*-linux-gnu/openblas-pthread/libblas.so.3",
@@ -45,7 +46,7 @@ def system_openblas() -> str | None:
     return None
 
 
-def cpu_libraries() -> list[str]:
+def cpu_libraries(environ: Mapping[str, str] = os.environ) -> list[str]:
     """What MLX's CPU backend should run with, in LD_PRELOAD order: the few-row matrix kernel
     (engines/mlx_chat/cpu_gemm.c, built on first use; SPECSCOPE_SMALL_GEMM=0 leaves it out),
     which takes the products of decoding and verifying and hands the rest on to the next
@@ -53,17 +54,17 @@ def cpu_libraries() -> list[str]:
     if sys.platform != "linux":
         return []
     libs = []
-    if os.environ.get("SPECSCOPE_SMALL_GEMM", "1") != "0":
+    if environ.get("SPECSCOPE_SMALL_GEMM", "1") != "0":
         from engines.mlx_chat import cpu_gemm
 
         kernel = cpu_gemm.library()
         libs += [str(kernel)] if kernel else []
-    blas = None if os.environ.get("SPECSCOPE_NO_OPENBLAS") else system_openblas()
+    blas = None if environ.get("SPECSCOPE_NO_OPENBLAS") else system_openblas()
     return libs + ([blas] if blas else [])
 
 
-def cpu_environment() -> dict[str, str]:
-    """The environment variables this process lacks to run as `specscope` runs MLX on the CPU:
+def cpu_environment(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """The environment variables `environ` (this process's) lacks to run as `specscope` runs MLX on the CPU:
     LD_PRELOAD with `cpu_libraries()` (the kernel ahead of the BLAS it hands on to) and, with
     the kernel, OPENBLAS_THREAD_TIMEOUT=4 unless set. OpenBLAS's idle threads spin for 2^28
     cycles (~0.1 s) after each threaded call before they sleep; once the kernel takes decoding's
@@ -71,11 +72,11 @@ def cpu_environment() -> dict[str, str]:
     the Python thread needs between forwards: SmolLM2 decoded 25 tok/s plain and 25 with one
     MTP draft a round with them spinning, 30 and 35 with them asleep (2^4 cycles; 12 open chat
     prompts). Without the kernel they stay as they are: there every product is theirs."""
-    preloaded = [p for p in os.environ.get("LD_PRELOAD", "").split(":") if p]
-    libs = cpu_libraries()
+    preloaded = [p for p in environ.get("LD_PRELOAD", "").split(":") if p]
+    libs = cpu_libraries(environ)
     missing = [lib for lib in libs if lib not in preloaded]
     changes = {"LD_PRELOAD": ":".join(missing + preloaded)} if missing else {}
-    if any("/cpu_gemm-" in lib for lib in libs) and "OPENBLAS_THREAD_TIMEOUT" not in os.environ:
+    if any("/cpu_gemm-" in lib for lib in libs) and "OPENBLAS_THREAD_TIMEOUT" not in environ:
         changes["OPENBLAS_THREAD_TIMEOUT"] = "4"
     return changes
 

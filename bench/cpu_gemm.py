@@ -60,14 +60,15 @@ def measure(reps: int, context: int) -> dict:
 
 
 def child(kernel: bool, reps: int, context: int) -> dict:
-    from app.launch import cpu_libraries
+    """A process set up as `specscope` sets itself up (app/launch.cpu_environment), with the
+    kernel or without it (SPECSCOPE_SMALL_GEMM=0: OpenBLAS alone, its threads as they were)."""
+    from app.launch import cpu_environment
 
-    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "SPECSCOPE_SMALL_GEMM")}
-    env["SPECSCOPE_SMALL_GEMM"] = "1" if kernel else "0"
-    libs = cpu_libraries() if kernel else [p for p in cpu_libraries() if "cpu_gemm-" not in p]
-    with_env = {**env, "LD_PRELOAD": ":".join(libs)} if libs else env
+    ours = ("LD_PRELOAD", "SPECSCOPE_SMALL_GEMM", "OPENBLAS_THREAD_TIMEOUT")  # set here, not inherited
+    env = {k: v for k, v in os.environ.items() if k not in ours} | {"SPECSCOPE_SMALL_GEMM": "1" if kernel else "0"}
+    env |= cpu_environment(env)
     done = subprocess.run([sys.executable, __file__, "--child", "--reps", str(reps), "--context", str(context)],
-                          env=with_env, capture_output=True, text=True, check=True)
+                          env=env, capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
