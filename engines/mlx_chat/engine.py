@@ -117,8 +117,8 @@ class ChatEngine:
     _drafts: dict[str, LoadedModel] = field(default_factory=dict)
     _hash: str | None = None
     _composed_costs: dict[tuple[str, str], Any] = field(default_factory=dict)  # (method, drafter) -> DraftingCosts
-    _auto_seen: dict[tuple, tuple[Any, Any]] = field(default_factory=dict)  # --steps auto: (method, drafter, ...) ->
-    # (StepCosts of whole rounds, PositionAcceptance) over the requests so far
+    _auto_seen: dict[tuple, tuple[Any, Any, Any]] = field(default_factory=dict)  # --steps auto: (method, drafter, ...)
+    # -> (StepCosts of whole rounds, PositionAcceptance, Probes) over the requests so far
 
     # -- construction ------------------------------------------------------------------------
     @classmethod
@@ -238,18 +238,18 @@ class ChatEngine:
         )
 
     def _auto_from_earlier_requests(self, auto, request: Request) -> None:
-        """--steps auto starts from what earlier requests with this drafter showed: what its
-        rounds cost by width (the machine's, not the prompt's: kept as composed drafting keeps
+        """--steps auto starts from what earlier requests with this drafter showed (and the pace
+        of its probes one draft deeper): what its rounds cost by width (the machine's, not the prompt's: kept as composed drafting keeps
         DraftingCosts, so only the first request pays to find them -- the fallback's rounds at the
         spec's steps, the narrow widths tried) and its acceptance by position, as the prior
         (engines/speculative/tuning.py)."""
         from engines.speculative.costs import StepCosts
-        from engines.speculative.tuning import PositionAcceptance
+        from engines.speculative.tuning import PositionAcceptance, Probes
 
         spec = request.spec
         key = (spec.method, spec.draft_model or self.draft_path or "", spec.compose_ngram, request.sampling.greedy,
                auto.max_steps)
-        auto.attach(*self._auto_seen.setdefault(key, (StepCosts(), PositionAcceptance(auto.max_steps))))
+        auto.attach(*self._auto_seen.setdefault(key, (StepCosts(), PositionAcceptance(auto.max_steps), Probes())))
 
     def _speculation(self, request: Request) -> tuple[Proposer | None, list[Any], str | None]:
         """The proposer and the target's cache for this run, or plain decoding and the reason

@@ -57,7 +57,13 @@ PRIOR_ROUNDS = 5
 # fetch -- and one bad start (a rejected first draft, a profile from other prompts) would hold
 # the run below what pays. One wider verify in nine costs little (a CPU's verify of k + 2 rows
 # is about the price of k + 1) and finds depth that pays when the text starts to repeat.
+# Each probe whose deepest draft fails while the choice stays doubles the wait before the next,
+# up to PROBE_MAX; a choice that moves, or a probe whose draft held, brings it back to PROBE_AFTER. Why: where a verify of k + 2
+# rows costs more than one of k + 1 (this CPU with the few-row kernel: 3 rows 1.3x 2 rows,
+# engines/mlx_chat/cpu_gemm.c), one probe in nine cost SmolLM2's drafter 5-10% of its speed
+# (--steps auto 0.90x --steps 1) to learn, again and again, that a second draft does not pay.
 PROBE_AFTER = 8
+PROBE_MAX = 64
 # Every SHALLOW_AFTER + 1 rounds, two rounds draft one token less than chosen (to k - 1 >= 1;
 # with depth-2 overlap the first carries the chain anticipated at k, so the second is the price):
 # a narrower width is otherwise measured only when chosen, so one measured dear under a passing
@@ -241,6 +247,32 @@ class PositionAcceptance:
 
 
 @dataclass
+class Probes:
+    """When the next probe one draft deeper comes (PROBE_AFTER, PROBE_MAX). The chat engine keeps
+    it across requests with the costs and the acceptance it helps measure: a request of 45
+    rounds that started over at the first pace probed twice, every request."""
+
+    since: int = 0  # rounds chosen since the last probe
+    after: int = PROBE_AFTER  # the wait before the next: doubles while probes find nothing
+    probed: bool = False  # the last round chosen was a probe
+    held: bool = False  # ... and its deepest draft was accepted
+    chosen: int | None = None  # the chooser's pick at the last choice (probes and shallow rounds aside)
+
+    def next(self, k: int, deepest: int) -> int:
+        """The k to draft, given the chooser's pick k: k, or k + 1 when a probe is due."""
+        if k != self.chosen or (self.probed and self.held):
+            self.after = PROBE_AFTER  # the choice moved, or the probe's draft held: look again soon
+        elif self.probed:  # the probe's draft failed and the choice stays: wait longer for the next
+            self.after = min(2 * self.after, PROBE_MAX)
+        self.chosen, self.probed = k, False
+        self.since += 1
+        if self.since > self.after and k < deepest:
+            self.since, self.probed = 0, True
+            return k + 1
+        return k
+
+
+@dataclass
 class AutoSteps:
     """The draft length of each round under `--steps auto` (see the module docstring)."""
 
@@ -248,7 +280,7 @@ class AutoSteps:
     profile: Profile | None = None
     costs: StepCosts = field(default_factory=StepCosts)  # whole rounds (drafting included): width -> seconds;
     # the chat engine keeps one per drafter across requests (a round's cost is the machine's, not the prompt's)
-    since_probe: int = 0  # rounds chosen since the last probe (PROBE_AFTER)
+    probes: Probes = field(default_factory=Probes)  # when the next probe comes (PROBE_AFTER)
     since_shallow: int = 0  # rounds chosen since the last shallower probe (SHALLOW_AFTER)
     shallow: list[int] = field(default_factory=list)  # the rounds left of a shallower probe (their k)
     draft_warm: bool = False  # the drafter's first round was seen (its cost is not counted)
@@ -270,10 +302,12 @@ class AutoSteps:
     def __post_init__(self):
         self.seen = PositionAcceptance(self.max_steps)
 
-    def attach(self, costs: StepCosts, history: "PositionAcceptance") -> None:
+    def attach(self, costs: StepCosts, history: "PositionAcceptance", probes: Probes | None = None) -> None:
         """Start from what earlier requests with this drafter showed (the chat engine keeps
-        them): the rounds' costs, and their acceptance by position as the prior."""
+        them): the rounds' costs, their acceptance by position as the prior, and the pace of
+        the probes."""
         self.costs, self.history = costs, history
+        self.probes = probes if probes is not None else self.probes
         self.draft_warm = bool(costs.seconds)  # the drafter warmed up in an earlier request
         if any(history.reached):
             self.seen.prior, self.seen.weight = history.estimate(), PRIOR_ROUNDS
@@ -366,11 +400,10 @@ class AutoSteps:
         k = max(range(len(self.last_rates)), key=self.last_rates.__getitem__)
         if self.shallow:
             return self.shallow.pop()
-        self.since_probe += 1
         self.since_shallow += 1
-        if self.since_probe > PROBE_AFTER and k < self.max_steps:
-            self.since_probe = 0
-            return k + 1  # a probe (see PROBE_AFTER)
+        probe = self.probes.next(k, self.max_steps)
+        if probe != k:
+            return probe  # a probe (see PROBE_AFTER)
         if self.since_shallow > SHALLOW_AFTER and k >= 2:
             self.since_shallow = 0
             self.shallow = [k - 1]  # a second round, which does not carry a deeper anticipated chain
@@ -411,6 +444,7 @@ class AutoSteps:
         than this round's k; not what a round of this k costs once it is the k anticipated)."""
         if not self.continuations:
             self._count(proposed, accepted)
+        self.probes.held = accepted >= proposed  # read at the next choice if this round was a probe
         if verify_s is None or verify_s <= 0:
             return
         if proposed and not self.draft_warm:
