@@ -64,7 +64,7 @@ def cpu_libraries(environ: Mapping[str, str] = os.environ) -> list[str]:
 
 
 def cpu_environment(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
-    """The environment variables `environ` (this process's) lacks to run as `specscope` runs MLX on the CPU:
+    """What `environ` (this process's) lacks to run MLX on the CPU as `specscope` runs it:
     LD_PRELOAD with `cpu_libraries()` (the kernel ahead of the BLAS it hands on to) and, with
     the kernel, OPENBLAS_THREAD_TIMEOUT=4 unless set. OpenBLAS's idle threads spin for 2^28
     cycles (~0.1 s) after each threaded call before they sleep; once the kernel takes decoding's

@@ -4,8 +4,8 @@ The library replaces cblas_sgemm for products of a few rows -- every nn.Linear o
 verifying forward -- and hands everything else to the BLAS (see cpu_gemm.c for why, and what it
 measured). It is compiled on first use with the system's C compiler into the user's cache
 folder, named by a hash of its source and flags, so an edit builds a new one and a stale one is
-never loaded; scripts/setup builds it ahead. No compiler, another platform: None, and MLX keeps
-the BLAS's own kernels (slower, still correct). Nothing here imports MLX: the launcher calls it
+never loaded (about a third of a second, by the first `specscope` or scripts/test). No compiler,
+another platform: None, and MLX keeps the BLAS's own kernels (slower, still correct). Nothing here imports MLX: the launcher calls it
 before any library is loaded.
 """
 
@@ -39,14 +39,14 @@ def library_path() -> Path:
     return cache_folder() / f"cpu_gemm-{digest}.so"
 
 
-def library(build: bool = True) -> Path | None:
-    """The built library, building it if asked and it is not there; None when it cannot be had
-    here (another platform, no C compiler, a failed build: said once on stderr)."""
+def library() -> Path | None:
+    """The built library, built if it is not there yet; None when it cannot be had here
+    (another platform, no C compiler, a failed build: said on stderr)."""
     if not supported() or not SOURCE.is_file():
         return None
     path = library_path()
-    if path.is_file() or not build:
-        return path if path.is_file() else None
+    if path.is_file():
+        return path
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         return None
