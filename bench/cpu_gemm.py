@@ -1,7 +1,8 @@
 """The few-row matrix kernel (engines/mlx_chat/cpu_gemm.c) on SmolLM2, the embedded default, on
-MLX's CPU backend: the target's forward of 1..8 tokens (a decode step, a verify of 1..7 drafts)
-with the kernel and without it (SPECSCOPE_SMALL_GEMM=0: OpenBLAS's sgemm), each in its own
-process, alternating, median of the repetitions; and the products alone (the 49152 x 576 head).
+MLX's CPU backend: the target's forward of 1..16 tokens (a decode step, a verify of 1..15
+drafts; 8 and 16 rows are also a batch of 4 or 8 verifying one draft each) with the kernel and
+without it (SPECSCOPE_SMALL_GEMM=0: OpenBLAS's sgemm), each in its own process, alternating,
+median of the repetitions; and the products alone (the 49152 x 576 head).
 
     python bench/cpu_gemm.py [--reps 30] [--context 200]
 
@@ -22,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-TOKENS = (1, 2, 3, 4, 6, 8)
+TOKENS = (1, 2, 3, 4, 6, 8, 12, 16)
 
 
 def measure(reps: int, context: int) -> dict:
