@@ -2,7 +2,8 @@
 MLX's CPU backend: the target's forward of 1..16 tokens (a decode step, a verify of 1..15
 drafts; 8 and 16 rows are also a batch of 4 or 8 verifying one draft each) with the kernel and
 without it (SPECSCOPE_SMALL_GEMM=0: OpenBLAS's sgemm), each in its own process, alternating,
-median of the repetitions; and the products alone (the 49152 x 576 head).
+median of the repetitions; and the products alone (the 49152 x 576 head). The kernel takes up
+to 6 rows by default; SPECSCOPE_SMALL_GEMM_ROWS=16 shows it beyond.
 
     python bench/cpu_gemm.py [--reps 30] [--context 200]
 

@@ -1,6 +1,8 @@
 // Few-row matrix products for MLX's CPU backend (Linux x86-64): C = alpha A B^T + beta C for
-// A with at most SPECSCOPE_SMALL_GEMM_ROWS (default 16) rows -- a decode step, a verify of k
-// drafts, a small batch -- which is every nn.Linear of a decoding forward.
+// A with at most SPECSCOPE_SMALL_GEMM_ROWS (default 6) rows -- a decode step, a verify of up to
+// 5 drafts -- which is every nn.Linear of such a forward. Why 6: on this 2-core machine, the
+// kernel on one thread (below) against OpenBLAS on two, SmolLM2's forward of 6 tokens was 1.11x
+// faster with it, of 8 0.96x, of 16 0.55x (OpenBLAS's own gemm pays from there: a batch's verify).
 //
 // Why: MLX's CPU matmul calls cblas_sgemm, and the BLAS libraries at hand all run a few-row
 // product far below this machine's memory bandwidth (SmolLM2's 49152 x 576 head, 113 MB in
@@ -137,7 +139,7 @@ static void configure(void) {
   const char *off = getenv("SPECSCOPE_SMALL_GEMM"), *rows = getenv("SPECSCOPE_SMALL_GEMM_ROWS");
   __builtin_cpu_init();
   int usable = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && !(off && off[0] == '0');
-  max_rows = usable ? (rows ? atoi(rows) : 16) : 0;
+  max_rows = usable ? (rows ? atoi(rows) : 6) : 0;
   // One core is left to the Python thread that builds the next forward while this one runs.
   // On this 2-core machine a second thread made each product 2.2x faster alone and decoding
   // slower: plain 27-28 tok/s against 30-32 single-threaded, and --spec mtp fell to 1.0x plain
