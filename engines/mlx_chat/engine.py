@@ -238,11 +238,11 @@ class ChatEngine:
         )
 
     def _auto_from_earlier_requests(self, auto, request: Request) -> None:
-        """--steps auto starts from what earlier requests with this drafter showed (and the pace
-        of its probes one draft deeper): what its rounds cost by width (the machine's, not the prompt's: kept as composed drafting keeps
+        """--steps auto starts from what earlier requests with this drafter showed: what its
+        rounds cost by width (the machine's, not the prompt's: kept as composed drafting keeps
         DraftingCosts, so only the first request pays to find them -- the fallback's rounds at the
-        spec's steps, the narrow widths tried) and its acceptance by position, as the prior
-        (engines/speculative/tuning.py)."""
+        spec's steps, the narrow widths tried), its acceptance by position, as the prior, and the
+        pace of its probes one draft deeper (engines/speculative/tuning.py)."""
         from engines.speculative.costs import StepCosts
         from engines.speculative.tuning import PositionAcceptance, Probes
 

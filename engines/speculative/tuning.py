@@ -58,10 +58,11 @@ PRIOR_ROUNDS = 5
 # the run below what pays. One wider verify in nine costs little (a CPU's verify of k + 2 rows
 # is about the price of k + 1) and finds depth that pays when the text starts to repeat.
 # Each probe whose deepest draft fails while the choice stays doubles the wait before the next,
-# up to PROBE_MAX; a choice that moves, or a probe whose draft held, brings it back to PROBE_AFTER. Why: where a verify of k + 2
-# rows costs more than one of k + 1 (this CPU with the few-row kernel: 3 rows 1.3x 2 rows,
-# engines/mlx_chat/cpu_gemm.c), one probe in nine cost SmolLM2's drafter 5-10% of its speed
-# (--steps auto 0.90x --steps 1) to learn, again and again, that a second draft does not pay.
+# up to PROBE_MAX; a choice that moves, or a probe whose draft held, brings it back to
+# PROBE_AFTER. Why: where a verify of k + 2 rows costs more than one of k + 1 (this CPU with the
+# few-row kernel: 3 rows 1.3x 2 rows, engines/mlx_chat/cpu_gemm.c), one probe in nine cost
+# SmolLM2's drafter 5-10% of its speed (--steps auto 0.90x --steps 1) to learn, again and
+# again, that a second draft does not pay.
 PROBE_AFTER = 8
 PROBE_MAX = 64
 # Every SHALLOW_AFTER + 1 rounds, two rounds draft one token less than chosen (to k - 1 >= 1;
