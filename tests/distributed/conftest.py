@@ -58,6 +58,12 @@ class RankServer:
     def stderr(self) -> str:
         return self.log.read_text(errors="replace")
 
+    def lines_from(self, prefix: str) -> list[str]:
+        """The lines of stderr that start with `prefix`, wherever in the line they begin:
+        mlx.launch prints its own warnings from another thread in pieces ("\\033[33m[WARN]",
+        then the message), so a rank's line can land just after that colour code."""
+        return [line[line.index(prefix):] for line in self.stderr().splitlines() if prefix in line]
+
     def get(self, path: str) -> tuple[int, dict]:
         try:
             with urllib.request.urlopen(self.url + path, timeout=30) as r:

@@ -252,7 +252,7 @@ def test_a_lost_rank_answers_503_and_every_process_exits(trained_pair, tmp_path,
         assert status == 503 and answer["error"]["code"] == "rank_lost", answer
         assert time.monotonic() - t0 < 30
         wait_gone(server, 30)
-        lines = [line for line in server.stderr().splitlines() if line.startswith("specscope serve: rank")]
+        lines = server.lines_from("specscope serve: rank")
         assert len(lines) == 1 and f"rank 1 (pid {rank1}) {'exited' if fault == 'killed' else 'stopped'}" in lines[0], \
             server.stderr()
     finally:

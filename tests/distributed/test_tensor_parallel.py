@@ -193,7 +193,7 @@ def test_a_lost_rank_answers_503_and_every_process_exits(llama, tmp_path, fault)
         wait_gone(server, 30)
         assert server.proc.returncode == 1  # the launcher says the ranks failed
         said = f"rank 1 (pid {rank1}) exited" if fault == "killed" else f"rank 1 (pid {rank1}) stopped"
-        lines = [line for line in server.stderr().splitlines() if line.startswith("specscope serve: rank")]
+        lines = server.lines_from("specscope serve: rank")
         assert len(lines) == 1 and said in lines[0], server.stderr()
     finally:
         server.stop()
@@ -207,7 +207,7 @@ def test_a_stopped_rank_zero_is_ended_by_its_follower(llama, tmp_path):
         rank0 = server.rank_pid(0)
         os.kill(rank0, signal.SIGSTOP)
         wait_gone(server, 30)
-        lines = [line for line in server.stderr().splitlines() if line.startswith("specscope serve: rank 1:")]
+        lines = server.lines_from("specscope serve: rank 1:")
         assert len(lines) == 1 and "rank 0 sent nothing for 5 s" in lines[0] and "stopped" in lines[0], server.stderr()
     finally:
         server.stop()
