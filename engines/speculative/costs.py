@@ -70,3 +70,38 @@ class StepCosts:
 
     def cost(self, batch: int, width: int) -> float:
         return self.at(batch * width)
+
+
+@dataclass
+class LoadScaledCosts(StepCosts):
+    """StepCosts whose sizes follow the machine's load together: each step is kept divided by
+    the load level it ran at and priced at the level now. The level is the median, over the
+    last `recent` steps of any size, of each step's cost against its size's kept price: another
+    process on the machine slows every size by about the same factor, so the sizes measured
+    now tell what the others cost now. `seconds` holds the prices at the level now.
+
+    Why (`--steps auto`, engines/speculative/tuning.py): a size is measured only while it is
+    chosen or probed, and the chat engine keeps the costs across requests, so kept as measured
+    they were a patchwork of loads -- a size measured before a load rose stayed cheap, one
+    measured under a passing load stayed dear after it passed. What a size costs against the
+    others, which a load does not change, is what the choice of k depends on."""
+
+    level: float = 1.0  # the load now, against the level the kept steps were divided by
+    levels: deque = field(default_factory=deque)  # the last `recent` steps' cost / their size's kept price
+    base: dict[int, float] = field(default_factory=dict)  # size -> the median of its kept steps (level 1)
+
+    def __post_init__(self):
+        self.levels = deque(self.levels, maxlen=self.recent)
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        if tokens in self.base:  # a size already priced: this step says how loaded the machine is now
+            self.levels.append(seconds / self.base[tokens])
+            self.level = statistics.median(self.levels)
+        # divided by the level this step helped set: a load that lasts moves the level within
+        # recent // 2 + 1 steps, before it moves a size's median (each size gets at most every
+        # step), so the kept steps of the size being chosen stay at level 1
+        seen = self.history.setdefault(tokens, deque(maxlen=self.recent))
+        seen.append(seconds / self.level)
+        self.base[tokens] = statistics.median(seen)
+        self.seconds = {t: b * self.level for t, b in self.base.items()}
+        self.curve = None

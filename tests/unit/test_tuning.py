@@ -411,3 +411,28 @@ def test_a_narrower_width_priced_dear_by_a_passing_load_is_measured_again(monkey
     assert run()[-50:].count(1) > 35
     monkeypatch.setattr(tuning, "SHALLOW_AFTER", 10**6)
     assert run()[-50:].count(1) == 0
+
+
+# -- a machine whose load changes while the kept costs are used (issue 26: a real run whose load
+# rose from 1.4 to 3.8 as a test suite started gave 0.63x --steps 1, drafting up to 7) --
+
+def test_kept_costs_follow_the_load_at_every_width():
+    """Every width measured quiet; then rounds of one width at twice the cost: once most of the
+    recent rounds say so, every width is priced twice as dear, and the width's own kept steps
+    stay at the quiet level (what it costs against the others); one slow round moves nothing."""
+    from engines.speculative.costs import LoadScaledCosts
+
+    costs = LoadScaledCosts()
+    quiet = {w: 0.08 + 0.005 * w for w in range(1, 9)}
+    for _ in range(7):
+        for w, s in quiet.items():
+            costs.observe(w, s)
+    costs.observe(2, 5 * quiet[2])  # one round behind another process's burst
+    assert costs.seconds == pytest.approx(quiet)
+    for _ in range(4):
+        costs.observe(2, 2 * quiet[2])
+    assert costs.seconds == pytest.approx({w: 2 * s for w, s in quiet.items()})
+    assert costs.base[2] == pytest.approx(quiet[2])
+    for _ in range(4):  # the load passes
+        costs.observe(3, quiet[3])
+    assert costs.seconds == pytest.approx(quiet)
