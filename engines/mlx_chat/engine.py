@@ -243,13 +243,12 @@ class ChatEngine:
         DraftingCosts, so only the first request pays to find them -- the fallback's rounds at the
         spec's steps, the narrow widths tried) and its acceptance by position, as the prior
         (engines/speculative/tuning.py)."""
-        from engines.speculative.costs import StepCosts
-        from engines.speculative.tuning import PositionAcceptance
+        from engines.speculative.tuning import PositionAcceptance, round_costs
 
         spec = request.spec
         key = (spec.method, spec.draft_model or self.draft_path or "", spec.compose_ngram, request.sampling.greedy,
                auto.max_steps)
-        auto.attach(*self._auto_seen.setdefault(key, (StepCosts(), PositionAcceptance(auto.max_steps))))
+        auto.attach(*self._auto_seen.setdefault(key, (round_costs(), PositionAcceptance(auto.max_steps))))
 
     def _speculation(self, request: Request) -> tuple[Proposer | None, list[Any], str | None]:
         """The proposer and the target's cache for this run, or plain decoding and the reason
