@@ -243,13 +243,12 @@ class ChatEngine:
         DraftingCosts, so only the first request pays to find them -- the fallback's rounds at the
         spec's steps, the narrow widths tried), its acceptance by position, as the prior, and the
         pace of its probes one draft deeper (engines/speculative/tuning.py)."""
-        from engines.speculative.costs import StepCosts
-        from engines.speculative.tuning import PositionAcceptance, Probes
+        from engines.speculative.tuning import PositionAcceptance, Probes, round_costs
 
         spec = request.spec
         key = (spec.method, spec.draft_model or self.draft_path or "", spec.compose_ngram, request.sampling.greedy,
                auto.max_steps)
-        auto.attach(*self._auto_seen.setdefault(key, (StepCosts(), PositionAcceptance(auto.max_steps), Probes())))
+        auto.attach(*self._auto_seen.setdefault(key, (round_costs(), PositionAcceptance(auto.max_steps), Probes())))
 
     def _speculation(self, request: Request) -> tuple[Proposer | None, list[Any], str | None]:
         """The proposer and the target's cache for this run, or plain decoding and the reason

@@ -70,3 +70,53 @@ class StepCosts:
 
     def cost(self, batch: int, width: int) -> float:
         return self.at(batch * width)
+
+
+@dataclass
+class LoadScaledCosts(StepCosts):
+    """StepCosts whose sizes not measured lately follow the machine's load: a size not observed
+    in the last `fresh` steps is priced at its median then, times how much the sizes measured
+    both then and now have changed since (the median of their ratios, now to then); observed
+    again, its kept steps are scaled so. Another process on the machine slows every size by
+    about the same factor, so the sizes measured now tell what the others cost now.
+
+    Why (`--steps auto`, engines/speculative/tuning.py): a size is measured only while it is
+    chosen or probed, and the chat engine keeps the costs across requests, so kept as measured
+    they were a patchwork of loads -- a size measured before a load rose stayed cheap, one
+    measured under a passing load stayed dear after it passed. Why ratios of medians as
+    measured, not every step divided by a load level estimated from the steps (tried first):
+    with one size measured most of the time, the level and that size's price are estimated
+    from each other, and the steps' noise walks them away from the sizes not measured (20%
+    noise: a size not measured priced 4.4x its worth after 20,000 steps, tests/unit/
+    test_tuning.py); a ratio of two medians of the same size carries no error from step to step.
+    """
+
+    fresh: int = 32  # steps: a size observed within them is priced as measured (--steps auto observes a
+    # probe's width every 9 rounds, a shallower probe's every 29)
+    steps: int = 0  # steps observed so far
+    measured: dict[int, float] = field(default_factory=dict)  # size -> the median of its kept steps, as measured
+    last: dict[int, int] = field(default_factory=dict)  # size -> the step it was last observed at
+    peers: dict[int, dict[int, float]] = field(default_factory=dict)  # size -> the sizes fresh then and
+    # their medians, when it was last observed
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        self.steps += 1
+        seen = self.history.setdefault(tokens, deque(maxlen=self.recent))
+        if tokens in self.last and not self._fresh(tokens):  # back after a while: its kept steps at the load now,
+            scale = self._since(tokens)  # or its median would stay a stale one until most of them were new
+            seen = self.history[tokens] = deque((s * scale for s in seen), maxlen=self.recent)
+        seen.append(seconds)
+        self.measured[tokens] = statistics.median(seen)
+        self.last[tokens] = self.steps
+        self.peers[tokens] = {t: m for t, m in self.measured.items() if t != tokens and self._fresh(t)}
+        self.seconds = {t: m if self._fresh(t) else m * self._since(t) for t, m in self.measured.items()}
+        self.curve = None
+
+    def _fresh(self, tokens: int) -> bool:
+        return self.steps - self.last[tokens] < self.fresh
+
+    def _since(self, tokens: int) -> float:
+        """How much the load changed since `tokens` was last observed: the median ratio, now to
+        then, of the sizes fresh then and now (1 when there is none)."""
+        ratios = [self.measured[t] / then for t, then in self.peers[tokens].items() if self._fresh(t)]
+        return statistics.median(ratios) if ratios else 1.0

@@ -14,7 +14,8 @@ scale x latency(1 + k) + k x drafting); without a profile, the run's own rounds 
 have shown two widths -- and until then the EMA depth controller (schedule.AdaptiveDepth) moves
 k, which is what shows them. The chat engine keeps the rounds' costs and the acceptance by
 position across requests with the same drafter (`costs`, `history`): a later request starts
-from those costs, and from that acceptance as its prior where it has no profile.
+from those costs, and from that acceptance as its prior where it has no profile. The costs
+follow the machine's load at every width, measured or not (`round_costs`).
 
 Why whole rounds, timed settle to settle, and not a forward and a drafting cost apart: with
 depth-2 overlap (MTP) the next chain is queued in the graph right behind the verify, so the
@@ -42,7 +43,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from engines.speculative.costs import StepCosts
+from engines.speculative.costs import LoadScaledCosts, StepCosts
 
 PROFILE_VERSION = 1
 # The profile's acceptance counts as this many rounds beside the run's own, at each position.
@@ -72,6 +73,23 @@ PROBE_MAX = 64
 # one run in eight drafted 2.3 a round where 1 pays). Not to k = 0: plain rounds cost a drafter
 # worth drafting most, and a plain round's price only decides between plain and one draft.
 SHALLOW_AFTER = 26
+
+
+def round_costs() -> LoadScaledCosts:
+    """What `--steps auto` keeps of its rounds' costs by width (the chat engine keeps one per
+    drafter across requests). Why each half (tests/unit/test_tuning.py drives both on a
+    model of this CPU whose load changes mid-run):
+    - scaled by the load (LoadScaledCosts): a width measured before a load rose, or under one
+      that has passed, is priced at the load now -- kept as measured, widths chosen now looked
+      dear beside widths measured earlier, and auto drafted 2.2 a round where 1 pays;
+    - monotone from below (StepCosts.from_below), each width at most the cheapest wider one:
+      from above, a narrow width priced dear lifted every wider one to its price, so the
+      deepest k looked as cheap as one draft; auto chose it, measuring it cheap changed
+      nothing (still lifted), and the narrow width, no longer chosen, was never measured
+      again (widths 1-2 turned dearer: 6.96 drafts a round where 2 pay). From below, a wide
+      width priced too cheap is chosen, and so measured again.
+    Neither alone holds both cases."""
+    return LoadScaledCosts(from_below=True)
 
 
 class ProfileError(ValueError):
@@ -279,7 +297,7 @@ class AutoSteps:
 
     max_steps: int
     profile: Profile | None = None
-    costs: StepCosts = field(default_factory=StepCosts)  # whole rounds (drafting included): width -> seconds;
+    costs: StepCosts = field(default_factory=round_costs)  # whole rounds (drafting included): width -> seconds;
     # the chat engine keeps one per drafter across requests (a round's cost is the machine's, not the prompt's)
     probes: Probes = field(default_factory=Probes)  # when the next probe comes (PROBE_AFTER)
     since_shallow: int = 0  # rounds chosen since the last shallower probe (SHALLOW_AFTER)

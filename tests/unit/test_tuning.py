@@ -269,21 +269,21 @@ def fixed_rate(verify, chain_s, acc, k):
     return expected_tokens(acc, k) / (verify[1 + k] + chain_s * k)
 
 
-def overlapped(verify, chain_s, acc, requests=24, rounds=45, steps=3, seed=0):
+def overlapped(verify, chain_s, acc, requests=24, rounds=45, steps=3, seed=0, load=lambda r, width: 1.0):
     """Requests of `rounds` rounds each under --steps auto, timed as the chat loop times an MTP
     drafter with depth-2 overlap: each round's chain is drafted in the graph behind the last
     verify, at the last round's k (extended if this round's is larger), so it lands in the
     round's time, settle to settle, and the host's timer around propose sees almost nothing;
     a round after one that drafted nothing drafts its chain itself (timed). What the engine
     keeps across requests (the rounds' costs, the acceptance by position) is kept here too.
+    `load(r, width)`: what another process multiplies round r's forward and chain by.
     Returns the k chosen and the tokens per second of each request."""
     import random
 
-    from engines.speculative.costs import StepCosts
-    from engines.speculative.tuning import PositionAcceptance, Probes
+    from engines.speculative.tuning import PositionAcceptance, Probes, round_costs
 
     rng = random.Random(seed)
-    costs, history, probes = StepCosts(), PositionAcceptance(MAX_STEPS), Probes()
+    costs, history, probes = round_costs(), PositionAcceptance(MAX_STEPS), Probes()
     chosen, speeds = [], []
     for _ in range(requests):
         schedule = DraftSchedule.of(SpecConfig("mtp", steps, auto=True))
@@ -294,7 +294,7 @@ def overlapped(verify, chain_s, acc, requests=24, rounds=45, steps=3, seed=0):
         for _ in range(rounds):
             k = schedule.next_steps(1000)
             chain, host = (max(ahead, k), 0.0003) if ahead else (0, chain_s * k)
-            wall = verify[1 + k] + chain_s * chain + host
+            wall = load(len(chosen), 1 + k) * (verify[1 + k] + chain_s * chain) + host
             drafted_last = k or drafted_last
             wasted, ahead = chain > k, drafted_last if k else 0
             accepted = 0
@@ -437,3 +437,106 @@ def test_a_narrower_width_priced_dear_by_a_passing_load_is_measured_again(monkey
     assert run()[-50:].count(1) > 35
     monkeypatch.setattr(tuning, "SHALLOW_AFTER", 10**6)
     assert run()[-50:].count(1) == 0
+
+
+# -- a machine whose load changes while the kept costs are used (issue 26: a real run whose load
+# rose from 1.4 to 3.8 as a test suite started gave 0.63x --steps 1, drafting up to 7) --
+
+def fixed_speeds(verify, chain_s, acc, k, load, requests=24, rounds=45):
+    """Each request's tokens per second at a fixed k under `load` (as `overlapped` times it)."""
+    return [expected_tokens(acc, k) * rounds
+            / sum(load(r, 1 + k) * (verify[1 + k] + chain_s * k) for r in range(i * rounds, (i + 1) * rounds))
+            for i in range(requests)]
+
+
+def against_best_fixed(verify, chain_s, acc, load, after=0):
+    """auto's mean k and its mean speed over the requests from `after` on, against the best
+    fixed k's under the same load."""
+    chosen, speeds = overlapped(verify, chain_s, acc, load=load)
+    best = max(statistics.mean(fixed_speeds(verify, chain_s, acc, k, load)[after:]) for k in range(MAX_STEPS + 1))
+    return statistics.mean(chosen[45 * after:]), statistics.mean(speeds[after:]) / best
+
+
+def passing(r, width):  # another process busy 40 rounds in every 200: each width x2.5 meanwhile
+    return 2.5 if r % 200 >= 160 else 1.0
+
+
+def rising(r, width):  # a load rising in steps: each width x1.25 more every 100 rounds
+    return 1.25 ** (r // 100)
+
+
+@pytest.mark.parametrize("load", [passing, rising])
+def test_a_load_that_changes_mid_run_does_not_make_deep_drafts_look_free(load):
+    """On this CPU one draft pays whatever the load (a load slows every width alike). Kept as
+    measured, the prices mixed loads: widths measured before a load rose, or after one passed,
+    looked cheap beside the one being chosen, and the curve, monotone from above, lifted them
+    to its price -- drafting deep looked free (passing: 2.20 drafts a round, 0.93x the best
+    fixed; rising: 1.40, 0.966). Scaled to the load now, they keep what they cost against the
+    others (1.16, 0.98; 1.18, 0.98)."""
+    mean_k, ratio = against_best_fixed(SMOLLM2, CHAIN_TOKEN, SMOLLM2_DRAFTER, load)
+    assert mean_k < 1.25 and ratio > 0.97, (mean_k, ratio)
+
+
+def test_a_load_on_the_narrow_widths_alone_does_not_make_deep_drafts_look_free():
+    """Widths 1-2 turn twice as dear after 12 requests (the shape changes, not the level): two
+    drafts pay now. Monotone from above, width 2's new price lifted every wider width to it, so
+    the deepest k looked as cheap as one draft; auto chose it, measuring it cheap changed
+    nothing (still lifted), and width 2, no longer chosen, was never measured again: 6.96 drafts
+    a round, 0.71x the best fixed. Monotone from below, a wide width priced too cheap is chosen,
+    and so measured (2.04, 0.97)."""
+    def narrow(r, width):
+        return 2.0 if r >= 12 * 45 and width <= 2 else 1.0
+
+    mean_k, ratio = against_best_fixed(SMOLLM2, CHAIN_TOKEN, SMOLLM2_DRAFTER, narrow, after=14)
+    assert 1.5 < mean_k < 3 and ratio > 0.9, (mean_k, ratio)
+
+
+def test_where_deep_drafts_pay_a_passing_load_does_not_stop_them():
+    """A GPU-like machine (drafting free, a flat forward): the deepest k pays at any load."""
+    gpu = {w: 0.020 for w in range(1, 9)}
+    mean_k, ratio = against_best_fixed(gpu, 0.0, SMOLLM2_DRAFTER, passing, after=4)
+    assert mean_k > 6.5 and ratio > 0.97, (mean_k, ratio)
+
+
+def test_kept_costs_follow_the_load_at_every_width():
+    """Every width measured quiet; then rounds of width 2 alone at twice the cost (another
+    process started): the widths not measured lately are priced twice as dear too, and
+    measured again, at their new price from their first round; the load passes, and they
+    follow it back. One slow round moves nothing."""
+    from engines.speculative.costs import LoadScaledCosts
+
+    costs = LoadScaledCosts()
+    quiet = {w: 0.08 + 0.005 * w for w in range(1, 9)}
+    for _ in range(7):
+        for w, s in quiet.items():
+            costs.observe(w, s)
+    costs.observe(2, 5 * quiet[2])  # one round behind another process's burst
+    assert costs.seconds == pytest.approx(quiet)
+    for _ in range(costs.fresh):
+        costs.observe(2, 2 * quiet[2])
+    assert costs.seconds == pytest.approx({w: 2 * s for w, s in quiet.items()})
+    costs.observe(5, 2 * quiet[5])  # a probe: width 5's kept rounds were scaled before it joined them
+    assert costs.seconds[5] == pytest.approx(2 * quiet[5])
+    for _ in range(costs.fresh):  # the load passes
+        costs.observe(2, quiet[2])
+    assert costs.seconds == pytest.approx(quiet)
+
+
+def test_widths_not_measured_keep_their_price_against_the_measured_ones_however_long():
+    """20,000 rounds with 20% noise, one width chosen (a probe one deeper every 9th, a plain round
+    every 27th): the widths never measured again stay priced at what they cost against the
+    measured ones. (Every round divided by a load level estimated from the rounds, tried first,
+    priced width 8 at 4.4x its worth by the end: with one width measured most of the time the
+    level and its price were estimated from each other, and the noise walked them.)"""
+    import random
+
+    from engines.speculative.costs import LoadScaledCosts
+
+    rng = random.Random(0)
+    costs = LoadScaledCosts()
+    for w in range(2, 9):
+        for _ in range(7):
+            costs.observe(w, 0.1)
+    for r in range(20000):
+        costs.observe(3 if r % 9 == 0 else 1 if r % 27 == 5 else 2, 0.1 * max(0.3, rng.gauss(1, 0.2)))
+    assert costs.seconds[8] / costs.seconds[2] == pytest.approx(1.0, abs=0.15)

@@ -134,3 +134,34 @@ def test_ngram_auto_measures_deep_positions_from_whole_continuations(engines, tm
     drafts_only = chosen()
     assert ks[0] <= 1 and drafts_only[0] <= 1
     assert sum(ks) > 1.3 * sum(drafts_only), (ks, drafts_only)
+
+
+def test_the_kept_round_costs_follow_the_load_across_requests(engines, monkeypatch):
+    """The engine keeps auto's round costs across requests with the same drafter. The first
+    request drafts 1, 2 and 3 a round; the second, whose rounds cost twice as much (another
+    process started), drafts 1: once its rounds show the load, the widths only the first
+    request measured are priced twice as dear too -- kept at their quiet price beside the dear
+    narrow ones, deep drafts looked free (tests/unit/test_tuning.py). k is scripted here (the
+    chooser's own picks are tested there); the costs are a model, not timings."""
+    import itertools
+
+    from engines.speculative.tuning import AutoSteps
+
+    engine = engines["llama"]
+    load, script = [1.0], [itertools.cycle([1, 2, 3])]
+    record = AutoSteps.record
+    monkeypatch.setattr(AutoSteps, "record", lambda self, proposed, accepted, verify_s=None, draft_s=None,
+                        wasted=False: record(self, proposed, accepted, load[0] * flat(1 + proposed), 0.0, wasted))
+    monkeypatch.setattr(AutoSteps, "choose", lambda self: next(script[0]))
+    engine._auto_seen.clear()
+    spec = SpecConfig("ngram", 3, auto=True)
+    try:
+        list(engine.generate(Request(prompt=COPY, max_tokens=80, spec=spec)))
+        [(costs, _, _)] = engine._auto_seen.values()
+        quiet = dict(costs.seconds)
+        assert {3, 4} <= set(quiet)
+        load[0], script[0] = 2.0, itertools.repeat(1)
+        list(engine.generate(Request(prompt=COPY, max_tokens=80, spec=spec)))
+        assert {w: costs.seconds[w] for w in quiet} == pytest.approx({w: 2 * s for w, s in quiet.items()})
+    finally:
+        engine._auto_seen.clear()
