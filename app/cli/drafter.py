@@ -29,6 +29,9 @@ def parser() -> Parser:
     p.add_argument("--prompts", default=None, metavar="FILE",
                    help="prompts the target answers to make training data (JSON list or {\"prompts\": [...]}; "
                         "default: the shipped set; 'none' = only --data)")
+    p.add_argument("--own-prompts", type=int, default=0, metavar="N",
+                   help="prompts the target writes itself, answered like the others: more distinct prompts "
+                        "than the shipped set (default 0)")
     p.add_argument("--answer-tokens", type=int, default=200, help="tokens per generated answer (default 200)")
     p.add_argument("--answers-per-prompt", type=int, default=3,
                    help="answers the target writes per prompt: the first greedy, the others sampled (default 3)")
@@ -93,6 +96,8 @@ def train(args) -> int:
         value = getattr(args, name)
         if value is not None and value <= 0:
             raise UsageError(f"--{name.replace('_', '-')} must be positive")
+    if args.own_prompts < 0:
+        raise UsageError("--own-prompts must be 0 or more")
     read_text_files(args.data)  # an empty or unreadable file is said now, before the model loads
     out = Path(args.out).expanduser()
     if out.exists() and not out.is_dir():
@@ -104,7 +109,7 @@ def train(args) -> int:
     minutes = args.minutes if args.minutes is not None or args.steps is not None else DEFAULT_MINUTES
     config = TrainConfig(out=out, data_files=args.data, prompts_file="" if args.prompts == "none" else args.prompts,
                          answer_tokens=args.answer_tokens, answers_per_prompt=args.answers_per_prompt,
-                         answer_temperature=args.answer_temperature, steps=args.steps, minutes=minutes, seed=args.seed,
+                         answer_temperature=args.answer_temperature, own_prompts=args.own_prompts, steps=args.steps, minutes=minutes, seed=args.seed,
                          depth=args.depth, seq_len=args.seq_len, batch=args.batch, learning_rate=args.lr,
                          draft_vocab=args.draft_vocab, save_every=args.save_every, eval_every=args.eval_every,
                          noise=args.noise, feature_weight=args.feature_weight, soft_labels=args.soft_labels,
@@ -173,7 +178,7 @@ class Meter:
         self.last_acc = None
 
     def __call__(self, p) -> None:
-        if p.phase in ("answers", "features"):
+        if p.phase in ("prompts", "answers", "features"):
             self.stream.write(f"specscope: {p.note}\n")
             self.stream.flush()
             return

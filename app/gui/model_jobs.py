@@ -122,7 +122,7 @@ class ModelJob(Job):
 
 def training_text(p) -> str:
     """`step 120 · 3.2 min · loss 2.41 · held-out acceptance d1 41% d2 18% … · ETA 11:48`"""
-    if p.phase in ("answers", "features"):
+    if p.phase in ("prompts", "answers", "features"):
         return p.note
     acc = " ".join(f"d{i + 1} {a:.0%}" for i, a in enumerate(p.acceptance)) if p.acceptance else "not measured yet"
     eta = f" \u00b7 ETA {clock(p.eta_s)}" if p.eta_s is not None else ""

@@ -100,6 +100,59 @@ def chat_ids(tokenizer, prompt: str) -> list[int]:
     return list(tokenizer.encode(prompt))
 
 
+def query_prefix(tokenizer) -> list[int] | None:
+    """The chat template up to where a user's message begins (system turn included, if the
+    template adds one), or None when the tokenizer has no chat template."""
+    if not getattr(tokenizer, "has_chat_template", False):
+        return None
+    marker = "\u2063MARKER\u2063"  # text no template writes itself
+    text = tokenizer.apply_chat_template([{"role": "user", "content": marker}], tokenize=False)
+    if marker not in text:
+        return None
+    return list(tokenizer.encode(text[: text.index(marker)], add_special_tokens=False))
+
+
+def own_prompts(model, tokenizer, count: int, seed: int = 0, temperature: float = 1.0, max_tokens: int = 64,
+                batch: int = 32, done: list[str] | None = None, attempts: int = 0,
+                should_stop: Callable[[], bool] = lambda: False,
+                on_batch: Callable[[list[str], int], None] = lambda written, attempts: None) -> list[str]:
+    """`count` prompts the target writes itself: the chat template up to the user's turn, and
+    the target samples what a user would say (Magpie, Xu et al. 2024: an aligned model prompted
+    with only its pre-query template writes diverse user queries). The drafter then learns
+    from the target's answers to many more distinct prompts than any shipped set holds, in the
+    target's own notion of what users ask -- on SmolLM2 the shipped 384 prompts were learned by
+    heart (83% accepted on them, 48% on new ones; docs/benchmarks.md). Kept: a finished turn
+    (the target ended it) of 12..400 characters, not a repeat. A batch is seeded by (seed, the
+    samples drawn before it): a run stopped after `done` prompts and `attempts` samples goes on
+    with what one that never stopped would have written; on_batch(prompts, attempts) after
+    each batch, for the caller to keep."""
+    from mlx_lm.generate import batch_generate
+    from mlx_lm.sample_utils import make_sampler
+
+    prefix = query_prefix(tokenizer)
+    if prefix is None:
+        raise DataError("the target has no chat template: it cannot write prompts of its own (use --prompts or --data)")
+    out = list(done or [])
+    seen = set(out)
+    sampler = make_sampler(temp=temperature)
+    limit = attempts + 4 * count + 4 * batch  # a target that never ends its turn: give up
+    while len(out) < count and attempts < limit:
+        if should_stop():
+            return out
+        mx.random.seed(seed * 1_000_003 + 7919 + attempts)
+        answer = batch_generate(model, tokenizer, [prefix] * batch, max_tokens=max_tokens, return_token_ids=True,
+                                sampler=sampler)
+        attempts += batch
+        for ids in answer.token_ids:  # the turn's end token is not in ids: a full-length one was cut
+            text = tokenizer.decode(list(ids)).strip()
+            if len(ids) >= max_tokens or not 12 <= len(text) <= 400 or text in seen:
+                continue
+            seen.add(text)
+            out.append(text)
+        on_batch(out[:count], attempts)
+    return out[:count]
+
+
 def own_answers(model, tokenizer, prompts: list[str], max_tokens: int, seq_len: int, rounds: int = 1,
                 temperature: float = 0.8, seed: int = 0, batch: int = 32, done: list[list[int]] | None = None,
                 should_stop: Callable[[], bool] = lambda: False,

@@ -71,6 +71,9 @@ class TrainConfig:
     # same 900 steps and 44-45% from step 1400 (docs/benchmarks.md), for ~3x the answering time
     answers_per_prompt: int = 3
     answer_temperature: float = 0.8
+    # prompts the target writes itself (data.own_prompts, Magpie), added to the prompt set and
+    # answered like the others: many more distinct prompts than a shipped set holds
+    own_prompts: int = 0
     steps: int | None = None
     minutes: float | None = None  # training-loop time (resumed runs count the time before)
     seed: int = 0
@@ -128,7 +131,7 @@ class Progress:
     acceptance: list[float] | None  # held-out, by depth 1..EVAL_DEPTH (None until measured)
     elapsed_s: float
     eta_s: float | None
-    phase: str = "train"  # "answers" | "features" | "train" | "done"
+    phase: str = "train"  # "prompts" | "answers" | "features" | "train" | "done"
     note: str = ""
 
 
@@ -232,17 +235,20 @@ def prepare(target: TargetView, tokenizer, target_path: str, config: TrainConfig
     texts = D.read_text_files(config.data_files)  # bad files fail now, before any work
     files = default_prompts_files() if config.prompts_file is None else [config.prompts_file] if config.prompts_file else []
     prompts = [p for f in files for p in D.load_prompts(f)]
+    stamp = [target_path, _file_stamp(target_path)]
+    out = Path(config.out)
+    if config.own_prompts:
+        prompts += written_prompts(target, tokenizer, stamp, config, on_progress, should_stop)
     rounds = config.answers_per_prompt if prompts else 0
-    sources = {"prompts": [str(f) for f in files] or None, "prompt_count": len(prompts),
+    sources = {"prompts": [str(f) for f in files] or None, "own_prompts": config.own_prompts or None,
+               "prompt_count": len(prompts),
                "answer_tokens": config.answer_tokens, "answers_per_prompt": rounds,
                "answer_temperature": config.answer_temperature if rounds > 1 else None,
                "files": [p for p, _ in texts]}
-    stamp = [target_path, _file_stamp(target_path)]
     answers_key = D.fingerprint(*stamp, prompts, config.answer_tokens, config.seq_len)
     sampling = [config.answer_temperature, config.seed]  # what the answers past the first round depend on
     key = D.fingerprint(answers_key, [t for _, t in texts], config.seq_len, *([rounds, *sampling] if rounds > 1 else []),
                         *([list(target.feature_layers)] if target.feature_layers else []))
-    out = Path(config.out)
     cached = D.load_features(out / "features.safetensors", key)
     if cached is not None:
         feats, answers = cached
@@ -287,6 +293,41 @@ def prepare(target: TargetView, tokenizer, target_path: str, config: TrainConfig
     D.save_features(out / "features.safetensors", feats, key, answers)
     feats.starts = answer_starts(tokenizer, prompts * rounds, config.seq_len, feats.size)
     return feats, answers, sources
+
+
+def written_prompts(target: TargetView, tokenizer, stamp: list, config: TrainConfig, on_progress,
+                    should_stop) -> list[str]:
+    """The target's own prompts (data.own_prompts), kept batch by batch in OUT/data/
+    own_prompts.json: a stopped run resumes where it stopped, a resumed one reuses them."""
+    path = Path(config.out) / "data" / "own_prompts.json"
+    key = D.fingerprint(*stamp, config.seed)  # not the count: asking more extends the kept ones
+    try:
+        kept = json.loads(path.read_text())
+        done, attempts = (kept["prompts"], int(kept["attempts"])) if kept.get("fingerprint") == key else ([], 0)
+    except (OSError, ValueError, KeyError, TypeError):
+        done, attempts = [], 0
+    if len(done) >= config.own_prompts:
+        return done[: config.own_prompts]
+    t0 = time.perf_counter()
+    start = len(done)
+    on_progress(Progress(0, config.steps, 0.0, None, 0.0, None, "prompts",
+                         f"the target writes {config.own_prompts - start} prompts of its own"))
+
+    def written(prompts: list[str], attempts: int) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".partial")
+        tmp.write_text(json.dumps({"fingerprint": key, "prompts": prompts, "attempts": attempts}))
+        tmp.replace(path)
+        n, elapsed = len(prompts), time.perf_counter() - t0
+        eta_s = elapsed * (config.own_prompts - n) / (n - start) if n > start else None
+        on_progress(Progress(0, config.steps, 0.0, None, elapsed, eta_s, "prompts",
+                             f"the target wrote {n} of {config.own_prompts} prompts ({elapsed / 60:.1f} min)"))
+
+    prompts = D.own_prompts(target.model, tokenizer, config.own_prompts, config.seed, done=done, attempts=attempts,
+                            should_stop=should_stop, on_batch=written)
+    if should_stop():
+        raise KeyboardInterrupt  # the prompts so far are kept
+    return prompts
 
 
 def _file_stamp(path: str) -> list:

@@ -48,6 +48,12 @@ def test_an_empty_data_file_is_one_line(llama, tmp_path, capsys):
     assert not (tmp_path / "out").exists()  # said before anything was loaded or written
 
 
+def test_negative_own_prompts_is_one_line(llama, tmp_path, capsys):
+    assert main(args(*llama, tmp_path / "out", "--own-prompts", "-1", "--steps", "1")) == 2
+    assert "--own-prompts must be 0 or more" in one_line(capsys)
+    assert not (tmp_path / "out").exists()
+
+
 def test_an_unreadable_data_file_is_one_line(llama, tmp_path, capsys):
     missing = tmp_path / "missing.txt"
     assert main(args(*llama, tmp_path / "out", "--data", str(missing), "--steps", "1")) == 2

@@ -147,3 +147,39 @@ def test_the_loss_leaves_out_chains_that_start_in_a_prompt(llama, tmp_path):
     rigged = chained_loss(drafter, batch, config, key).item()
     batch.labels = mx.where(in_prompt, (batch.labels + 63) % 64, batch.labels)
     assert chained_loss(drafter, batch, config, key).item() != rigged
+
+
+@pytest.fixture(scope="module")
+def talker(tmp_path_factory):
+    """A tiny target that can end its turn (EOS reachable): it writes prompts of its own."""
+    d = tmp_path_factory.mktemp("talker")
+    target = checkpoints.make_tiny_llama(d / "llama", reachable_eos=True)
+    return ChatEngine.load(str(target)), target, write_prompts(d / "prompts.json", checkpoints.WORDS, n=8)
+
+
+def prepare_own(talker, out, should_stop=lambda: False, on_progress=lambda p: None):
+    engine, target, prompts = talker
+    config = TrainConfig(out=out, prompts_file=str(prompts), own_prompts=40, answer_tokens=12, seq_len=96, steps=1,
+                         answers_per_prompt=1)
+    return prepare(TargetView.of(engine.model), engine.tokenizer, str(target), config, on_progress, should_stop)
+
+
+def test_the_target_writes_prompts_of_its_own_answers_them_and_resumes(talker, tmp_path):
+    engine, _, prompts = talker
+    notes = []
+    feats, answers, sources = prepare_own(talker, tmp_path / "whole", on_progress=lambda p: notes.append(p.note))
+    written = json.loads((tmp_path / "whole" / "data" / "own_prompts.json").read_text())["prompts"]
+    assert len(written) == len(set(written)) == 40 and sources["own_prompts"] == 40
+    assert not set(written) & set(D.load_prompts(prompts))
+    assert answers == 48 and sources["prompt_count"] == 48  # the 8 shipped, then the 40 written, answered
+    assert "the target writes 40 prompts of its own" in notes
+    for row, prompt in enumerate(written, start=8):  # each written prompt is a row's prompt
+        ids = D.chat_ids(engine.tokenizer, prompt)[: 96 - 8]
+        assert feats.tokens[row, : int(feats.starts[row])].tolist() == ids
+    calls = []
+    with pytest.raises(KeyboardInterrupt):  # stopped after the first batch of 32 attempts
+        prepare_own(talker, tmp_path / "stopped", lambda: calls.append(1) or len(calls) > 1)
+    kept = json.loads((tmp_path / "stopped" / "data" / "own_prompts.json").read_text())["prompts"]
+    assert 0 < len(kept) < 40 and kept == written[: len(kept)]
+    resumed, _, _ = prepare_own(talker, tmp_path / "stopped")
+    assert mx.array_equal(resumed.tokens, feats.tokens).item()  # seeded by (seed, the prompts so far)
