@@ -4,9 +4,10 @@
     acceptance by depth 1..5   rounds of 5 drafts: the share of rounds whose drafts 1..d were
                                all accepted (the chat engine's own per-position acceptance)
     tok/s                      plain, then each case of --cases: --spec mtp with the drafter
-                               (1, 2, 3 or 5 drafts a round, or --steps auto) and n-gram
-                               lookup (4), decode tok/s over all prompts; every output
-                               checked equal to plain greedy
+                               (1, 2, 3 or 5 drafts a round, or --steps auto; ':after' = each
+                               round launched after the last verdict) and n-gram lookup (4),
+                               decode tok/s over all prompts; every output checked equal to
+                               plain greedy
 
 Train first (`specscope drafter train --minutes M --out DIR`), then:
 
@@ -70,7 +71,9 @@ def main() -> int:
     p.add_argument("--prompts", default=str(resources.path("prompts", "open_chat.json")))
     p.add_argument("--json", default=None)
     p.add_argument("--limit", type=int, default=None, help="only the first N prompts")
-    p.add_argument("--cases", default="mtp-5,mtp-3,ngram-4", help="beside plain: mtp-5, mtp-3, mtp-2, mtp-1, mtp-auto, ngram-4")
+    p.add_argument("--cases", default="mtp-5,mtp-3,ngram-4",
+                   help="beside plain: mtp-5, mtp-3, mtp-2, mtp-1, mtp-auto, ngram-4; an mtp case with ':after' "
+                        "launches each round after the last verdict is read (rollback caches), for A/B")
     args = p.parse_args()
     prompts = [(q["name"], q["prompt"]) for q in json.loads(open(args.prompts).read())["prompts"]]
     engine = ChatEngine.load(str(default_chat_model()))
@@ -96,8 +99,11 @@ def main() -> int:
              "mtp-auto": SpecConfig(method="mtp", steps=3, auto=True, draft_model=args.drafter),  # measured in the run
              "ngram-4": SpecConfig(method="ngram", steps=4)}
     for name in args.cases.split(","):
-        results[name] = measure(engine, prompts[: args.limit], cases[name], args.max_tokens, plain)
+        case, _, mode = name.partition(":")  # "mtp-1:after": each round launched after the last verdict
+        os.environ["SPECSCOPE_MTP_PIPELINE"] = "0" if mode == "after" else "1"
+        results[name] = measure(engine, prompts[: args.limit], cases[case], args.max_tokens, plain)
         report(name, results[name])
+    os.environ.pop("SPECSCOPE_MTP_PIPELINE")
     print(f"SmolLM2-135M, {len(prompts[: args.limit])} open chat prompts, T=0, {args.max_tokens} tokens; "
           f"load average {load0:.2f} at start, {os.getloadavg()[0]:.2f} at end; {time.time() - t0:.0f} s")
     if args.json:

@@ -43,7 +43,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from engines.types import EngineError
-from engines.mlx_chat.cache import cache_buffer
+from engines.mlx_chat.cache import SlotKVCache, cache_buffer
 from engines.mlx_chat.gemma4_assistant import DraftStep, compile_step  # one step record, one compiler for both drafters
 
 MODEL_TYPE = "specscope_drafter"
@@ -159,11 +159,16 @@ class TargetView:
             hidden = mx.concatenate([*(layers[i].tapped for i in self.feature_layers), hidden], axis=-1)
         return logits, hidden
 
+    reads_slot_caches = True  # drafter_view sees SlotKVCache's holes (the loop may use them)
+
     def drafter_view(self, cache: list, last_kept: mx.array):
         """The K/V the drafter reads -- the whole buffer of layer `kv_layer`'s cache -- and a
         mask of the entries at positions <= last_kept (rejected drafts and unused capacity
         past the cache's offset are hidden). Same contract as mtp.Gemma4Target.drafter_view."""
-        keys, values, first = cache_buffer(cache[self.kv_layer])
+        c = cache[self.kv_layer]
+        keys, values, first = cache_buffer(c)
+        if isinstance(c, SlotKVCache):  # rejected drafts are holes: the live slots written so far
+            return {"target": (keys, values)}, {"target": c.holes.visible(c.slot, keys.shape[2])}
         positions = mx.arange(first, first + keys.shape[2], dtype=mx.int32)
         return {"target": (keys, values)}, {"target": positions <= last_kept}
 

@@ -18,13 +18,18 @@ One round = one target forward:
 
 Plain decoding (spec off) is the same loop with k = 0, and it launches the next forward on the
 still-lazy token before settling the current one, as mlx-lm's generate_step does, so the
-device never waits for the host.
+device never waits for the host. MTP on a full-attention target does the same with whole
+rounds: the next round's verify is launched on this one's verdict still in the graph (its
+anticipated chain, the token after the accepted drafts, the position that follows), and
+nothing is rolled back -- the target's cache keeps rejected drafts as holes its masks hide
+(cache.SlotKVCache). The host builds round r+1 while the device runs round r.
 """
 
 from __future__ import annotations
 
+import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterator
 
 import mlx.core as mx
@@ -32,7 +37,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from engines.types import EngineError, OnPrefill, Request, ShouldStop
 from engines.mlx_chat import sampling as mxs
-from engines.mlx_chat.cache import make_rollback_cache, rollback
+from engines.mlx_chat.cache import Holes, SlotKVCache, make_rollback_cache, make_slot_cache, rollback
 from engines.mlx_chat.loading import LoadedModel, TokenizerMismatch, check_same_tokenizer, load_model
 from engines.mlx_chat.prefill import feed_prompt
 from engines.mlx_chat.context import check_fits, context_length
@@ -78,6 +83,12 @@ class Run:
         return self.ctx.target_cache
 
     @property
+    def holes(self) -> Holes | None:
+        """The slot caches' holes when rounds launch before the last verdict is read, else None."""
+        first = self.cache[0] if self.cache else None
+        return first.holes if isinstance(first, SlotKVCache) else None
+
+    @property
     def needs_hidden(self) -> bool:
         return self.proposer is not None and self.proposer.needs_hidden
 
@@ -99,6 +110,8 @@ class Step:
     verify_s: float = 0.0  # set when settled
     wall_s: float = 0.0
     ahead: int = 0  # drafts anticipated for this round by the last one (its chain runs in this round's time)
+    lazy: LazyVerdict | None = None  # its verdict in the graph, when a chain or the next round builds on it
+    launched_early: bool = False  # launched on the last round's verdict still in the graph
 
     @property
     def k(self) -> int:
@@ -191,9 +204,13 @@ class ChatEngine:
         step = None if first.finish else self._launch(run)
         while step is not None:
             # Plain decoding: the next forward reads this one's token while it is still lazy,
-            # so the device never waits for the host (as mlx-lm's generate_step does).
+            # so the device never waits for the host (as mlx-lm's generate_step does). MTP on
+            # slot caches: the next round's verify reads this one's verdict while still lazy.
             plain = step.k == 0 and not run.schedule.enabled  # (it may have just been disabled)
-            ahead = self._launch(run, after=step) if plain and run.remaining > 1 else None
+            if plain and run.remaining > 1 or self._launches_before_verdict(run, step):
+                ahead = self._launch(run, after=step)
+            else:
+                ahead = None
             verdict = self._settle(run, step)
             tokens, finish = self._clip(run, verdict)
             self._commit(run, step, verdict, tokens, finish)
@@ -256,7 +273,8 @@ class ChatEngine:
         roll back exactly (recurrent / hybrid layers)."""
         if request.spec.enabled:
             try:
-                return self._make_proposer(request), make_rollback_cache(self.model), None
+                proposer = self._make_proposer(request)
+                return proposer, self._speculative_cache(proposer), None
             except TokenizerMismatch:
                 raise  # a wrong draft model is the user's to fix, not to paper over
             except EngineError as e:
@@ -264,6 +282,17 @@ class ChatEngine:
         else:
             note = None
         return None, make_prompt_cache(self.model), note  # the model's own caches, as mlx-lm
+
+    def _speculative_cache(self, proposer: Proposer) -> list[Any]:
+        """Slot caches when the proposer can chain on a verdict still in the graph and every
+        target layer is full attention -- rounds then launch before the last verdict is read
+        (SPECSCOPE_MTP_PIPELINE=0 turns it off, for A/B runs) --, else caches that roll back."""
+        if getattr(proposer, "launches_ahead", False):
+            slots = make_slot_cache(self.model) if os.environ.get("SPECSCOPE_MTP_PIPELINE", "1") != "0" else None
+            if slots is not None:
+                return slots
+            proposer.launches_ahead = False  # each round launched after the last verdict: say so to it
+        return make_rollback_cache(self.model)
 
     def _make_proposer(self, request: Request) -> Proposer:
         proposer = self._model_or_ngram_proposer(request)
@@ -337,18 +366,38 @@ class ChatEngine:
         run.last_settled = time.perf_counter()
         return self._round(run, step, verdict, tokens, finish, prefill=True)
 
+    def _launches_before_verdict(self, run: Run, step: Step) -> bool:
+        """Whether the next round can be launched now, before `step` is settled: slot caches,
+        a round with drafts whose verdict is in the graph, the proposer's chain on it ready,
+        and tokens left past the most this round can emit."""
+        return (run.holes is not None and step.k > 0 and step.lazy is not None and run.schedule.enabled
+                and run.remaining > step.k + 1 and run.proposer.chain_ahead())
+
     def _launch(self, run: Run, after: Step | None = None) -> Step:
-        """Draft, then issue the verify forward without waiting for it. `after` = a plain
-        step not settled yet whose lazy token is this step's input."""
-        steps = 0 if after is not None else run.schedule.next_steps(run.remaining)
+        """Draft, then issue the verify forward without waiting for it. `after` = a step not
+        settled yet whose lazy token is this step's input: a plain step, or (slot caches) a
+        round with drafts, whose verdict gives the token and its position."""
+        speculative_after = after is not None and after.k > 0
+        if after is None:
+            steps = run.schedule.next_steps(run.remaining)
+        else:  # past the most `after` can emit
+            steps = run.schedule.next_steps(run.remaining - after.k - 1) if speculative_after else 0
+        if speculative_after:
+            run.proposer.commit(run.ctx)  # the next round goes on from the chain anticipated on `after`
         t0 = time.perf_counter()
         draft = self._propose(run, steps) if steps else EMPTY
         t1 = time.perf_counter()
-        last = after.next_token if after is not None else mx.array(run.ctx.tokens[-1:], dtype=mx.uint32)
+        if speculative_after:
+            last, position = after.lazy.token, after.lazy.next_position
+        elif after is not None:
+            last, position = after.next_token, None  # plain: no chain reads the position
+        else:
+            last, position = mx.array(run.ctx.tokens[-1:], dtype=mx.uint32), run.ctx.position
+        first_slot = run.cache[0].slot if run.holes is not None else 0
         inputs = mx.concatenate([last.astype(mx.uint32), draft.tokens]) if draft.size else last.astype(mx.uint32)
         logits, hidden = self._forward(run, inputs)
-        step = Step(steps, draft, t1 - t0, hidden=hidden, expected=self._expected(run) if after is None else None,
-                    ahead=run.ahead)
+        step = Step(steps, draft, t1 - t0, hidden=hidden, launched_early=speculative_after, ahead=run.ahead,
+                    expected=self._expected(run) if after is None or speculative_after else None)
         sampling = run.ctx.sampling
         if sampling.greedy:
             step.argmax = mx.argmax(logits, axis=-1)
@@ -361,9 +410,16 @@ class ChatEngine:
             step.token = mxs.pick(logits, sampling)
             outputs = [step.token]
         mx.async_eval(*outputs, *([hidden] if hidden is not None else []))
+        anticipates = run.proposer is not None and run.proposer.drafts_ahead and run.schedule.enabled
+        if anticipates or run.holes is not None and step.k:
+            accepted, token = mxs.verdict_in_graph(draft.tokens, step.argmax, step.sampled, step.token)
+            taken = mx.take(hidden, accepted, axis=0) if hidden is not None else None
+            step.lazy = LazyVerdict(position, draft.tokens, accepted, token, taken)
+            if run.holes is not None and step.k:  # the drafts past `accepted` become holes
+                run.holes.reject(first_slot, step.k, accepted)
         step.build_s = time.perf_counter() - t1
         run.drafted_last, run.ahead = steps or run.drafted_last, 0
-        if run.proposer is not None and run.proposer.drafts_ahead and run.schedule.enabled:
+        if anticipates:
             # Depth-2 overlap: the next round's chain -- not behind a round that chose to draft
             # nothing (--steps auto pricing the drafter out: the next round likely drafts nothing
             # either, and the chain would be computed and dropped every round), unless it was a
@@ -399,10 +455,7 @@ class ChatEngine:
         a verdict without the target's hidden state, from which nothing is chained (the
         proposer drops the chain it anticipated before, which this round did not use)."""
         try:
-            accepted, token = mxs.verdict_in_graph(step.draft.tokens, step.argmax, step.sampled, step.token)
-            hidden = mx.take(step.hidden, accepted, axis=0) if step.hidden is not None and chain else None
-            verdict = LazyVerdict(run.ctx.position, step.draft.tokens, accepted, token, hidden)
-            run.proposer.anticipate(run.ctx, verdict)
+            run.proposer.anticipate(run.ctx, step.lazy if chain else replace(step.lazy, hidden=None))
         except Exception as e:
             # this step's drafts are verified as usual; its Round says speculation stopped
             self._stop_speculating(run, e)
@@ -432,8 +485,10 @@ class ChatEngine:
         return tokens, finish
 
     def _commit(self, run: Run, step: Step, verdict: Verdict, tokens: list[int], finish: str | None) -> None:
-        """Roll the caches back over the rejected drafts and take the emitted tokens."""
-        rollback(run.cache, step.k - verdict.accepted)
+        """Roll the caches back over the rejected drafts (slot caches: they are holes already,
+        Holes.reject at launch) and take the emitted tokens."""
+        if run.holes is None:
+            rollback(run.cache, step.k - verdict.accepted)
         run.ctx.tokens += tokens
         run.remaining -= len(tokens)
         # None when this forward did not return it: composed drafting asks for it only before
@@ -493,6 +548,7 @@ class ChatEngine:
             draft_source=step.draft.source if step.k else None,
             expected_tok_s=step.expected[0] if step.expected and not prefill else None,
             expected_tokens=step.expected[1] if step.expected and not prefill else None,
+            launched_early=step.launched_early,
         )
         run.note = None
         run.index += 1

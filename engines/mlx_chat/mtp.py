@@ -182,7 +182,9 @@ class MTPProposer:
                         that follows, and a mask that hides the K/V of drafts the rollback will
                         drop. MLX runs the chain right behind the verify while the host reads
                         the verdict, rolls back and reports; k is last round's (k_hint).
-    commit(ctx)         the anticipated round is settled: its chain is the next round's.
+    commit(ctx)         the next round goes on from the anticipated chain: its round is settled,
+                        or (slot caches, `launches_ahead`) the next round is launched on its
+                        verdict still in the graph.
     A chain reads the MLX arrays the cache held when it was built; cache writes make new
     arrays (see proposers.py), so the loop may write the cache while a chain runs.
     """
@@ -195,6 +197,10 @@ class MTPProposer:
         self.drafter = drafter
         self.target = target
         self.drafts_ahead = overlap  # depth-2 overlap: the loop calls anticipate()
+        # the loop may launch the next verify on an anticipated chain before reading the verdict
+        # (engine.py, cache.SlotKVCache): a target view that reads the slot caches' holes. The
+        # loop sets it False when it does not (no slot caches for this target)
+        self.launches_ahead = overlap and getattr(target, "reads_slot_caches", False)
         self.drafter_step = drafter.compiled_step() if compiled else drafter.step
         self.pending: Chain | None = None
         self.k_hint = 0  # drafts asked last round: the guess for an anticipated chain
@@ -224,12 +230,19 @@ class MTPProposer:
         if self.k_hint and verdict.hidden is not None:
             chain = self._begin_after(ctx, verdict)
             self._extend(chain, self.k_hint, ctx.sampling)
-            mx.async_eval(*chain.outputs())
+            if not self.launches_ahead:  # else it runs with the next verify, which reads it
+                # (MLX's CPU stream takes ~50 ops ahead of the device: an eval here waits for this verify)
+                mx.async_eval(*chain.outputs())
             self.pending = chain
 
     def commit(self, ctx) -> None:
         if self.pending is not None:
             self.pending.ready = True
+
+    def chain_ahead(self) -> bool:
+        """Whether a chain was anticipated on the launched round's verdict (the next round can
+        be launched on it now)."""
+        return self.pending is not None
 
     # -- the chain ---------------------------------------------------------------------------
     def _begin(self, ctx) -> Chain:

@@ -62,7 +62,8 @@ class ProposerContext:
 class LazyVerdict:
     """A launched round's verdict, still in the graph (sampling.verdict_in_graph)."""
 
-    position: int  # of the round's first input: ctx.position when it was launched
+    position: int | mx.array  # of the round's first input: ctx.position when it was launched, or
+    # (launched before the last round's verdict was read) that verdict's next_position
     drafts: mx.array  # [k] the round's drafts
     accepted: mx.array  # [] int32: how many of them the target accepts
     token: mx.array  # [1] uint32: the target's token after them (the next round's last token)

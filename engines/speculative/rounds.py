@@ -54,6 +54,8 @@ class Round:
     # (engines/speculative/composed.py)
     expected_tok_s: list[float] | None = None  # --steps auto: the tok/s it expected of k = 0..7 when it chose `steps`
     expected_tokens: list[float] | None = None  # and the tokens per round (accepted + 1) it expected of each k
+    launched_early: bool = False  # its verify was launched before the last round's verdict was read (MTP on
+    # a full-attention target: engines/mlx_chat/engine.py)
 
     def __post_init__(self):
         if self.draft_spans is not None:  # read back from JSON as lists

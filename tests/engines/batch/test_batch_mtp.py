@@ -32,7 +32,21 @@ def mtp_requests(drafter: str, draft_model: str | None = None) -> list[Request]:
 
 
 def lone_rounds(engine, request):
-    return list(engine.generate(request))
+    """The request alone, its rounds launched one after another's verdict as the batch's are:
+    a lone MTP run otherwise launches the next verify before reading the last verdict, and its
+    schedule (skip streak, adaptive k) then decides one round later -- the same tokens, other
+    draft lengths (tests/engines/training/test_slot_cache.py checks that loop)."""
+    import os
+
+    before = os.environ.get("SPECSCOPE_MTP_PIPELINE")
+    os.environ["SPECSCOPE_MTP_PIPELINE"] = "0"
+    try:
+        return list(engine.generate(request))
+    finally:
+        if before is None:
+            del os.environ["SPECSCOPE_MTP_PIPELINE"]
+        else:
+            os.environ["SPECSCOPE_MTP_PIPELINE"] = before
 
 
 def summary(rounds):

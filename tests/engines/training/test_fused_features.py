@@ -70,11 +70,11 @@ def test_fused_rows_in_a_batch_get_their_lone_tokens_and_acceptance(targets, fus
     """The batch's target forward returns the tapped layer too, each row drafts from its own."""
     from engines.batch.engine import BatchEngine
     from tests.engines.batch.test_batch_equals_lone import run_batch
-    from tests.engines.batch.test_batch_mtp import mtp_requests, summary
+    from tests.engines.batch.test_batch_mtp import lone_rounds, mtp_requests, summary
 
     engine = targets["llama"][0]
     reqs = mtp_requests(str(fused["llama"]))
-    alone = [summary(list(engine.generate(r))) for r in reqs]
+    alone = [summary(lone_rounds(engine, r)) for r in reqs]
     got, sizes = run_batch(BatchEngine(engine, max_batch=4, budget=None), reqs, join_late=2)
     assert max(sizes) == 4
     for i in range(len(reqs)):
