@@ -79,7 +79,10 @@ class DraftingCosts:
     first request pays to find out, and the probes' counts run on across requests too."""
 
     verify: StepCosts = field(default_factory=lambda: StepCosts(from_below=True))  # rounds without a chain:
-    # seconds by width (see the module docstring)
+    # seconds by width (see the module docstring), as of the last verify_costs()
+    unpriced: list[tuple[int, float]] = field(default_factory=list)  # (width, seconds) of the rounds without a
+    # chain observed since: the curve is read only when the chooser is re-priced, so each round only
+    # appends (a median per round was ~5 us in place, a share of a tiny model's 2 ms round)
     chain_rounds: deque = field(default_factory=lambda: deque(maxlen=CHAIN_ROUNDS_KEPT))  # (seconds, width, chain)
     chained_in_a_row: int = 0
     unchained_in_a_row: int = 0
@@ -96,7 +99,7 @@ class DraftingCosts:
         elif chain:
             self.probe_after = CHAIN_PROBE_AFTER  # chosen on its merits: probe soon if that stops
         forced = None
-        if chain and (not self.verify.seconds or self.chained_in_a_row >= PROBE_AFTER):
+        if chain and (not self.verify_measured or self.chained_in_a_row >= PROBE_AFTER):
             forced = 0  # a plain round: the verify's cost alone (see the module docstring)
         elif k and not chain and self.unchained_in_a_row >= self.probe_after:
             forced = self.probed = 1  # one draft: what drafting costs now
@@ -125,14 +128,27 @@ class DraftingCosts:
         if chain:
             self.chain_rounds.append((seconds, width, chain))
         else:
-            self.verify.observe(width, seconds)
+            self.unpriced.append((width, seconds))
+
+    @property
+    def verify_measured(self) -> bool:
+        """Whether any round without a chain has been observed."""
+        return bool(self.unpriced or self.verify.seconds)
+
+    def verify_costs(self) -> StepCosts:
+        """The verify's seconds by width, the rounds observed since the last call taken in."""
+        if self.unpriced:
+            self.verify.observe_many(self.unpriced)
+            self.unpriced.clear()
+        return self.verify
 
     @property
     def chain_token_s(self) -> float | None:
         """A chain token's drafting: a chain round's time beyond its width's verify, per token."""
-        if not self.verify.seconds or not self.chain_rounds:
+        verify = self.verify_costs()
+        if not verify.seconds or not self.chain_rounds:
             return None
-        return max(0.0, statistics.median((s - self.verify.at(w)) / c for s, w, c in self.chain_rounds))
+        return max(0.0, statistics.median((s - verify.at(w)) / c for s, w, c in self.chain_rounds))
 
 
 class ComposedProposer:
@@ -224,8 +240,9 @@ class ComposedProposer:
         the verify by width and a chain token's drafting from it (see the module docstring)."""
         if self.last is None or not MEASURED:
             return
-        chain, draft = self.last[0], self.last[1]
-        self.costs.observe(seconds, 1 + draft.size, chain)
+        chain, draft, drafted = self.last[0], self.last[1], self.last[4]
+        self.costs.observe(seconds, 1 + (draft.size if drafted is None else len(drafted)), chain)  # (an array's
+        # shape read from MLX costs more than a list's length)
         self.observed += 1
         if chain or self.observed % REPRICE_UNCHAINED_EVERY == 0:  # pricing is a share of a tiny model's round
             self._price()
@@ -233,14 +250,14 @@ class ComposedProposer:
     def _price(self) -> None:
         chain_token_s = self.costs.chain_token_s
         if MEASURED and chain_token_s is not None:
-            self.chooser.measured(self.costs.verify, chain_token_s)
+            self.chooser.measured(self.costs.verify_costs(), chain_token_s)
 
     def commit(self, ctx: ProposerContext) -> None:
         if self.last is not None:
             chain, draft, before, undrafted, drafted = self.last
             if undrafted:
                 self.chooser.shadow(undrafted, ctx.tokens[before:])
-            if draft.size:  # accepted: the drafts the emitted tokens begin with (at T>0 a
+            if drafted is None or drafted:  # accepted: the drafts the emitted tokens begin with (at T>0 a
                 # resampled token may equal the next draft: one more counted, statistics only)
                 drafted, emitted = drafted or draft.tokens.tolist(), ctx.tokens[before:]
                 accepted = next((i for i, (d, e) in enumerate(zip(drafted, emitted)) if d != e),
