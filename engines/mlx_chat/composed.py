@@ -17,7 +17,8 @@ across requests, DraftingCosts: costs are the machine's, not the prompt's): roun
 verify's cost by width, and a chain round's time beyond the verify of its width, per chain
 token, is what drafting costs -- its own chain if drafted then, and the next one anticipated
 behind its verify (depth-2 overlap), wasted or not. Chains are anticipated only after a chain
-round (the next round likely chains again; after an n-gram round it is drafted when chosen).
+round chosen by the chooser (the next round likely chains again; after an n-gram round or a
+probe it is drafted when chosen: a probe so prices a chain drafted then, without the next one).
 A run whose rounds all chain measures no verify alone, so the first round that would chain
 runs plain, and so does one in every PROBE_AFTER chain rounds in a row: without it a drafter
 that costs more than it brings -- the tiny Gemma 4 pair's assistant on a CPU -- would be chosen
@@ -228,9 +229,13 @@ class ComposedProposer:
     @property
     def drafts_ahead(self) -> bool:
         """Read by the loop right after this round's verify is launched: anticipate the next
-        chain only after a chain round (the next likely chains too); otherwise the loop need not
-        build the verdict in the graph for it at all."""
-        return self.model.drafts_ahead and self.last is not None and self.last[0] > 0
+        chain only after a chain round (the next likely chains too) that was not a probe (the
+        drafter was priced out: the next round likely does not chain, and the chain anticipated
+        for it would be computed and dropped -- on the tiny Gemma 4 pair it made the round after
+        each probe 1.2-1.9 ms dearer, a ~1.7 ms round); otherwise the loop need not build the
+        verdict in the graph for it at all."""
+        return (self.model.drafts_ahead and self.last is not None and self.last[0] > 0
+                and not (MEASURED and self.costs.probed))
 
     def anticipate(self, ctx: ProposerContext, verdict: LazyVerdict) -> None:
         self.model.anticipate(ctx, verdict)
