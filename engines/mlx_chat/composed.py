@@ -17,7 +17,8 @@ across requests, DraftingCosts: costs are the machine's, not the prompt's): roun
 verify's cost by width, and a chain round's time beyond the verify of its width, per chain
 token, is what drafting costs -- its own chain if drafted then, and the next one anticipated
 behind its verify (depth-2 overlap), wasted or not. Chains are anticipated only after a chain
-round (the next round likely chains again; after an n-gram round it is drafted when chosen).
+round chosen by the chooser (the next round likely chains again; after an n-gram round or a
+probe it is drafted when chosen: a probe so prices a chain drafted then, without the next one).
 A run whose rounds all chain measures no verify alone, so the first round that would chain
 runs plain, and so does one in every PROBE_AFTER chain rounds in a row: without it a drafter
 that costs more than it brings -- the tiny Gemma 4 pair's assistant on a CPU -- would be chosen
@@ -79,7 +80,10 @@ class DraftingCosts:
     first request pays to find out, and the probes' counts run on across requests too."""
 
     verify: StepCosts = field(default_factory=lambda: StepCosts(from_below=True))  # rounds without a chain:
-    # seconds by width (see the module docstring)
+    # seconds by width (see the module docstring), as of the last verify_costs()
+    unpriced: list[tuple[int, float]] = field(default_factory=list)  # (width, seconds) of the rounds without a
+    # chain observed since: the curve is read only when the chooser is re-priced, so each round only
+    # appends (a median per round was ~5 us in place, a share of a tiny model's 2 ms round)
     chain_rounds: deque = field(default_factory=lambda: deque(maxlen=CHAIN_ROUNDS_KEPT))  # (seconds, width, chain)
     chained_in_a_row: int = 0
     unchained_in_a_row: int = 0
@@ -96,7 +100,7 @@ class DraftingCosts:
         elif chain:
             self.probe_after = CHAIN_PROBE_AFTER  # chosen on its merits: probe soon if that stops
         forced = None
-        if chain and (not self.verify.seconds or self.chained_in_a_row >= PROBE_AFTER):
+        if chain and (not self.verify_measured or self.chained_in_a_row >= PROBE_AFTER):
             forced = 0  # a plain round: the verify's cost alone (see the module docstring)
         elif k and not chain and self.unchained_in_a_row >= self.probe_after:
             forced = self.probed = 1  # one draft: what drafting costs now
@@ -125,14 +129,27 @@ class DraftingCosts:
         if chain:
             self.chain_rounds.append((seconds, width, chain))
         else:
-            self.verify.observe(width, seconds)
+            self.unpriced.append((width, seconds))
+
+    @property
+    def verify_measured(self) -> bool:
+        """Whether any round without a chain has been observed."""
+        return bool(self.unpriced or self.verify.seconds)
+
+    def verify_costs(self) -> StepCosts:
+        """The verify's seconds by width, the rounds observed since the last call taken in."""
+        if self.unpriced:
+            self.verify.observe_many(self.unpriced)
+            self.unpriced.clear()
+        return self.verify
 
     @property
     def chain_token_s(self) -> float | None:
         """A chain token's drafting: a chain round's time beyond its width's verify, per token."""
-        if not self.verify.seconds or not self.chain_rounds:
+        verify = self.verify_costs()
+        if not verify.seconds or not self.chain_rounds:
             return None
-        return max(0.0, statistics.median((s - self.verify.at(w)) / c for s, w, c in self.chain_rounds))
+        return max(0.0, statistics.median((s - verify.at(w)) / c for s, w, c in self.chain_rounds))
 
 
 class ComposedProposer:
@@ -212,9 +229,13 @@ class ComposedProposer:
     @property
     def drafts_ahead(self) -> bool:
         """Read by the loop right after this round's verify is launched: anticipate the next
-        chain only after a chain round (the next likely chains too); otherwise the loop need not
-        build the verdict in the graph for it at all."""
-        return self.model.drafts_ahead and self.last is not None and self.last[0] > 0
+        chain only after a chain round (the next likely chains too) that was not a probe (the
+        drafter was priced out: the next round likely does not chain, and the chain anticipated
+        for it would be computed and dropped -- on the tiny Gemma 4 pair it made the round after
+        each probe 1.2-1.9 ms dearer, a ~1.7 ms round); otherwise the loop need not build the
+        verdict in the graph for it at all."""
+        return (self.model.drafts_ahead and self.last is not None and self.last[0] > 0
+                and not (MEASURED and self.costs.probed))
 
     def anticipate(self, ctx: ProposerContext, verdict: LazyVerdict) -> None:
         self.model.anticipate(ctx, verdict)
@@ -224,8 +245,9 @@ class ComposedProposer:
         the verify by width and a chain token's drafting from it (see the module docstring)."""
         if self.last is None or not MEASURED:
             return
-        chain, draft = self.last[0], self.last[1]
-        self.costs.observe(seconds, 1 + draft.size, chain)
+        chain, draft, drafted = self.last[0], self.last[1], self.last[4]
+        self.costs.observe(seconds, 1 + (draft.size if drafted is None else len(drafted)), chain)  # (an array's
+        # shape read from MLX costs more than a list's length)
         self.observed += 1
         if chain or self.observed % REPRICE_UNCHAINED_EVERY == 0:  # pricing is a share of a tiny model's round
             self._price()
@@ -233,14 +255,14 @@ class ComposedProposer:
     def _price(self) -> None:
         chain_token_s = self.costs.chain_token_s
         if MEASURED and chain_token_s is not None:
-            self.chooser.measured(self.costs.verify, chain_token_s)
+            self.chooser.measured(self.costs.verify_costs(), chain_token_s)
 
     def commit(self, ctx: ProposerContext) -> None:
         if self.last is not None:
             chain, draft, before, undrafted, drafted = self.last
             if undrafted:
                 self.chooser.shadow(undrafted, ctx.tokens[before:])
-            if draft.size:  # accepted: the drafts the emitted tokens begin with (at T>0 a
+            if drafted is None or drafted:  # accepted: the drafts the emitted tokens begin with (at T>0 a
                 # resampled token may equal the next draft: one more counted, statistics only)
                 drafted, emitted = drafted or draft.tokens.tolist(), ctx.tokens[before:]
                 accepted = next((i for i, (d, e) in enumerate(zip(drafted, emitted)) if d != e),

@@ -43,6 +43,16 @@ class StepCosts:
         self.seconds[tokens] = statistics.median(seen)
         self.curve = None
 
+    def observe_many(self, steps: list[tuple[int, float]]) -> None:
+        """observe() each (tokens, seconds) in turn, with one median per size at the end: the
+        same prices, for a caller that collects its steps and reads the curve only now and then
+        (a median of 7 in pure Python is a share of a tiny model's round)."""
+        for tokens, seconds in steps:
+            self.history.setdefault(tokens, deque(maxlen=self.recent)).append(seconds)
+        for tokens in {t for t, _ in steps}:
+            self.seconds[tokens] = statistics.median(self.history[tokens])
+        self.curve = None
+
     @property
     def ready(self) -> bool:
         return len(self.seconds) >= 2
@@ -111,6 +121,10 @@ class LoadScaledCosts(StepCosts):
         self.peers[tokens] = {t: m for t, m in self.measured.items() if t != tokens and self._fresh(t)}
         self.seconds = {t: m if self._fresh(t) else m * self._since(t) for t, m in self.measured.items()}
         self.curve = None
+
+    def observe_many(self, steps: list[tuple[int, float]]) -> None:
+        for tokens, seconds in steps:  # one at a time: each step moves what counts as fresh
+            self.observe(tokens, seconds)
 
     def _fresh(self, tokens: int) -> bool:
         return self.steps - self.last[tokens] < self.fresh

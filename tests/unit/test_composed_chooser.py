@@ -122,8 +122,10 @@ def test_ngram_priced_out_by_early_misses_comes_back_once_the_output_copies():
 
 def test_kept_prices_follow_every_change_of_counts_and_costs():
     """Once measured, the chooser keeps its prices between rounds (rebuilding them each round was
-    a share of a tiny model's round); whatever happens -- a verdict recorded, n-gram scored on a
-    round it did not draft, new costs -- they equal prices computed afresh."""
+    a share of a tiny model's round), and its plans with them; whatever happens -- a verdict
+    recorded, n-gram scored on a round it did not draft, new costs -- they equal prices and plans
+    computed afresh."""
+    import copy
     import random
 
     from engines.speculative.composed import Prices, expected_by_count
@@ -147,3 +149,7 @@ def test_kept_prices_follow_every_change_of_counts_and_costs():
                        expected_by_count(c.seen[NGRAM].estimate(), c.max_drafts),
                        [c.latency(1 + w) for w in range(c.max_drafts + 1)])
         assert c.prices() == fresh, step
+        afresh = copy.copy(c)
+        afresh.kept, afresh.expected = None, {}
+        for found, k in [(rng.randrange(0, 8), rng.randrange(0, 4)) for _ in range(3)]:  # (32 plans: many kept)
+            assert c.plan(found, k) == afresh.plan(found, k), step

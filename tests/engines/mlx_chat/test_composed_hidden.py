@@ -1,8 +1,9 @@
 """Chat's composed proposer asks a forward for the target's hidden state only when the round
 after it may chain (engines/mlx_chat/composed.py, ComposedProposer.needs_hidden): with the
 drafter priced out, plain and n-gram rounds run without it, the round before a due probe and
-every chain round with it, and a chain is never started from an older round's state. On a cost
-model, no timings. (The end-to-end runs -- lossless, priced out, probed -- are in
+every chain round with it, and a chain is never started from an older round's state. Nor does
+it anticipate the next chain behind a probe (drafts_ahead): only behind a chain the chooser
+chose. On a cost model, no timings. (The end-to-end runs -- lossless, priced out, probed -- are in
 tests/engines/training/test_composed.py.)"""
 
 import mlx.core as mx
@@ -13,9 +14,10 @@ from engines.types import Sampling
 
 
 class Drafter:
-    """An MTP drafter's side of the protocol: it reads the hidden state and drafts `k` zeros."""
+    """An MTP drafter's side of the protocol: it reads the hidden state and drafts `k` zeros
+    (with depth-2 overlap: it would anticipate a chain behind any round the proposer lets it)."""
 
-    name, needs_hidden, drafts_ahead = "mtp", True, False
+    name, needs_hidden, drafts_ahead = "mtp", True, True
 
     def __init__(self):
         self.chains = 0
@@ -40,6 +42,9 @@ def priced(chain_token_s: float) -> DraftingCosts:
     return costs
 
 
+ahead: list[bool] = []  # drafts_ahead at each round of the last run()
+
+
 def run(costs: DraftingCosts, rounds: int) -> tuple[ComposedProposer, list[tuple[bool, bool]]]:
     """`rounds` rounds on a context the n-gram lookup finds nothing in, the loop's way: propose,
     then the forward (returning the hidden state if needs_hidden says so), then commit. Returns
@@ -47,11 +52,13 @@ def run(costs: DraftingCosts, rounds: int) -> tuple[ComposedProposer, list[tuple
     ctx = ProposerContext(list(range(10)), Sampling(), None, None, hidden=mx.zeros((4,)))
     proposer = ComposedProposer(Drafter(), NGramProposer(1, 4), costs)
     proposer.start(ctx)
+    ahead.clear()
     seen = []
     for i in range(rounds):
         chains = proposer.model.chains
         proposer.propose(ctx, 2)
         seen.append((proposer.needs_hidden, proposer.model.chains > chains))
+        ahead.append(proposer.drafts_ahead)  # read by the loop after the forward is launched
         ctx.hidden = mx.zeros((4,)) if proposer.needs_hidden else None  # as the loop's _commit sets it
         ctx.tokens.append(100 + i)  # never seen before: no n-gram match
         proposer.last = None
@@ -87,3 +94,16 @@ def test_a_chain_the_chooser_wants_again_waits_one_round_for_the_state():
     ctx.tokens.append(999)
     proposer.commit(ctx)
     assert proposer.propose(ctx, 2).size >= 2 and proposer.model.chains == 1
+
+
+def test_no_chain_is_anticipated_behind_a_probe():
+    """A probe drafts while the drafter is priced out: the round after it likely does not chain,
+    and a chain anticipated for it was computed and dropped (on the tiny Gemma 4 pair that made
+    the round after each probe 1.2-1.9 ms dearer, about a probe's own cost again)."""
+    _, seen = run(priced(chain_token_s=0.01), 200)
+    probes = [i for i, (_, chained) in enumerate(seen) if chained]
+    assert probes == [64, 193]
+    assert not any(ahead), [i for i, a in enumerate(ahead) if a]  # the old proposer: at both probes
+    _, seen = run(priced(chain_token_s=0.0), 20)  # chains that pay: chosen, and anticipated
+    chained = [i for i, (_, c) in enumerate(seen) if c]
+    assert len(chained) >= 15 and all(ahead[i] for i in chained)
