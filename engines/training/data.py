@@ -229,13 +229,32 @@ def fingerprint(*parts) -> str:
     return h.hexdigest()[:16]
 
 
+def write_json(path: Path, data: dict) -> None:
+    """Written whole or not at all (a run killed mid-write keeps the last file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".partial")
+    tmp.write_text(json.dumps(data))
+    tmp.replace(path)
+
+
 def save_answers(path: Path, sequences: list[list[int]], key: str, sampling: list) -> None:
     """The target's answers so far (a stopped run resumes from them), written whole; `sampling`
     (temperature, seed) is what the rows past the greedy round were sampled with."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".partial")
-    tmp.write_text(json.dumps({"fingerprint": key, "sampling": sampling, "sequences": sequences}))
-    tmp.replace(path)
+    write_json(path, {"fingerprint": key, "sampling": sampling, "sequences": sequences})
+
+
+def save_own_prompts(path: Path, prompts: list[str], attempts: int, key: str) -> None:
+    """The prompts the target wrote so far and the samples drawn for them (own_prompts resumes)."""
+    write_json(path, {"fingerprint": key, "prompts": prompts, "attempts": attempts})
+
+
+def load_own_prompts(path: Path, key: str) -> tuple[list[str], int]:
+    """The kept prompts and samples drawn for this key, or none."""
+    try:
+        kept = json.loads(path.read_text())
+        return (kept["prompts"], int(kept["attempts"])) if kept.get("fingerprint") == key else ([], 0)
+    except (OSError, ValueError, KeyError, TypeError):
+        return [], 0
 
 
 def load_answers(path: Path, key: str, sampling: list, greedy: int) -> list[list[int]]:

@@ -301,11 +301,7 @@ def written_prompts(target: TargetView, tokenizer, stamp: list, config: TrainCon
     own_prompts.json: a stopped run resumes where it stopped, a resumed one reuses them."""
     path = Path(config.out) / "data" / "own_prompts.json"
     key = D.fingerprint(*stamp, config.seed)  # not the count: asking more extends the kept ones
-    try:
-        kept = json.loads(path.read_text())
-        done, attempts = (kept["prompts"], int(kept["attempts"])) if kept.get("fingerprint") == key else ([], 0)
-    except (OSError, ValueError, KeyError, TypeError):
-        done, attempts = [], 0
+    done, attempts = D.load_own_prompts(path, key)
     if len(done) >= config.own_prompts:
         return done[: config.own_prompts]
     t0 = time.perf_counter()
@@ -314,10 +310,7 @@ def written_prompts(target: TargetView, tokenizer, stamp: list, config: TrainCon
                          f"the target writes {config.own_prompts - start} prompts of its own"))
 
     def written(prompts: list[str], attempts: int) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".partial")
-        tmp.write_text(json.dumps({"fingerprint": key, "prompts": prompts, "attempts": attempts}))
-        tmp.replace(path)
+        D.save_own_prompts(path, prompts, attempts, key)
         n, elapsed = len(prompts), time.perf_counter() - t0
         eta_s = elapsed * (config.own_prompts - n) / (n - start) if n > start else None
         on_progress(Progress(0, config.steps, 0.0, None, elapsed, eta_s, "prompts",
