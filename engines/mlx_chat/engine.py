@@ -77,6 +77,7 @@ class Run:
     repetition: RepetitionDetector | None = None  # the loop detector (Request.max_repeat)
     drafted_last: int = 0  # drafts asked of the last round that drafted (an anticipated chain's length)
     ahead: int = 0  # drafts the proposer anticipated for the next round (depth-2 overlap), 0 if none
+    last_k: int | None = None  # drafts of the last round committed
 
     @property
     def cache(self) -> list[Any]:
@@ -213,7 +214,7 @@ class ChatEngine:
                 ahead = None
             verdict = self._settle(run, step)
             tokens, finish = self._clip(run, verdict)
-            self._commit(run, step, verdict, tokens, finish)
+            self._commit(run, step, verdict, tokens, finish, ahead)
             if finish is None and should_stop():
                 finish = "cancelled"
             if finish is None and ahead is None:
@@ -484,9 +485,11 @@ class ChatEngine:
             finish, run.note = "repetition", loop
         return tokens, finish
 
-    def _commit(self, run: Run, step: Step, verdict: Verdict, tokens: list[int], finish: str | None) -> None:
+    def _commit(self, run: Run, step: Step, verdict: Verdict, tokens: list[int], finish: str | None,
+                next_step: Step | None = None) -> None:
         """Roll the caches back over the rejected drafts (slot caches: they are holes already,
-        Holes.reject at launch) and take the emitted tokens."""
+        Holes.reject at launch) and take the emitted tokens. `next_step`: the round already
+        launched behind this one, if any."""
         if run.holes is None:
             rollback(run.cache, step.k - verdict.accepted)
         run.ctx.tokens += tokens
@@ -497,11 +500,10 @@ class ChatEngine:
         run.ctx.hidden = step.hidden[verdict.accepted] if step.hidden is not None else None
         # the round's cost as the user waits for it: settle to settle, drafting apart (a plain
         # round launched behind the previous one costs less than a lone forward, and --steps
-        # auto should know it)
-        # (and whether it also paid for drafts it did not verify: a chain anticipated at the last
-        # round's k, cut to this one's -- its time is not the price of this k)
+        # auto should know it), and whether that is the price of its k
         run.schedule.record(step.k, verdict.accepted, step.wall_s - step.draft_s, step.draft_s,
-                            wasted=step.ahead > step.k)
+                            priced=self._priced(run, step, next_step))
+        run.last_k = step.k
         if hasattr(run.proposer, "observe"):  # composed: prices its sources by the rounds' own times
             run.proposer.observe(step.wall_s)
         if run.proposer is not None and run.schedule.enabled and not finish:
@@ -509,6 +511,27 @@ class ChatEngine:
                 run.proposer.commit(run.ctx)
             except Exception as e:
                 self._stop_speculating(run, e)
+
+    @staticmethod
+    def _priced(run: Run, step: Step, next_step: Step | None) -> bool:
+        """Whether this round's time, settle to settle, is what a round of its k costs (--steps
+        auto prices the widths by it). Not when it paid for drafts it did not verify: a chain
+        anticipated at the last round's k, cut to this one's (depth-2 overlap). Nor, where rounds
+        launch before the last verdict, unless this round and the next both did and the rounds
+        on either side drafted as many: the host enqueues round r+1 while the device runs round
+        r, and MLX's CPU stream takes only ~50 ops ahead, so the host reaches r's settle when
+        the device is well into r+1 -- part of r's time is r+1's, and part of the round before
+        r's is r's (the first round after the prefill carries the second's; the last launched
+        early lacks its own). Measured (SmolLM2, its drafter): rounds of one draft 34 ms and of
+        two 50 in a row, but a round of two between rounds of one 38 ms and the one after it
+        44; priced so, the probes made a second draft look cheap and --steps auto drafted it
+        (0.94x --steps 1)."""
+        if step.ahead > step.k:
+            return False
+        next_early = next_step is not None and next_step.launched_early
+        if step.launched_early or next_early:
+            return step.launched_early and next_early and run.last_k == step.k == next_step.k
+        return True
 
     def _round(self, run: Run, step: Step, verdict: Verdict, tokens: list[int], finish: str | None,
                prefill: bool = False) -> Round:

@@ -162,14 +162,15 @@ class DraftSchedule:
         return min(self.steps if chosen is None else chosen, remaining - 1)
 
     def record(self, proposed: int, accepted: int, verify_s: float | None = None, draft_s: float | None = None,
-               wasted: bool = False) -> None:
+               priced: bool = True) -> None:
         """After a round: its drafts and accepted count, and (for auto) what its verify and
-        drafting cost -- `wasted`: it also paid for drafts it did not verify (tuning.AutoSteps)."""
+        drafting cost -- `priced` False: that time is not what a round of its k costs
+        (tuning.AutoSteps.record)."""
         self.skip.record(proposed, accepted)
         if self.depth:
             self.depth.update(proposed, accepted)
         if self.auto is not None:
-            self.auto.record(proposed, accepted, verify_s, draft_s, wasted)
+            self.auto.record(proposed, accepted, verify_s, draft_s, priced)
 
     @property
     def skipped(self) -> bool:

@@ -24,7 +24,9 @@ cores between the two settles and lengthens the round by what it costs -- on a G
 behind the host's work and costs nothing, and the round's time says so either way. Two
 consequences, each a fix of what made auto over-draft a drafter trained here for SmolLM2:
 - a round that paid for drafts it did not verify (a chain anticipated at the last round's k,
-  cut to a smaller one) is not a price of its own k (`record(..., wasted=True)`);
+  cut to a smaller one) is not a price of its own k (`record(..., priced=False)`), nor is a
+  round launched before the last verdict whose neighbours drafted another k (part of its time
+  is theirs);
 - a width narrower than every one measured is priced by the slope of the narrowest two, not as
   dear as the narrowest: the fallback starts deep and probes go deeper, so the flat price kept
   k = 1 (and plain rounds) from ever being chosen, hence measured.
@@ -66,13 +68,19 @@ PRIOR_ROUNDS = 5
 # again, that a second draft does not pay.
 PROBE_AFTER = 8
 PROBE_MAX = 64
-# Every SHALLOW_AFTER + 1 rounds, two rounds draft one token less than chosen (to k - 1 >= 1;
-# with depth-2 overlap the first carries the chain anticipated at k, so the second is the price):
-# a narrower width is otherwise measured only when chosen, so one measured dear under a passing
-# load kept its k from being chosen again (on a model of this CPU with 10% noise on each round,
-# one run in eight drafted 2.3 a round where 1 pays). Not to k = 0: plain rounds cost a drafter
-# worth drafting most, and a plain round's price only decides between plain and one draft.
+# Every SHALLOW_AFTER + 1 rounds, SHALLOW_ROUNDS rounds draft one token less than chosen (to
+# k - 1 >= 1): a narrower width is otherwise measured only when chosen, so one measured dear
+# under a passing load kept its k from being chosen again (on a model of this CPU with 10% noise
+# on each round, one run in eight drafted 2.3 a round where 1 pays). Three rounds because only
+# the middle one is surely a price: with depth-2 overlap the first carries the chain anticipated
+# at k, and with rounds launched before the verdict the first and last share their time with
+# their neighbours of k (see the chat engine's `_priced`). Without a profile, one draft a round, never measured, is
+# tried at once: priced from the wider widths the fallback showed it can look as dear as they
+# are (the few-row kernel: 2 rows cost what 1 does, 3 and 4 alike ~1.4x), and one draft, the k
+# that paid, was not tried for the first ~30 rounds. Not to k = 0: plain rounds cost a drafter worth drafting
+# most, and a plain round's price only decides between plain and one draft.
 SHALLOW_AFTER = 26
+SHALLOW_ROUNDS = 3
 
 
 def round_costs() -> LoadScaledCosts:
@@ -273,22 +281,32 @@ class Probes:
 
     since: int = 0  # rounds chosen since the last probe
     after: int = PROBE_AFTER  # the wait before the next: doubles while probes find nothing
-    probed: bool = False  # the last round chosen was a probe
-    held: bool = False  # ... and its deepest draft was accepted
+    probe: int | None = None  # the k of the last probe, until a round of that k is recorded
     chosen: int | None = None  # the chooser's pick at the last choice (probes and shallow rounds aside)
 
     def next(self, k: int, deepest: int) -> int:
         """The k to draft, given the chooser's pick k: k, or k + 1 when a probe is due."""
-        if k != self.chosen or (self.probed and self.held):
-            self.after = PROBE_AFTER  # the choice moved, or the probe's draft held: look again soon
-        elif self.probed:  # the probe's draft failed and the choice stays: wait longer for the next
-            self.after = min(2 * self.after, PROBE_MAX)
-        self.chosen, self.probed = k, False
+        if k != self.chosen:
+            self.after, self.probe = PROBE_AFTER, None  # the choice moved: look again soon
+        self.chosen = k
         self.since += 1
         if self.since > self.after and k < deepest:
-            self.since, self.probed = 0, True
+            self.since, self.probe = 0, k + 1
             return k + 1
         return k
+
+    def recorded(self, proposed: int, accepted: int) -> None:
+        """A round's verdict. The probe's is told by its k, not as the round after the choice:
+        when rounds launch before the last verdict, the next round is chosen before the probe's
+        verdict is known (read then, a probe's outcome was its predecessor's, which held half the
+        time, and the pace went back to PROBE_AFTER: probes every ~10 rounds)."""
+        if self.probe is None or proposed != self.probe:
+            return
+        self.probe = None
+        if accepted >= proposed:  # its deepest draft held: look again soon
+            self.after = PROBE_AFTER
+        else:  # it failed and the choice stays: wait longer for the next
+            self.after = min(2 * self.after, PROBE_MAX)
 
 
 @dataclass
@@ -423,9 +441,12 @@ class AutoSteps:
         probe = self.probes.next(k, self.max_steps)
         if probe != k:
             return probe  # a probe (see PROBE_AFTER)
-        if self.since_shallow > SHALLOW_AFTER and k >= 2:
+        if k >= 2 and self.profile is None and 2 not in self.costs.seconds:  # one draft never measured: tried at once
+            self.shallow = [1] * (SHALLOW_ROUNDS - 1)
+            return 1
+        if k >= 2 and self.since_shallow > SHALLOW_AFTER:
             self.since_shallow = 0
-            self.shallow = [k - 1]  # a second round, which does not carry a deeper anticipated chain
+            self.shallow = [k - 1] * (SHALLOW_ROUNDS - 1)
             return k - 1  # a shallower probe (see SHALLOW_AFTER)
         return k
 
@@ -455,19 +476,20 @@ class AutoSteps:
         self.pending = waiting
 
     def record(self, proposed: int, accepted: int, verify_s: float | None = None, draft_s: float | None = None,
-               wasted: bool = False) -> None:
+               priced: bool = True) -> None:
         """One round: its acceptance by position (from its drafts, unless continuations are
         counted instead), and its cost -- the whole round, verify_s + draft_s, by its width --
         unless it is the drafter's first (it warms up: graphs built, caches allocated, maybe a
-        second) or it paid for drafts it did not verify (`wasted`: a chain anticipated deeper
-        than this round's k; not what a round of this k costs once it is the k anticipated)."""
+        second) or the loop says its time is not what a round of its k costs (`priced` False:
+        it paid for a chain anticipated deeper than its k, or its rounds overlap and a
+        neighbour drafted another k; see the chat engine's `_priced`)."""
         if not self.continuations:
             self._count(proposed, accepted)
-        self.probes.held = accepted >= proposed  # read at the next choice if this round was a probe
+        self.probes.recorded(proposed, accepted)
         if verify_s is None or verify_s <= 0:
             return
         if proposed and not self.draft_warm:
             self.draft_warm = True
             return
-        if not wasted:
+        if priced:
             self.costs.observe(1 + proposed, verify_s + (draft_s or 0.0))

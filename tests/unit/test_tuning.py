@@ -174,7 +174,7 @@ def test_a_choice_is_probed_one_deeper_and_drafting_comes_back_when_it_pays():
     round drafts one token more, so a run that chose plain after a bad start finds the drafts,
     and the depth, that pay later. Each probe that changes nothing doubles the wait for the
     next; a choice that moves brings back the first pace."""
-    from engines.speculative.tuning import PROBE_AFTER, PROBE_MAX
+    from engines.speculative.tuning import PROBE_AFTER, PROBE_MAX, SHALLOW_ROUNDS
 
     p = Profile(machine=machine_id(), model="/m", method="ngram", drafter="", target_s=BENCH_LATENCY, draft_s=0.0005,
                 acceptance=[0.05])
@@ -185,7 +185,7 @@ def test_a_choice_is_probed_one_deeper_and_drafting_comes_back_when_it_pays():
     gaps = [b - a for a, b in zip(probes, probes[1:])]  # 17, 33, ... up to PROBE_MAX + 1
     assert len(gaps) >= 3 and gaps == [min(PROBE_AFTER << (i + 1), PROBE_MAX) + 1 for i in range(len(gaps))]
     later = drive(auto, 200, [0.95], seed=1)  # the text starts to repeat: a position at a time
-    assert min(later[-10:]) >= 6, later
+    assert sorted(later[-10:])[SHALLOW_ROUNDS] >= 6, later  # (but for a shallower probe's rounds)
     first = later.index(1)
     assert later[first + 1 : first + 30].count(0) < 10  # found, it drafts at the first pace again
 
@@ -300,7 +300,7 @@ def overlapped(verify, chain_s, acc, requests=24, rounds=45, steps=3, seed=0, lo
             accepted = 0
             while accepted < k and rng.random() < acc[min(accepted, len(acc) - 1)]:
                 accepted += 1
-            schedule.record(k, accepted, wall - host, host, wasted=wasted)
+            schedule.record(k, accepted, wall - host, host, priced=not wasted)
             chosen.append(k)
             seconds, tokens = seconds + wall, tokens + accepted + 1
         speeds.append(tokens / seconds)
@@ -335,6 +335,77 @@ def test_where_a_deeper_verify_costs_more_the_probes_back_off():
     ratios = [statistics.mean(overlapped(SMOLLM2_KERNEL, KERNEL_CHAIN, SMOLLM2_DRAFTER_12, seed=seed)[1])
               / fixed_rate(SMOLLM2_KERNEL, KERNEL_CHAIN, SMOLLM2_DRAFTER_12, 1) for seed in range(3)]
     assert statistics.mean(ratios) > 0.97, ratios
+
+
+# MTP rounds launched before the last verdict (a full-attention target, engines/mlx_chat/cache.py
+# SlotKVCache): whole rounds by k as the chat loop timed them in a row (plain and one draft 34 ms,
+# two 50, three 51; the session-12 drafter), and how a round's time, settle to settle, is shared
+# with the next: a round of two between rounds of one took 38 ms (issue 26, session 15)
+SMOLLM2_EARLY = {1: 0.034, 2: 0.0323, 3: 0.0466, 4: 0.0459, 5: 0.0482, 6: 0.058, 7: 0.068, 8: 0.073}
+EARLY_CHAIN = 0.0017
+EARLY_LAG = 0.75  # the share of a round's time that is the next round's: (38 - 34) / (50 - 34) = 0.25 its own
+
+
+def launched_early(verify, chain_s, acc, requests=24, rounds=45, steps=3, seed=0, lag=EARLY_LAG, priced=None):
+    """Requests under --steps auto timed as the chat loop times MTP rounds launched before the
+    last verdict: round r + 1's k is chosen (and the round launched) before round r is recorded,
+    and `lag` of round r's time settle to settle is round r + 1's work (the host enqueues r + 1
+    while the device runs r; MLX's CPU stream takes ~50 ops ahead), the totals unchanged. A
+    round's time is its k's price as ChatEngine._priced says: only between rounds of its k.
+    `priced(k_before, k, k_after)` replaces that rule (the test shows what it is for)."""
+    import random
+
+    from engines.speculative.tuning import PositionAcceptance, Probes, round_costs
+
+    def device(k):
+        return verify[1 + k] + chain_s * k
+
+    priced = priced or (lambda before, k, after: before == k == after)  # the first and last rounds: never
+    rng = random.Random(seed)
+    costs, history, probes = round_costs(), PositionAcceptance(MAX_STEPS), Probes()
+    chosen, speeds = [], []
+    for _ in range(requests):
+        schedule = DraftSchedule.of(SpecConfig("mtp", steps, auto=True))
+        schedule.auto.attach(costs, history, probes)
+        ks = [schedule.next_steps(1000)]
+        seconds = tokens = 0
+        for r in range(rounds):
+            if r + 1 < rounds:
+                ks.append(schedule.next_steps(1000))  # launched on round r's verdict still in the graph
+            k, after = ks[r], ks[r + 1] if r + 1 < rounds else None
+            wall = (1 - lag) * device(k) + (lag * device(after) if after is not None else 0.0)
+            if r == 0:
+                wall += lag * device(k)  # launched after the prefill: its own time whole
+            accepted = 0
+            while accepted < k and rng.random() < acc[min(accepted, len(acc) - 1)]:
+                accepted += 1
+            schedule.record(k, accepted, wall, 0.0, priced=priced(ks[r - 1] if r else None, k, after))
+            chosen.append(k)
+            seconds, tokens = seconds + wall, tokens + accepted + 1
+        speeds.append(tokens / seconds)
+    return chosen, speeds
+
+
+def test_rounds_launched_early_are_priced_between_rounds_of_their_k():
+    """Where one draft pays and two cost 1.45x: priced at every round, a probe of two drafts
+    between rounds of one (its time mostly the next round's) made a second draft look nearly
+    free, and auto drafted it; the first request also drafted two for ~30 rounds, one draft
+    priced from the wider widths the fallback showed (2 and 3 cost alike). --steps auto 0.93x
+    --steps 1 in the benchmark (session 14). Priced only between rounds of its k, with a
+    narrower width tried at once: >= 0.97x, over three seeds."""
+    best = max(range(MAX_STEPS + 1), key=lambda k: fixed_rate(SMOLLM2_EARLY, EARLY_CHAIN, SMOLLM2_DRAFTER_12, k))
+    assert best == 1
+
+    def ratio(**kw):
+        runs = [launched_early(SMOLLM2_EARLY, EARLY_CHAIN, SMOLLM2_DRAFTER_12, seed=seed, **kw) for seed in range(3)]
+        mean_k = statistics.mean(k for chosen, _ in runs for k in chosen)
+        return mean_k, statistics.mean(statistics.mean(speeds) for _, speeds in runs) / \
+            fixed_rate(SMOLLM2_EARLY, EARLY_CHAIN, SMOLLM2_DRAFTER_12, 1)
+
+    mean_k, speed = ratio()
+    assert mean_k < 1.15 and speed > 0.97, (mean_k, speed)
+    every_round = ratio(priced=lambda before, k, after: True)
+    assert every_round[1] < speed, every_round
 
 
 def test_where_drafting_is_free_auto_still_drafts_deep():
@@ -380,7 +451,7 @@ def test_a_round_that_paid_for_a_deeper_chain_is_not_the_price_of_its_k():
     auto = AutoSteps(MAX_STEPS)
     auto.record(2, 0, 0.103, 0.0)  # the drafter's first round: warming up, not counted
     auto.record(2, 0, 0.103, 0.0)
-    auto.record(1, 0, 0.103, 0.0, wasted=True)  # the chain of 2 anticipated, cut to 1
+    auto.record(1, 0, 0.103, 0.0, priced=False)  # the chain of 2 anticipated, cut to 1
     assert auto.costs.seconds == {3: 0.103}
     auto.record(1, 0, 0.093, 0.0)
     assert auto.costs.seconds == {3: 0.103, 2: 0.093}

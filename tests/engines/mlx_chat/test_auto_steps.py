@@ -61,7 +61,7 @@ def flat_machine(tiny, monkeypatch):  # noqa: F811
 
     record = AutoSteps.record
     monkeypatch.setattr(AutoSteps, "record", lambda self, proposed, accepted, verify_s=None, draft_s=None,
-                        wasted=False: record(self, proposed, accepted, flat(1 + proposed), 0.0, wasted))
+                        priced=True: record(self, proposed, accepted, flat(1 + proposed), 0.0, priced))
     tiny._auto_seen.clear()
     yield
     tiny._auto_seen.clear()
@@ -118,7 +118,7 @@ def test_ngram_auto_measures_deep_positions_from_whole_continuations(engines, tm
     # the test failed now and then: a busy machine's slow rounds priced drafting out)
     record = AutoSteps.record
     monkeypatch.setattr(AutoSteps, "record", lambda self, proposed, accepted, verify_s=None, draft_s=None,
-                        wasted=False: record(self, proposed, accepted, nearly_flat(1 + proposed), 0.0, wasted))
+                        priced=True: record(self, proposed, accepted, nearly_flat(1 + proposed), 0.0, priced))
     engine._auto_seen.clear()
     plain = tokens(engine.generate(Request(prompt=COPY, max_tokens=80)))
     spec = SpecConfig("ngram", 3, auto=True, profile=str(path))
@@ -151,7 +151,7 @@ def test_the_kept_round_costs_follow_the_load_across_requests(engines, monkeypat
     load, script = [1.0], [itertools.cycle([1, 2, 3])]
     record = AutoSteps.record
     monkeypatch.setattr(AutoSteps, "record", lambda self, proposed, accepted, verify_s=None, draft_s=None,
-                        wasted=False: record(self, proposed, accepted, load[0] * flat(1 + proposed), 0.0, wasted))
+                        priced=True: record(self, proposed, accepted, load[0] * flat(1 + proposed), 0.0, priced))
     monkeypatch.setattr(AutoSteps, "choose", lambda self: next(script[0]))
     engine._auto_seen.clear()
     spec = SpecConfig("ngram", 3, auto=True)

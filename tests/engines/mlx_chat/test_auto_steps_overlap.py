@@ -4,7 +4,7 @@ would show as a rejected draft): what the loop tells auto of each round's cost, 
 chains it anticipates. On the rounds' bookkeeping, never on their timings.
 
 - A round whose k is below the chain anticipated for it (at the last round's k) paid for drafts
-  it did not verify: it is recorded as `wasted`, not as the price of its k.
+  it did not verify: it is recorded as not priced, not as the price of its k.
 - Behind a round that chose to draft nothing no chain is anticipated (it was computed and
   dropped every round while auto priced the drafter out), and the next drafting round chains
   from its own state, not from a chain anticipated before it.
@@ -51,9 +51,9 @@ def test_auto_is_told_which_rounds_paid_for_drafts_they_did_not_verify(edge, mon
     recorded = []
     record = AutoSteps.record
 
-    def spy(self, proposed, accepted, verify_s=None, draft_s=None, wasted=False):
-        recorded.append((proposed, wasted))
-        record(self, proposed, accepted, verify_s, draft_s, **({"wasted": True} if wasted else {}))
+    def spy(self, proposed, accepted, verify_s=None, draft_s=None, priced=True):
+        recorded.append((proposed, not priced))
+        record(self, proposed, accepted, verify_s, draft_s, priced)
 
     monkeypatch.setattr(AutoSteps, "record", spy)
     engine.mtp_proposer = factory

@@ -116,3 +116,41 @@ def test_seeded_sampling_is_the_same_launched_early_or_not(targets, monkeypatch)
             monkeypatch.delenv("SPECSCOPE_MTP_PIPELINE")
             assert early(rounds) > 0 and early(after) == 0
             assert verdicts_alike(rounds, after) >= 24, (steps, prompt)
+
+
+def test_a_round_launched_early_is_priced_only_between_rounds_of_its_k(targets, monkeypatch):
+    """--steps auto prices a width by its rounds' time, settle to settle. When rounds launch
+    before the last verdict, part of a round's time is its neighbours' (the host enqueues the
+    next round while the device runs this one), so a round whose neighbour launched early with
+    another k, or did not launch early while it did, is not a price (ChatEngine._priced): told to
+    auto as priced=False."""
+    from engines.speculative.tuning import AutoSteps
+
+    engine, _, drafter_dir = targets["llama"]
+    script = iter([1, 1, 1, 2, 2, 2, 1, 1, 3, 3, 1, 1, 1, 2, 1, 1])
+    monkeypatch.setattr(AutoSteps, "choose", lambda self: next(script, None))
+    recorded = []
+    record = AutoSteps.record
+
+    def spy(self, proposed, accepted, verify_s=None, draft_s=None, priced=True):
+        recorded.append(priced)
+        record(self, proposed, accepted, verify_s, draft_s, priced)
+
+    monkeypatch.setattr(AutoSteps, "record", spy)
+    spec = SpecConfig(method="mtp", steps=3, auto=True, draft_model=str(drafter_dir))
+    rounds = [r for r in engine.generate(Request(prompt=TRAINED_ON[0], max_tokens=60, spec=spec)) if not r.prefill]
+    ks = [r.proposed for r in rounds]
+    assert ks[:16] == [1, 1, 1, 2, 2, 2, 1, 1, 3, 3, 1, 1, 1, 2, 1, 1]  # the script ran
+    assert early(rounds[1:16]) == 15
+    want = []
+    for i, r in enumerate(rounds):
+        next_early = i + 1 < len(rounds) and rounds[i + 1].launched_early
+        if i and ks[i - 1] > r.proposed:  # a chain anticipated deeper, cut (depth-2 overlap)
+            want.append(False)
+        elif r.launched_early or next_early:  # between rounds launched early, of its k
+            want.append(r.launched_early and next_early and ks[i - 1] == r.proposed == ks[i + 1])
+        else:
+            want.append(True)
+    assert recorded == want
+    assert want[:15] == [False, True, False, False, True, False, False, False, False, False, False, True, False,
+                         False, False]  # the first: launched after the prefill, the second launched early
