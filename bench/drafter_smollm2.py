@@ -11,7 +11,10 @@
 
 Train first (`specscope drafter train --minutes M --out DIR`), then:
 
-    python bench/drafter_smollm2.py DIR [--max-tokens 128] [--json OUT]
+    python bench/drafter_smollm2.py DIR [--max-tokens 128] [--cases mtp-1,mtp-auto] [--alternate] [--json OUT]
+
+--alternate runs every case on each prompt in turn (the order rotating), so a drift in the
+machine's speed touches them alike: the measure for cases within a few percent of each other.
 """
 
 from __future__ import annotations
@@ -42,12 +45,25 @@ def run(engine, prompt: str, spec: SpecConfig, max_tokens: int):
 def measure(engine, prompts, spec, max_tokens, plain=None):
     """Totals over the prompts: decode tokens and seconds, proposed / accepted, per-depth
     acceptance, and whether every output equals plain greedy."""
-    out = {"tokens": 0, "seconds": 0.0, "proposed": 0, "accepted": 0, "rounds": 0, "same": True, "outputs": []}
-    depth_hits, depth_rounds = [0] * 7, [0] * 7
+    out = Totals()
     for i, (_, prompt) in enumerate(prompts):
-        tokens, decode = run(engine, prompt, spec, max_tokens)
+        out.add(*run(engine, prompt, spec, max_tokens), None if plain is None else plain[i])
+    return out.result()
+
+
+class Totals:
+    """One case's decode tokens and seconds, drafts proposed / accepted, per-depth acceptance,
+    outputs, as its prompts' runs come in."""
+
+    def __init__(self):
+        self.out = {"tokens": 0, "seconds": 0.0, "proposed": 0, "accepted": 0, "rounds": 0, "same": True,
+                    "outputs": []}
+        self.depth_hits, self.depth_rounds = [0] * 7, [0] * 7
+
+    def add(self, tokens, decode, plain_tokens=None) -> None:
+        out = self.out
         out["outputs"].append(tokens)
-        if plain is not None and tokens != plain[i]:
+        if plain_tokens is not None and tokens != plain_tokens:
             out["same"] = False
         out["tokens"] += sum(len(r.tokens) for r in decode)
         out["seconds"] += sum(r.wall_s for r in decode)
@@ -56,12 +72,37 @@ def measure(engine, prompts, spec, max_tokens, plain=None):
         out["rounds"] += len(decode)
         for r in decode:
             for d in range(r.proposed):
-                depth_rounds[d] += 1
-                depth_hits[d] += r.accepted > d
-    out["tok_s"] = out["tokens"] / out["seconds"] if out["seconds"] else 0.0
-    out["acceptance"] = out["accepted"] / out["proposed"] if out["proposed"] else 0.0
-    out["by_depth"] = [h / n for h, n in zip(depth_hits, depth_rounds) if n]
-    return out
+                self.depth_rounds[d] += 1
+                self.depth_hits[d] += r.accepted > d
+
+    def result(self) -> dict:
+        out = dict(self.out)
+        out["tok_s"] = out["tokens"] / out["seconds"] if out["seconds"] else 0.0
+        out["acceptance"] = out["accepted"] / out["proposed"] if out["proposed"] else 0.0
+        out["by_depth"] = [h / n for h, n in zip(self.depth_hits, self.depth_rounds) if n]
+        return out
+
+
+def alternating(engine, prompts, specs: dict, max_tokens) -> dict:
+    """Every case on each prompt in turn, the order rotating from prompt to prompt (plain among
+    them), so a drift in the machine's speed touches every case alike -- it drifts by more than
+    the differences between close cases within minutes (docs/benchmarks.md, issue 26)."""
+    names = list(specs)
+    totals = {name: Totals() for name in names}
+    for i, (_, prompt) in enumerate(prompts):
+        for name in names[i % len(names):] + names[: i % len(names)]:
+            set_pipeline(name)
+            totals[name].add(*run(engine, prompt, specs[name], max_tokens))
+    results = {name: t.result() for name, t in totals.items()}
+    plain = results["plain"]["outputs"]
+    for r in results.values():
+        r["same"] = r["outputs"] == plain
+    return results
+
+
+def set_pipeline(name: str) -> None:
+    """"mtp-1:after": each round launched after the last verdict is read (rollback caches)."""
+    os.environ["SPECSCOPE_MTP_PIPELINE"] = "0" if name.partition(":")[2] == "after" else "1"
 
 
 def main() -> int:
@@ -74,6 +115,8 @@ def main() -> int:
     p.add_argument("--cases", default="mtp-5,mtp-3,ngram-4",
                    help="beside plain: mtp-5, mtp-3, mtp-2, mtp-1, mtp-auto, ngram-4; an mtp case with ':after' "
                         "launches each round after the last verdict is read (rollback caches), for A/B")
+    p.add_argument("--alternate", action="store_true",
+                   help="run the cases prompt by prompt, in turn (plain among them), not one case after another")
     args = p.parse_args()
     prompts = [(q["name"], q["prompt"]) for q in json.loads(open(args.prompts).read())["prompts"]]
     engine = ChatEngine.load(str(default_chat_model()))
@@ -89,20 +132,26 @@ def main() -> int:
         speedup = r["tok_s"] / results["plain"]["tok_s"]
         print(f"{name:<9} {r['tok_s']:>7.1f} {speedup:>7.2f}x {r['acceptance']:>7.1%} {str(r['same']):>5}  {depth}", flush=True)
 
-    results["plain"] = measure(engine, prompts[: args.limit], SpecConfig(), args.max_tokens)
-    report("plain", results["plain"])
-    plain = results["plain"]["outputs"]
     cases = {"mtp-5": SpecConfig(method="mtp", steps=5, draft_model=args.drafter),
              "mtp-3": SpecConfig(method="mtp", steps=3, draft_model=args.drafter),
              "mtp-2": SpecConfig(method="mtp", steps=2, draft_model=args.drafter),
              "mtp-1": SpecConfig(method="mtp", steps=1, draft_model=args.drafter),
              "mtp-auto": SpecConfig(method="mtp", steps=3, auto=True, draft_model=args.drafter),  # measured in the run
              "ngram-4": SpecConfig(method="ngram", steps=4)}
-    for name in args.cases.split(","):
-        case, _, mode = name.partition(":")  # "mtp-1:after": each round launched after the last verdict
-        os.environ["SPECSCOPE_MTP_PIPELINE"] = "0" if mode == "after" else "1"
-        results[name] = measure(engine, prompts[: args.limit], cases[case], args.max_tokens, plain)
-        report(name, results[name])
+    names = args.cases.split(",")
+    if args.alternate:
+        specs = {"plain": SpecConfig(), **{name: cases[name.partition(":")[0]] for name in names}}
+        results.update(alternating(engine, prompts[: args.limit], specs, args.max_tokens))
+        for name in results:
+            report(name, results[name])
+    else:
+        results["plain"] = measure(engine, prompts[: args.limit], SpecConfig(), args.max_tokens)
+        report("plain", results["plain"])
+        plain = results["plain"]["outputs"]
+        for name in names:
+            set_pipeline(name)
+            results[name] = measure(engine, prompts[: args.limit], cases[name.partition(":")[0]], args.max_tokens, plain)
+            report(name, results[name])
     os.environ.pop("SPECSCOPE_MTP_PIPELINE")
     print(f"SmolLM2-135M, {len(prompts[: args.limit])} open chat prompts, T=0, {args.max_tokens} tokens; "
           f"load average {load0:.2f} at start, {os.getloadavg()[0]:.2f} at end; {time.time() - t0:.0f} s")
