@@ -150,7 +150,8 @@ def main() -> int:
         plain = results["plain"]["outputs"]
         for name in names:
             set_pipeline(name)
-            results[name] = measure(engine, prompts[: args.limit], cases[name.partition(":")[0]], args.max_tokens, plain)
+            spec = cases[name.partition(":")[0]]
+            results[name] = measure(engine, prompts[: args.limit], spec, args.max_tokens, plain)
             report(name, results[name])
     os.environ.pop("SPECSCOPE_MTP_PIPELINE")
     print(f"SmolLM2-135M, {len(prompts[: args.limit])} open chat prompts, T=0, {args.max_tokens} tokens; "

@@ -74,11 +74,12 @@ PROBE_MAX = 64
 # on each round, one run in eight drafted 2.3 a round where 1 pays). Three rounds because only
 # the middle one is surely a price: with depth-2 overlap the first carries the chain anticipated
 # at k, and with rounds launched before the verdict the first and last share their time with
-# their neighbours of k (see the chat engine's `_priced`). Without a profile, one draft a round, never measured, is
-# tried at once: priced from the wider widths the fallback showed it can look as dear as they
-# are (the few-row kernel: 2 rows cost what 1 does, 3 and 4 alike ~1.4x), and one draft, the k
-# that paid, was not tried for the first ~30 rounds. Not to k = 0: plain rounds cost a drafter worth drafting
-# most, and a plain round's price only decides between plain and one draft.
+# their neighbours of k (see the chat engine's `_priced`). Without a profile, one draft a round,
+# never measured, is tried at once: priced from the wider widths the fallback showed it can look
+# as dear as they are (the few-row kernel: 2 rows cost what 1 does, 3 and 4 alike ~1.4x), and
+# one draft, the k that paid, was not tried for the first ~30 rounds. Not to k = 0: plain rounds
+# cost a drafter worth drafting most, and a plain round's price only decides between plain and
+# one draft.
 SHALLOW_AFTER = 26
 SHALLOW_ROUNDS = 3
 
