@@ -502,7 +502,7 @@ class ChatEngine:
         # round launched behind the previous one costs less than a lone forward, and --steps
         # auto should know it), and whether that is the price of its k
         run.schedule.record(step.k, verdict.accepted, step.wall_s - step.draft_s, step.draft_s,
-                            priced=self._priced(run, step, next_step))
+                            priced=self._priced(run, step, next_step), asked=step.steps)
         run.last_k = step.k
         if hasattr(run.proposer, "observe"):  # composed: prices its sources by the rounds' own times
             run.proposer.observe(step.wall_s)

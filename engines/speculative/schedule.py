@@ -162,15 +162,15 @@ class DraftSchedule:
         return min(self.steps if chosen is None else chosen, remaining - 1)
 
     def record(self, proposed: int, accepted: int, verify_s: float | None = None, draft_s: float | None = None,
-               priced: bool = True) -> None:
+               priced: bool = True, asked: int | None = None) -> None:
         """After a round: its drafts and accepted count, and (for auto) what its verify and
-        drafting cost -- `priced` False: that time is not what a round of its k costs
-        (tuning.AutoSteps.record)."""
+        drafting cost -- `priced` False: that time is not what a round of its k costs -- and the
+        drafts next_steps asked of it, when the drafter may make fewer (tuning.AutoSteps.record)."""
         self.skip.record(proposed, accepted)
         if self.depth:
             self.depth.update(proposed, accepted)
         if self.auto is not None:
-            self.auto.record(proposed, accepted, verify_s, draft_s, priced)
+            self.auto.record(proposed, accepted, verify_s, draft_s, priced, asked)
 
     @property
     def skipped(self) -> bool:

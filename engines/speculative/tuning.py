@@ -296,12 +296,14 @@ class Probes:
             return k + 1
         return k
 
-    def recorded(self, proposed: int, accepted: int) -> None:
-        """A round's verdict. The probe's is told by its k, not as the round after the choice:
-        when rounds launch before the last verdict, the next round is chosen before the probe's
-        verdict is known (read then, a probe's outcome was its predecessor's, which held half the
-        time, and the pace went back to PROBE_AFTER: probes every ~10 rounds)."""
-        if self.probe is None or proposed != self.probe:
+    def recorded(self, asked: int, proposed: int, accepted: int) -> None:
+        """A round's verdict: `asked` the drafts chosen for it, `proposed` those the drafter made
+        (n-gram lookup may find fewer). The probe's round is told by the k asked, not as the
+        round after the choice: when rounds launch before the last verdict, the next round is
+        chosen before the probe's verdict is known (read then, a probe's outcome was its
+        predecessor's, which held half the time, and the pace went back to PROBE_AFTER: probes
+        every ~10 rounds)."""
+        if self.probe is None or asked != self.probe:
             return
         self.probe = None
         if accepted >= proposed:  # its deepest draft held: look again soon
@@ -477,7 +479,7 @@ class AutoSteps:
         self.pending = waiting
 
     def record(self, proposed: int, accepted: int, verify_s: float | None = None, draft_s: float | None = None,
-               priced: bool = True) -> None:
+               priced: bool = True, asked: int | None = None) -> None:
         """One round: its acceptance by position (from its drafts, unless continuations are
         counted instead), and its cost -- the whole round, verify_s + draft_s, by its width --
         unless it is the drafter's first (it warms up: graphs built, caches allocated, maybe a
@@ -486,7 +488,7 @@ class AutoSteps:
         neighbour drafted another k; see the chat engine's `_priced`)."""
         if not self.continuations:
             self._count(proposed, accepted)
-        self.probes.recorded(proposed, accepted)
+        self.probes.recorded(proposed if asked is None else asked, proposed, accepted)
         if verify_s is None or verify_s <= 0:
             return
         if proposed and not self.draft_warm:

@@ -190,6 +190,27 @@ def test_a_choice_is_probed_one_deeper_and_drafting_comes_back_when_it_pays():
     assert later[first + 1 : first + 30].count(0) < 10  # found, it drafts at the first pace again
 
 
+def test_a_probe_is_read_from_its_own_round():
+    """The probe's verdict is its own round's, told by the drafts asked of it: with rounds
+    launched before the last verdict the next round is chosen before the probe is recorded (read
+    at the next choice, the outcome was the round before the probe's), and n-gram lookup may
+    find fewer drafts than asked (read by the drafts made, such a probe was never read)."""
+    from engines.speculative.tuning import PROBE_AFTER, Probes
+
+    probes = Probes(after=32, chosen=1)  # the pace backed off while one draft a round stayed the choice
+    chosen = [probes.next(1, MAX_STEPS) for _ in range(33)]
+    assert chosen[-1] == 2 and set(chosen[:-1]) == {1}  # a probe one deeper
+    assert probes.next(1, MAX_STEPS) == 1  # launched early: the next round chosen first
+    probes.recorded(1, 1, 1)  # the round before the probe, all held: not the probe's verdict
+    assert probes.after == 32
+    probes.recorded(2, 1, 1)  # the probe: the lookup found one draft of the two asked, and it held
+    assert probes.after == PROBE_AFTER
+    chosen = [probes.next(1, MAX_STEPS) for _ in range(PROBE_AFTER)]
+    assert chosen[-1] == 2
+    probes.recorded(2, 2, 1)  # its deepest draft failed: the next one waits twice as long
+    assert probes.after == 2 * PROBE_AFTER
+
+
 def test_a_slow_first_draft_does_not_end_speculation():
     """A drafter's first call (warming up) may take a second: the cost is the median of the
     recent rounds, so it is not carried as a mean would carry it."""

@@ -60,8 +60,8 @@ def flat_machine(tiny, monkeypatch):  # noqa: F811
     from engines.speculative.tuning import AutoSteps
 
     record = AutoSteps.record
-    monkeypatch.setattr(AutoSteps, "record", lambda self, proposed, accepted, verify_s=None, draft_s=None,
-                        priced=True: record(self, proposed, accepted, flat(1 + proposed), 0.0, priced))
+    monkeypatch.setattr(AutoSteps, "record", lambda self, proposed, accepted, verify_s=None, draft_s=None, *rest:
+                        record(self, proposed, accepted, flat(1 + proposed), 0.0, *rest))
     tiny._auto_seen.clear()
     yield
     tiny._auto_seen.clear()
@@ -117,8 +117,8 @@ def test_ngram_auto_measures_deep_positions_from_whole_continuations(engines, tm
     # the rounds cost what the profile says, not what this machine's timing of them says (timed,
     # the test failed now and then: a busy machine's slow rounds priced drafting out)
     record = AutoSteps.record
-    monkeypatch.setattr(AutoSteps, "record", lambda self, proposed, accepted, verify_s=None, draft_s=None,
-                        priced=True: record(self, proposed, accepted, nearly_flat(1 + proposed), 0.0, priced))
+    monkeypatch.setattr(AutoSteps, "record", lambda self, proposed, accepted, verify_s=None, draft_s=None, *rest:
+                        record(self, proposed, accepted, nearly_flat(1 + proposed), 0.0, *rest))
     engine._auto_seen.clear()
     plain = tokens(engine.generate(Request(prompt=COPY, max_tokens=80)))
     spec = SpecConfig("ngram", 3, auto=True, profile=str(path))
@@ -150,8 +150,8 @@ def test_the_kept_round_costs_follow_the_load_across_requests(engines, monkeypat
     engine = engines["llama"]
     load, script = [1.0], [itertools.cycle([1, 2, 3])]
     record = AutoSteps.record
-    monkeypatch.setattr(AutoSteps, "record", lambda self, proposed, accepted, verify_s=None, draft_s=None,
-                        priced=True: record(self, proposed, accepted, load[0] * flat(1 + proposed), 0.0, priced))
+    monkeypatch.setattr(AutoSteps, "record", lambda self, proposed, accepted, verify_s=None, draft_s=None, *rest:
+                        record(self, proposed, accepted, load[0] * flat(1 + proposed), 0.0, *rest))
     monkeypatch.setattr(AutoSteps, "choose", lambda self: next(script[0]))
     engine._auto_seen.clear()
     spec = SpecConfig("ngram", 3, auto=True)

@@ -51,9 +51,9 @@ def test_auto_is_told_which_rounds_paid_for_drafts_they_did_not_verify(edge, mon
     recorded = []
     record = AutoSteps.record
 
-    def spy(self, proposed, accepted, verify_s=None, draft_s=None, priced=True):
+    def spy(self, proposed, accepted, verify_s=None, draft_s=None, priced=True, asked=None):
         recorded.append((proposed, not priced))
-        record(self, proposed, accepted, verify_s, draft_s, priced)
+        record(self, proposed, accepted, verify_s, draft_s, priced, asked)
 
     monkeypatch.setattr(AutoSteps, "record", spy)
     engine.mtp_proposer = factory

@@ -132,9 +132,9 @@ def test_a_round_launched_early_is_priced_only_between_rounds_of_its_k(targets, 
     recorded = []
     record = AutoSteps.record
 
-    def spy(self, proposed, accepted, verify_s=None, draft_s=None, priced=True):
+    def spy(self, proposed, accepted, verify_s=None, draft_s=None, priced=True, asked=None):
         recorded.append(priced)
-        record(self, proposed, accepted, verify_s, draft_s, priced)
+        record(self, proposed, accepted, verify_s, draft_s, priced, asked)
 
     monkeypatch.setattr(AutoSteps, "record", spy)
     spec = SpecConfig(method="mtp", steps=3, auto=True, draft_model=str(drafter_dir))
