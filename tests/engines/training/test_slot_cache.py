@@ -153,4 +153,4 @@ def test_a_round_launched_early_is_priced_only_between_rounds_of_its_k(targets, 
             want.append(True)
     assert recorded == want
     assert want[:15] == [False, True, False, False, True, False, False, False, False, False, False, True, False,
-                         False, False]  # the first: launched after the prefill, the second launched early
+                         False, False]  # round 0, launched after the prefill, is no price; round 1 is
