@@ -17,8 +17,8 @@ across requests, DraftingCosts: costs are the machine's, not the prompt's): roun
 verify's cost by width (a width not measured lately scaled to the load now), and a chain round's
 time beyond the verify of its width, per chain token, is what drafting costs (as a share of a
 plain verify then, so at the load now too) -- its own chain if drafted then, and the next one
-anticipated behind its verify (depth-2 overlap), wasted or not. N-gram's acceptance by
-position is kept with them, the next request's prior (Chooser.attach; see DraftingCosts). Chains are anticipated only after a chain
+anticipated behind its verify (depth-2 overlap), wasted or not. Each source's acceptance by
+position is kept with them, the next request's prior (Chooser.attach). Chains are anticipated only after a chain
 round chosen by the chooser (the next round likely chains again; after an n-gram round or a
 probe it is drafted when chosen: a probe so prices a chain drafted then, without the next one).
 A run whose rounds all chain measures no verify alone, so the first round that would chain
@@ -61,7 +61,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 
 from engines.mlx_chat.proposers import EMPTY, Draft, LazyVerdict, NGramProposer, ProposerContext
-from engines.speculative.composed import NGRAM, Chooser
+from engines.speculative.composed import Chooser
 from engines.speculative.costs import LoadScaledCosts, StepCosts
 from engines.speculative.tuning import PositionAcceptance
 
@@ -81,13 +81,8 @@ class DraftingCosts:
     """What composed runs measured of this machine with one drafter: kept by the engine across
     requests (what a verify and a chain token cost does not depend on the prompt), so only the
     first request pays to find out, and the probes' counts run on across requests too. With them
-    n-gram's acceptance by position over those requests (`acceptance`), the next request's prior
-    (Chooser.attach), apart for greedy and sampled runs (a draft's chance differs). Not the model
-    drafter's: n-gram is scored every round it finds something, drafted or not (Chooser.shadow), but
-    the drafter only in the rounds that chain, so a few unlucky chains at the start would price it
-    out for every request after (tests/engines/training/test_composed.py: a drafter that costs
-    nothing, accepted ~28% of the time, rejected 10 times at first and chained in 1.5% of the later
-    rounds against 52%); each request starts it from one half, and tries it, again."""
+    each source's acceptance by position over those requests (`acceptance`), the next request's
+    prior (Chooser.attach), apart for greedy and sampled runs (a draft's chance differs)."""
 
     verify: StepCosts = field(default_factory=lambda: LoadScaledCosts(from_below=True))  # rounds without a chain:
     # seconds by width (see the module docstring), as of the last verify_costs(); a width not measured
@@ -105,7 +100,7 @@ class DraftingCosts:
     probe_after: int = CHAIN_PROBE_AFTER  # rounds without a chain before the next one-draft probe
     probed: bool = False  # the last round was a one-draft probe
     cut_short_in_a_row: int = 0  # rounds that drafted less than the n-gram continuation found
-    acceptance: dict[bool, dict[str, PositionAcceptance]] = field(default_factory=dict)  # greedy -> "ngram" ->
+    acceptance: dict[bool, dict[str, PositionAcceptance]] = field(default_factory=dict)  # greedy -> source ->
     # its counts over the requests so far
 
     def form(self, chain: int, k: int) -> int | None:
@@ -201,8 +196,7 @@ class ComposedProposer:
         self.model.start(ctx)
         self.ngram.start(ctx)
         self.last = None
-        self.chooser.attach(self.costs.acceptance.setdefault(  # n-gram's acceptance over earlier requests
-            ctx.sampling.greedy, {NGRAM: PositionAcceptance(self.chooser.max_drafts)}))
+        self.chooser.attach(self.costs.acceptance.setdefault(ctx.sampling.greedy, {}))  # earlier requests' acceptance
         self._price()  # what earlier requests measured, from the first round
 
     def propose(self, ctx: ProposerContext, k: int) -> Draft:

@@ -95,17 +95,19 @@ class Chooser:
         self.seen = {NGRAM: PositionAcceptance(self.max_drafts), self.model: PositionAcceptance(self.max_drafts)}
 
     def attach(self, history: dict[str, PositionAcceptance]) -> None:
-        """Start from what earlier runs showed of the sources in `history` (the caller keeps it, and
-        chooses which sources it holds), as `--steps auto` does: a source's acceptance by position
-        over them is this run's prior, weighing as PRIOR_ROUNDS rounds, and this run's rounds of it
-        are counted there too. Why: a run otherwise starts from one half at every position, and
-        n-gram's positions past the first, reached only when the first held, stayed at one half all
-        request long on the tiny Gemma 4 pair (its lookups accepted ~12% at the first), so its whole
-        7-token continuation looked worth a wider verify."""
+        """Start from what earlier runs with this drafter showed, as `--steps auto` does: each
+        source's acceptance by position over them is this run's prior, weighing as PRIOR_ROUNDS
+        rounds, and this run's rounds are counted there too. Why: without it every run starts from
+        one half at every position -- the tiny Gemma 4 pair's assistant, accepted ~12% of the time,
+        was chosen for a chain of 2 now and then at a request's start (each such round 1.7-2.4x a
+        plain one; under load, when a chain token looks cheap beside a slow verify, 22 in a pass),
+        and n-gram's positions past the first, reached only when the first held, stayed at one
+        half all request long, so its whole 7-token continuation looked worth a wider verify."""
         self.history = history
-        for source, earlier in history.items():
+        for source, seen in self.seen.items():
+            earlier = history.setdefault(source, PositionAcceptance(self.max_drafts))
             if any(earlier.reached):
-                self.seen[source].prior, self.seen[source].weight = earlier.estimate(), PRIOR_ROUNDS
+                seen.prior, seen.weight = earlier.estimate(), PRIOR_ROUNDS
         self.expected.clear()
         self.kept = None
 
@@ -199,7 +201,7 @@ class Chooser:
         """One round of `source`'s: counted in this run and the earlier runs' history; its
         expected tokens, and the kept prices, are stale."""
         self.seen[source].record(proposed, accepted)
-        if self.history is not None and source in self.history:
+        if self.history is not None:
             self.history[source].record(proposed, accepted)
         self.expected.pop(source, None)
         self.kept = None

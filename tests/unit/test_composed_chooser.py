@@ -153,28 +153,3 @@ def test_kept_prices_follow_every_change_of_counts_and_costs():
         afresh.kept, afresh.expected = None, {}
         for found, k in [(rng.randrange(0, 8), rng.randrange(0, 4)) for _ in range(3)]:  # (32 plans: many kept)
             assert c.plan(found, k) == afresh.plan(found, k), step
-
-
-def test_ngrams_acceptance_over_earlier_runs_is_the_next_runs_prior():
-    """Chooser.attach: a run starts from n-gram's acceptance over the runs before it (kept by the
-    caller), not from one half -- the model drafter's acceptance is not in that history and
-    starts from one half. Fails on the old code: every run started from one half."""
-    from engines.speculative.tuning import PositionAcceptance
-
-    costs = StepCosts()
-    for width in range(1, 9):
-        costs.observe(width, 0.002 + 0.0002 * width)
-    history = {NGRAM: PositionAcceptance(7)}
-    earlier = Chooser("mtp")
-    earlier.attach(history)
-    for _ in range(30):
-        earlier.shadow([5, 6, 7], [9])  # its lookups missed, run after run
-    earlier.record(2, 2, 0)  # a chain rejected: not kept
-    fresh, later = Chooser("mtp"), Chooser("mtp")
-    later.attach(history)
-    for c in (fresh, later):
-        c.measured(costs, 0.01)  # the model drafter priced out: n-gram or nothing
-    assert fresh.plan(found=5, k=2)[0] > 0  # one half: the continuation pays for its verify
-    assert later.plan(found=5, k=2) == (0, 0)
-    assert history[NGRAM].reached[0] == 30 and set(history) == {NGRAM}
-    assert later.seen["mtp"].estimate() == fresh.seen["mtp"].estimate()
