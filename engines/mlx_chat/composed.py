@@ -17,8 +17,7 @@ across requests, DraftingCosts: costs are the machine's, not the prompt's): roun
 verify's cost by width (a width not measured lately scaled to the load now), and a chain round's
 time beyond the verify of its width, per chain token, is what drafting costs (as a share of a
 plain verify then, so at the load now too) -- its own chain if drafted then, and the next one
-anticipated behind its verify (depth-2 overlap), wasted or not. Each source's acceptance by
-position is kept with them, the next request's prior (Chooser.attach). Chains are anticipated only after a chain
+anticipated behind its verify (depth-2 overlap), wasted or not. Chains are anticipated only after a chain
 round chosen by the chooser (the next round likely chains again; after an n-gram round or a
 probe it is drafted when chosen: a probe so prices a chain drafted then, without the next one).
 A run whose rounds all chain measures no verify alone, so the first round that would chain
@@ -63,7 +62,6 @@ import mlx.core as mx
 from engines.mlx_chat.proposers import EMPTY, Draft, LazyVerdict, NGramProposer, ProposerContext
 from engines.speculative.composed import Chooser
 from engines.speculative.costs import LoadScaledCosts, StepCosts
-from engines.speculative.tuning import PositionAcceptance
 
 PROBE_AFTER = 8  # chain rounds in a row before one plain round measures the verify alone
 CHAIN_PROBE_AFTER = 64  # rounds without a chain before one of a single draft re-measures drafting
@@ -80,9 +78,7 @@ REPRICE_UNCHAINED_EVERY = 32  # rounds without a chain between re-readings of th
 class DraftingCosts:
     """What composed runs measured of this machine with one drafter: kept by the engine across
     requests (what a verify and a chain token cost does not depend on the prompt), so only the
-    first request pays to find out, and the probes' counts run on across requests too. With them
-    each source's acceptance by position over those requests (`acceptance`), the next request's
-    prior (Chooser.attach), apart for greedy and sampled runs (a draft's chance differs)."""
+    first request pays to find out, and the probes' counts run on across requests too."""
 
     verify: StepCosts = field(default_factory=lambda: LoadScaledCosts(from_below=True))  # rounds without a chain:
     # seconds by width (see the module docstring), as of the last verify_costs(); a width not measured
@@ -100,8 +96,6 @@ class DraftingCosts:
     probe_after: int = CHAIN_PROBE_AFTER  # rounds without a chain before the next one-draft probe
     probed: bool = False  # the last round was a one-draft probe
     cut_short_in_a_row: int = 0  # rounds that drafted less than the n-gram continuation found
-    acceptance: dict[bool, dict[str, PositionAcceptance]] = field(default_factory=dict)  # greedy -> source ->
-    # its counts over the requests so far
 
     def form(self, chain: int, k: int) -> int | None:
         """This round's chain length when the probes override the chooser's `chain` (0: a plain
@@ -196,7 +190,6 @@ class ComposedProposer:
         self.model.start(ctx)
         self.ngram.start(ctx)
         self.last = None
-        self.chooser.attach(self.costs.acceptance.setdefault(ctx.sampling.greedy, {}))  # earlier requests' acceptance
         self._price()  # what earlier requests measured, from the first round
 
     def propose(self, ctx: ProposerContext, k: int) -> Draft:

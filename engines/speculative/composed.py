@@ -40,7 +40,7 @@ from typing import Callable
 
 from engines.speculative.costs import StepCosts
 from engines.speculative.schedule import MAX_STEPS
-from engines.speculative.tuning import PRIOR_ROUNDS, PositionAcceptance
+from engines.speculative.tuning import PositionAcceptance
 
 NGRAM = "ngram"
 REPRICE_EVERY = 8  # rounds between re-readings of measured costs (each re-reading prices every width)
@@ -88,28 +88,9 @@ class Chooser:
     keep: bool = False  # keep prices() between rounds: set by measured() (a latency function set by the
     # caller may change under them; a measured table changes only through measured())
     kept: Prices | None = field(default=None, repr=False)  # until a count or a measured cost changes
-    history: dict[str, PositionAcceptance] | None = field(default=None, repr=False)  # each source's counts over
-    # earlier runs with this drafter (the caller keeps them: `attach`); every round is counted there too
 
     def __post_init__(self):
         self.seen = {NGRAM: PositionAcceptance(self.max_drafts), self.model: PositionAcceptance(self.max_drafts)}
-
-    def attach(self, history: dict[str, PositionAcceptance]) -> None:
-        """Start from what earlier runs with this drafter showed, as `--steps auto` does: each
-        source's acceptance by position over them is this run's prior, weighing as PRIOR_ROUNDS
-        rounds, and this run's rounds are counted there too. Why: without it every run starts from
-        one half at every position -- the tiny Gemma 4 pair's assistant, accepted ~12% of the time,
-        was chosen for a chain of 2 now and then at a request's start (each such round 1.7-2.4x a
-        plain one; under load, when a chain token looks cheap beside a slow verify, 22 in a pass),
-        and n-gram's positions past the first, reached only when the first held, stayed at one
-        half all request long, so its whole 7-token continuation looked worth a wider verify."""
-        self.history = history
-        for source, seen in self.seen.items():
-            earlier = history.setdefault(source, PositionAcceptance(self.max_drafts))
-            if any(earlier.reached):
-                seen.prior, seen.weight = earlier.estimate(), PRIOR_ROUNDS
-        self.expected.clear()
-        self.kept = None
 
     @property
     def composed(self) -> str:
@@ -181,9 +162,11 @@ class Chooser:
         """A round's verdict: `chain` of its `proposed` drafts came from the model (the rest
         from n-gram), `accepted` of them were accepted."""
         if chain:
-            self._count(self.model, chain, min(accepted, chain))
+            self.seen[self.model].record(chain, min(accepted, chain))
+            self._changed(self.model)
         if proposed > chain and accepted >= chain:
-            self._count(NGRAM, proposed - chain, accepted - chain)
+            self.seen[NGRAM].record(proposed - chain, accepted - chain)
+            self._changed(NGRAM)
 
     def shadow(self, found: list[int], emitted: list[int]) -> None:
         """A round that did not draft the n-gram continuation `found`: score it against the
@@ -195,14 +178,11 @@ class Chooser:
         copying (a page's first lines, then its repeated rows)."""
         compared = min(len(found), len(emitted))
         hits = next((i for i in range(compared) if found[i] != emitted[i]), compared)
-        self._count(NGRAM, compared, hits)
+        self.seen[NGRAM].record(compared, hits)
+        self._changed(NGRAM)
 
-    def _count(self, source: str, proposed: int, accepted: int) -> None:
-        """One round of `source`'s: counted in this run and the earlier runs' history; its
-        expected tokens, and the kept prices, are stale."""
-        self.seen[source].record(proposed, accepted)
-        if self.history is not None:
-            self.history[source].record(proposed, accepted)
+    def _changed(self, source: str) -> None:
+        """`source`'s counts changed: its expected tokens, and the kept prices, are stale."""
         self.expected.pop(source, None)
         self.kept = None
 
