@@ -119,12 +119,21 @@ class LoadScaledCosts(StepCosts):
 
     def observe_many(self, steps: list[tuple[int, float]]) -> None:
         """observe() each step in turn (each moves what counts as fresh), the prices made once at
-        the end: the same prices, with the work of one step taken by each."""
-        for tokens, seconds in steps:
-            self._take(tokens, seconds)
+        the end: the same prices, with the work of one step taken by each. A size's peers are
+        noted only at its last step here, or at one its next step here finds stale: a step's note
+        is read only by the size's next step if that finds it stale, or by the prices at the end
+        (one note per step was most of composed's re-pricing, every 32 rounds)."""
+        next_at: dict[int, int] = {}
+        noted = [True] * len(steps)
+        for i in range(len(steps) - 1, -1, -1):
+            tokens = steps[i][0]
+            noted[i] = tokens not in next_at or next_at[tokens] - i >= self.fresh
+            next_at[tokens] = i
+        for (tokens, seconds), note in zip(steps, noted):
+            self._take(tokens, seconds, note)
         self._reprice()
 
-    def _take(self, tokens: int, seconds: float) -> None:
+    def _take(self, tokens: int, seconds: float, note: bool = True) -> None:
         self.steps += 1
         seen = self.history.setdefault(tokens, deque(maxlen=self.recent))
         if tokens in self.last and not self._fresh(tokens):  # back after a while: its kept steps at the load now,
@@ -133,7 +142,8 @@ class LoadScaledCosts(StepCosts):
         seen.append(seconds)
         self.stale.add(tokens)
         self.last[tokens] = self.steps
-        self.peers[tokens] = {t: self._median(t) for t in self.last if t != tokens and self._fresh(t)}
+        if note:
+            self.peers[tokens] = {t: self._median(t) for t in self.last if t != tokens and self._fresh(t)}
 
     def _reprice(self) -> None:
         self.seconds = {t: m if self._fresh(t) else m * self._since(t)
