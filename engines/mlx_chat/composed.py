@@ -14,9 +14,10 @@ and against a plain round (no drafts) when none of them pays:
 
 Drafting is priced from the rounds' own times (`observe`; kept by the engine per drafter
 across requests, DraftingCosts: costs are the machine's, not the prompt's): rounds without a chain give the
-verify's cost by width, and a chain round's time beyond the verify of its width, per chain
-token, is what drafting costs -- its own chain if drafted then, and the next one anticipated
-behind its verify (depth-2 overlap), wasted or not. Chains are anticipated only after a chain
+verify's cost by width (a width not measured lately scaled to the load now), and a chain round's
+time beyond the verify of its width, per chain token, is what drafting costs (as a share of a
+plain verify then, so at the load now too) -- its own chain if drafted then, and the next one
+anticipated behind its verify (depth-2 overlap), wasted or not. Chains are anticipated only after a chain
 round chosen by the chooser (the next round likely chains again; after an n-gram round or a
 probe it is drafted when chosen: a probe so prices a chain drafted then, without the next one).
 A run whose rounds all chain measures no verify alone, so the first round that would chain
@@ -60,7 +61,7 @@ import mlx.core as mx
 
 from engines.mlx_chat.proposers import EMPTY, Draft, LazyVerdict, NGramProposer, ProposerContext
 from engines.speculative.composed import Chooser
-from engines.speculative.costs import StepCosts
+from engines.speculative.costs import LoadScaledCosts, StepCosts
 
 PROBE_AFTER = 8  # chain rounds in a row before one plain round measures the verify alone
 CHAIN_PROBE_AFTER = 64  # rounds without a chain before one of a single draft re-measures drafting
@@ -79,12 +80,17 @@ class DraftingCosts:
     requests (what a verify and a chain token cost does not depend on the prompt), so only the
     first request pays to find out, and the probes' counts run on across requests too."""
 
-    verify: StepCosts = field(default_factory=lambda: StepCosts(from_below=True))  # rounds without a chain:
-    # seconds by width (see the module docstring), as of the last verify_costs()
+    verify: StepCosts = field(default_factory=lambda: LoadScaledCosts(from_below=True))  # rounds without a chain:
+    # seconds by width (see the module docstring), as of the last verify_costs(); a width not measured
+    # lately at the load now, as --steps auto keeps its own (tuning.round_costs). Why: a width is measured
+    # only while chosen, so one priced during a passing load kept that price after it -- on the tiny
+    # Gemma 4 pair every n-gram width stayed at ~5 ms beside a plain round back at ~1.6, and n-gram was
+    # priced out for a pass (2 of its ~50 rounds drafted) until a continuation drafted whole re-measured one
     unpriced: list[tuple[int, float]] = field(default_factory=list)  # (width, seconds) of the rounds without a
     # chain observed since: the curve is read only when the chooser is re-priced, so each round only
     # appends (a median per round was ~5 us in place, a share of a tiny model's 2 ms round)
-    chain_rounds: deque = field(default_factory=lambda: deque(maxlen=CHAIN_ROUNDS_KEPT))  # (seconds, width, chain)
+    chain_rounds: deque = field(default_factory=lambda: deque(maxlen=CHAIN_ROUNDS_KEPT))  # per chain round, its
+    # time beyond its width's verify per chain token, in plain verifies of its time (see chain_token_s)
     chained_in_a_row: int = 0
     unchained_in_a_row: int = 0
     probe_after: int = CHAIN_PROBE_AFTER  # rounds without a chain before the next one-draft probe
@@ -126,10 +132,12 @@ class DraftingCosts:
         return True
 
     def observe(self, seconds: float, width: int, chain: int) -> None:
-        if chain:
-            self.chain_rounds.append((seconds, width, chain))
-        else:
+        if not chain:
             self.unpriced.append((width, seconds))
+            return
+        verify = self.verify_costs()  # (a chain round re-prices the chooser at once anyway)
+        if verify.seconds:  # always, in a run: its first round that would chain runs plain (form)
+            self.chain_rounds.append((seconds - verify.at(width)) / (chain * verify.at(1)))
 
     @property
     def verify_measured(self) -> bool:
@@ -145,11 +153,16 @@ class DraftingCosts:
 
     @property
     def chain_token_s(self) -> float | None:
-        """A chain token's drafting: a chain round's time beyond its width's verify, per token."""
+        """A chain token's drafting: a chain round's time beyond its width's verify, per token, as
+        a share of a plain verify then (`observe`), times a plain verify now. Why not seconds beyond
+        the verify now: a chain round is rare where the drafter is priced out (a probe in 64 to
+        1024 rounds), and taken against a verify measured later, under another load, its drafting
+        came out at nothing once a load raised the verify past the chain round's whole time -- on
+        the tiny Gemma 4 pair chains of 2 were chosen then, each ~11 ms where a plain round took ~5."""
         verify = self.verify_costs()
         if not verify.seconds or not self.chain_rounds:
             return None
-        return max(0.0, statistics.median((s - verify.at(w)) / c for s, w, c in self.chain_rounds))
+        return max(0.0, statistics.median(self.chain_rounds)) * verify.at(1)
 
 
 class ComposedProposer:

@@ -109,22 +109,53 @@ class LoadScaledCosts(StepCosts):
     peers: dict[int, dict[int, float]] = field(default_factory=dict)  # size -> the sizes fresh then and
     # their medians, when it was last observed
 
+    stale: set[int] = field(default_factory=set, repr=False)  # sizes observed since their median was taken:
+    # taken when read (a peer's, or the prices'), so a caller that observes many steps at once takes a
+    # median per size read, not per step (composed drafting, engines/mlx_chat/composed.py)
+
     def observe(self, tokens: int, seconds: float) -> None:
+        self._take(tokens, seconds)
+        self._reprice()
+
+    def observe_many(self, steps: list[tuple[int, float]]) -> None:
+        """observe() each step in turn (each moves what counts as fresh), the prices made once at
+        the end: the same prices, with the work of one step taken by each. A size's peers are
+        noted only at its last step here, or at one its next step here finds stale: a step's note
+        is read only by the size's next step if that finds it stale, or by the prices at the end
+        (one note per step was most of composed's re-pricing, every 32 rounds)."""
+        next_at: dict[int, int] = {}
+        noted = [True] * len(steps)
+        for i in range(len(steps) - 1, -1, -1):
+            tokens = steps[i][0]
+            noted[i] = tokens not in next_at or next_at[tokens] - i >= self.fresh
+            next_at[tokens] = i
+        for (tokens, seconds), note in zip(steps, noted):
+            self._take(tokens, seconds, note)
+        self._reprice()
+
+    def _take(self, tokens: int, seconds: float, note: bool = True) -> None:
         self.steps += 1
         seen = self.history.setdefault(tokens, deque(maxlen=self.recent))
         if tokens in self.last and not self._fresh(tokens):  # back after a while: its kept steps at the load now,
             scale = self._since(tokens)  # or its median would stay a stale one until most of them were new
             seen = self.history[tokens] = deque((s * scale for s in seen), maxlen=self.recent)
         seen.append(seconds)
-        self.measured[tokens] = statistics.median(seen)
+        self.stale.add(tokens)
         self.last[tokens] = self.steps
-        self.peers[tokens] = {t: m for t, m in self.measured.items() if t != tokens and self._fresh(t)}
-        self.seconds = {t: m if self._fresh(t) else m * self._since(t) for t, m in self.measured.items()}
+        if note:
+            self.peers[tokens] = {t: self._median(t) for t in self.last if t != tokens and self._fresh(t)}
+
+    def _reprice(self) -> None:
+        self.seconds = {t: m if self._fresh(t) else m * self._since(t)
+                        for t, m in ((t, self._median(t)) for t in self.last)}
         self.curve = None
 
-    def observe_many(self, steps: list[tuple[int, float]]) -> None:
-        for tokens, seconds in steps:  # one at a time: each step moves what counts as fresh
-            self.observe(tokens, seconds)
+    def _median(self, tokens: int) -> float:
+        """`tokens`' median as measured (kept in `measured`), taken again only if it was observed since."""
+        if tokens in self.stale:
+            self.stale.discard(tokens)
+            self.measured[tokens] = statistics.median(self.history[tokens])
+        return self.measured[tokens]
 
     def _fresh(self, tokens: int) -> bool:
         return self.steps - self.last[tokens] < self.fresh
@@ -132,5 +163,7 @@ class LoadScaledCosts(StepCosts):
     def _since(self, tokens: int) -> float:
         """How much the load changed since `tokens` was last observed: the median ratio, now to
         then, of the sizes fresh then and now (1 when there is none)."""
-        ratios = [self.measured[t] / then for t, then in self.peers[tokens].items() if self._fresh(t)]
-        return statistics.median(ratios) if ratios else 1.0
+        ratios = [self._median(t) / then for t, then in self.peers[tokens].items() if self._fresh(t)]
+        if len(ratios) < 2:  # none: 1; one -- the usual case, a size measured most of the time -- is its own median
+            return ratios[0] if ratios else 1.0
+        return statistics.median(ratios)

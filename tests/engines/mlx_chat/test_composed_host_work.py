@@ -91,3 +91,21 @@ def test_costs_taken_in_later_price_as_taken_in_at_once():
         assert costs.verify_measured
         if rng.random() < 0.1:
             assert costs.verify_costs().seconds == fresh.seconds
+
+
+def test_load_scaled_costs_taken_in_later_through_a_changing_load():
+    """LoadScaledCosts.observe_many notes a size's peers only where a later step can read them:
+    the same prices as observe() step by step where sizes go stale within a batch (a short
+    `fresh`) and the load moves between batches -- the steps that scale stale sizes."""
+    rng = random.Random(2)
+    for fresh in (1, 4, 32):
+        at_once, later = LoadScaledCosts(fresh=fresh, from_below=True), LoadScaledCosts(fresh=fresh, from_below=True)
+        for _ in range(200):
+            load = rng.choice([1.0, 1.0, 2.0, 3.5])
+            steps = [(1 if rng.random() < 0.8 else rng.randrange(2, 9), load * rng.uniform(0.001, 0.0012))
+                     for _ in range(rng.randrange(0, 80))]
+            for width, seconds in steps:
+                at_once.observe(width, seconds)
+            later.observe_many(steps)
+            assert later.seconds == at_once.seconds
+            assert later.peers == at_once.peers  # what a stale size's next step, or the prices, read
