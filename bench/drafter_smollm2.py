@@ -101,7 +101,8 @@ def alternating(engine, prompts, specs: dict, max_tokens) -> dict:
 
 
 def set_pipeline(name: str) -> None:
-    """"mtp-1:after": each round launched after the last verdict is read (rollback caches)."""
+    """A case named `...:after` (e.g. mtp-1:after) launches each round after the last verdict is
+    read (rollback caches); any other, before it where the target allows (slot caches)."""
     os.environ["SPECSCOPE_MTP_PIPELINE"] = "0" if name.partition(":")[2] == "after" else "1"
 
 

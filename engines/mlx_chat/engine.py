@@ -525,7 +525,7 @@ class ChatEngine:
         early lacks its own). Measured (SmolLM2, its drafter): rounds of one draft 34 ms and of
         two 50 in a row, but a round of two between rounds of one 38 ms and the one after it
         44; priced so, the probes made a second draft look cheap and --steps auto drafted it
-        (0.94x --steps 1)."""
+        (0.92-0.94x --steps 1)."""
         if step.ahead > step.k:
             return False
         next_early = next_step is not None and next_step.launched_early
