@@ -60,6 +60,13 @@ class Features:
         return Features(self.tokens[idx], self.lengths[idx], f32(self.hidden), self.labels[idx],
                         f32(self.keys), f32(self.values), None if self.starts is None else self.starts[idx])
 
+    def columns(self, stop: int) -> "Features":
+        """Positions 0..stop-1 of every row."""
+        if stop >= self.tokens.shape[1]:
+            return self
+        return Features(self.tokens[:, :stop], self.lengths, self.hidden[:, :stop], self.labels[:, :stop],
+                        self.keys[:, :, :stop], self.values[:, :, :stop], self.starts)
+
     def arrays(self) -> dict[str, mx.array]:
         return {k: getattr(self, k) for k in ("tokens", "lengths", "hidden", "labels", "keys", "values")}
 

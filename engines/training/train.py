@@ -412,24 +412,27 @@ def init_or_resume(target: TargetView, feats: D.Features, config: TrainConfig, o
     return drafter, opt, state
 
 
-def depth_outputs(drafter: Drafter, batch: D.Features, depth: int, hidden: mx.array | None = None):
-    """The chain over a batch, all positions at once: yields (d, states [B, L-d, D]) where row
-    i is position t = i + d, whose label is batch.labels[:, t]. `hidden`: the target's states
-    depth 1 reads (default batch.hidden; training passes them with noise)."""
+def depth_outputs(drafter: Drafter, batch: D.Features, depth: int, hidden: mx.array | None = None, first: int = 0):
+    """The chain over a batch, all positions at once: yields (d, states [B, L-d-first, D]) where
+    row j is position t = first + j + d, whose label is batch.labels[:, t]. `hidden`: the target's
+    states depth 1 reads (default batch.hidden; training passes them with noise). `first`: the
+    first chain start computed, less one -- a row's query reads only its own input and the
+    target's fixed K/V, so rows no loss counts (chains that start in the prompts) can be left
+    out without changing any other row."""
     L = batch.tokens.shape[1]
     emb = drafter.target.embed(batch.tokens)
-    h = batch.hidden if hidden is None else hidden  # depth 0: the target's own states, indexed by position
+    h = (batch.hidden if hidden is None else hidden)[:, first:]  # depth 0: the target's own states, by position
     for d in range(1, depth + 1):
-        if L - d < 1:
+        if L - d - first < 1:
             break
-        # position t = i + d embeds token t and reads h at t-1 (rows 0..L-d-1 of the previous
-        # depth, which start one position earlier); it sees K/V at positions <= t - d = i, and
-        # its query sits at the chain's first position t - d + 1 = i + 1.
-        x = drafter.inputs(emb[:, d:], h[:, : L - d])
-        mask = mx.arange(L)[None, :] <= mx.arange(L - d)[:, None]
-        h = drafter.layer(x, batch.keys, batch.values, mask, 1)
+        # position t = i + d (i = first + j) embeds token t and reads h at t-1 (row j of the
+        # previous depth, which starts one position earlier); it sees K/V at positions <= t - d = i,
+        # and its query sits at the chain's first position t - d + 1 = i + 1.
+        x = drafter.inputs(emb[:, first + d:], h[:, : L - d - first])
+        mask = mx.arange(L)[None, :] <= mx.arange(first, L - d)[:, None]
+        h = drafter.layer(x, batch.keys, batch.values, mask, first + 1)
         yield d, h
-        # next depth's row i' (position i' + d + 1) reads position i' + d: this depth's row i'
+        # next depth's row j (position first + j + d + 1) reads position first + j + d: this depth's row j
 
 
 def chained_loss(drafter: Drafter, batch: D.Features, config: TrainConfig, key: mx.array) -> mx.array:
@@ -442,8 +445,12 @@ def chained_loss(drafter: Drafter, batch: D.Features, config: TrainConfig, key: 
     vocabulary are left out, and so are chains that start in a prompt (batch.starts): the
     drafter only ever drafts answers, and on SmolLM2 leaving the prompts out lifted held-out
     depth-1 acceptance at 150 steps from 19.8% to 22.8% (docs/benchmarks.md)."""
+    batch = batch.columns(int(batch.lengths.max()))  # padding past the longest row: no loss reads it
     L = batch.tokens.shape[1]
     real = mx.arange(L)[None, :] < batch.lengths[:, None]
+    # the first row computed: no chain starts in a prompt (below), and prompts are ~20% of an
+    # answer's row on SmolLM2 (its system prompt), which depth_outputs then leaves out
+    first = max(0, int(batch.starts.min()) - 1) if batch.starts is not None else 0
     hidden = batch.hidden
     final = batch.hidden[..., -drafter.args.hidden_size:]  # the final-norm state (the features end with it)
     if config.noise:
@@ -455,20 +462,21 @@ def chained_loss(drafter: Drafter, batch: D.Features, config: TrainConfig, key: 
         lookup = lookup.at[drafter.vocab_ids].add(mx.arange(drafter.vocab_ids.size, dtype=mx.int32) + 1)
         sub = lookup[batch.labels]
     total, weights = mx.array(0.0), 0.0
-    for d, h in depth_outputs(drafter, batch, config.depth, hidden):
+    for d, h in depth_outputs(drafter, batch, config.depth, hidden, first):
+        at = slice(first + d, None)  # the positions of this depth's rows
         logits = drafter.sub_logits(h)
-        real_d = real[:, d:]
+        real_d = real[:, at]
         if batch.starts is not None:  # only chains that start in an answer, as in chat (see above)
             # position t's depth-d draft belongs to the chain that starts at t - d + 1
-            real_d = real_d & ((mx.arange(d, L) - d + 1)[None, :] >= batch.starts[:, None])
+            real_d = real_d & ((mx.arange(first + d, L) - d + 1)[None, :] >= batch.starts[:, None])
         if config.soft_labels:
             keep = real_d
-            loss = -(teacher[:, d:] * nn.log_softmax(logits, axis=-1)).sum(-1)
+            loss = -(teacher[:, at] * nn.log_softmax(logits, axis=-1)).sum(-1)
         else:
-            keep = real_d & (sub[:, d:] >= 0)
-            loss = nn.losses.cross_entropy(logits, mx.maximum(sub[:, d:], 0), reduction="none")
+            keep = real_d & (sub[:, at] >= 0)
+            loss = nn.losses.cross_entropy(logits, mx.maximum(sub[:, at], 0), reduction="none")
         if config.feature_weight:
-            loss = loss + config.feature_weight * nn.losses.smooth_l1_loss(h, final[:, d:], reduction="none").mean(-1)
+            loss = loss + config.feature_weight * nn.losses.smooth_l1_loss(h, final[:, at], reduction="none").mean(-1)
         w = DEPTH_DECAY ** (d - 1)
         total = total + w * (loss * keep).sum() / mx.maximum(keep.sum(), 1)
         weights += w

@@ -149,6 +149,23 @@ def test_the_loss_leaves_out_chains_that_start_in_a_prompt(llama, tmp_path):
     assert chained_loss(drafter, batch, config, key).item() != rigged
 
 
+def test_rows_left_out_change_no_other_row(llama, tmp_path):
+    """Training leaves out the rows of chains that start in a prompt (depth_outputs' `first`):
+    every other row's states, at every depth, are those of the whole chain computed."""
+    engine, _, _ = llama
+    feats, _, _ = run_prepare(llama, tmp_path / "out")
+    target = TargetView.of(engine.model)
+    batch = feats.rows(list(range(4)))
+    first = int(batch.starts.min()) - 1
+    assert first > 2
+    drafter = Drafter(DrafterArgs.for_target(target, 64)).attach(target)
+    whole, part = list(depth_outputs(drafter, batch, 3)), list(depth_outputs(drafter, batch, 3, first=first))
+    assert [d for d, _ in part] == [1, 2, 3]
+    for (_, h), (_, h_part) in zip(whole, part):
+        assert h_part.shape[1] == h.shape[1] - first
+        assert mx.allclose(h[:, first:], h_part, atol=1e-5).item()
+
+
 @pytest.fixture(scope="module")
 def talker(tmp_path_factory):
     """A tiny target that can end its turn (EOS reachable): it writes prompts of its own."""
