@@ -33,8 +33,8 @@ def parser() -> Parser:
                    help="prompts the target writes itself, answered like the others: more distinct prompts "
                         "than the shipped set (default 0)")
     p.add_argument("--answer-tokens", type=int, default=200, help="tokens per generated answer (default 200)")
-    p.add_argument("--answers-per-prompt", type=int, default=3,
-                   help="answers the target writes per prompt: the first greedy, the others sampled (default 3)")
+    p.add_argument("--answers-per-prompt", type=int, default=4,
+                   help="answers the target writes per prompt: the first greedy, the others sampled (default 4)")
     p.add_argument("--answer-temperature", type=float, default=0.8,
                    help="temperature of the sampled answers (default 0.8)")
     p.add_argument("--minutes", type=float, default=None, help=f"training time (default {DEFAULT_MINUTES:g} unless --steps)")

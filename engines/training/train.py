@@ -21,9 +21,10 @@ not measure better here (see TrainConfig.noise) -- see chained_loss; depth d wei
 (our choice: later depths matter only if the earlier ones were accepted). The K/V a depth-d
 query reads stop at position t-d, where the chain's first token sits -- exactly what the
 drafter sees in the chat engine (mtp.MTPProposer: fixed query position, the target cache
-before the chain). Adam, linear warm-up then a constant rate: one run's checkpoints are then
-the points "what 5, 15, 45 minutes buy", and a run stopped at any minute is as good as one
-planned for it.
+before the chain). Adam, a linear warm-up, then a rate that decays linearly to 0 at the run's
+end (TrainConfig.decay; without it, constant: one run's checkpoints are then the points "what
+5, 15, 45 minutes buy"). No row is computed for chains that start in a prompt (depth_outputs'
+`first`): the same loss, ~0.8 of the step's time on SmolLM2.
 
 Resume: a checkpoint holds the drafter, Adam's state and the step; batches depend on
 (seed, step) only and the initial weights on the seed, so a run killed and resumed ends with
@@ -65,11 +66,12 @@ class TrainConfig:
     prompts_file: str | None = None  # None: the shipped prompt sets (SHIPPED_PROMPTS); "" = none
     answer_tokens: int = 200  # per generated answer
     # answers per prompt: the first greedy, the others sampled at answer_temperature (more of
-    # the target's own text from the same prompts; see data.own_answers). 3: on SmolLM2 the
-    # drafter learns one answer per prompt (80k tokens) by heart within minutes (held-out depth 1
-    # flat at 36-37.5% from step 600, training rows 84%); three (236k tokens) gave 42% at the
-    # same 900 steps and 44-45% from step 1400 (docs/benchmarks.md), for ~3x the answering time
-    answers_per_prompt: int = 3
+    # the target's own text from the same prompts; see data.own_answers). On SmolLM2 the drafter
+    # learns one answer per prompt (80k tokens) by heart within minutes (held-out depth 1 flat at
+    # 36-37.5% from step 600, training rows 84%); three (236k tokens) gave 44-45%, eight 51%; four
+    # to each of the 690 shipped prompts (585k tokens, ~45 quiet minutes of answering) are what the
+    # figures of docs/benchmarks.md (session 16) were trained on
+    answers_per_prompt: int = 4
     answer_temperature: float = 0.8
     # prompts the target writes itself (data.own_prompts, Magpie), added to the prompt set and
     # answered like the others: many more distinct prompts than a shipped set holds
@@ -217,7 +219,10 @@ def eta(config: TrainConfig, step: int, train_s: float) -> float | None:
 # -- data ---------------------------------------------------------------------------------------------
 
 
-SHIPPED_PROMPTS = ("drafter_train.json", "drafter_topics.json")  # resources/prompts/
+# resources/prompts/. drafter_kinds.json (poems, stories, recipes, how-tos, advice, messages...: the
+# kinds open chat asks) beside the two older sets: on SmolLM2, 690 prompts x 4 answers gave 49.0%
+# at depth 1 in real decoding against 47.4% for 384 x 8 (about as many tokens; docs/benchmarks.md)
+SHIPPED_PROMPTS = ("drafter_train.json", "drafter_topics.json", "drafter_kinds.json")
 
 
 def default_prompts_files() -> list[Path]:
