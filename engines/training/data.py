@@ -4,8 +4,9 @@ Sequences come from two places, and nothing leaves the machine:
   - the target's own answers to a prompt set (the default sets ship in resources/prompts/):
     self-distillation on the target's own outputs, as Medusa-2 (Cai et al. 2024, sec. 3.2.2)
     does when no training set matches the model; one greedy answer per prompt and, by default,
-    two sampled ones (more of the target's own text from the same prompts); generated in
-    batches with mlx-lm's batch_generate;
+    three sampled ones (more of the target's own text from the same prompts); generated in
+    batches with mlx-lm's batch_generate -- or, for the embedded default and the shipped
+    prompts, read from the answers that ship with Specscope (`shipped_answers`);
   - the user's text files, cut into segments of `seq_len` tokens.
 
 Teacher forcing (`features`) runs the target once over each padded batch of sequences: that
@@ -18,6 +19,7 @@ needed for text files, so it is fast.
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 from dataclasses import dataclass
@@ -262,6 +264,59 @@ def load_own_prompts(path: Path, key: str) -> tuple[list[str], int]:
         return (kept["prompts"], int(kept["attempts"])) if kept.get("fingerprint") == key else ([], 0)
     except (OSError, ValueError, KeyError, TypeError):
         return [], 0
+
+
+def model_files(path: str | Path) -> list[Path]:
+    """What a model's answers depend on: the file (GGUF), or a folder's files but its README."""
+    p = Path(path)
+    return [p] if p.is_file() else sorted(f for f in p.iterdir() if f.is_file() and f.suffix != ".md")
+
+
+def content_digest(files: list[Path]) -> str:
+    """sha256 over the files' names and bytes: the same model wherever it is installed (the
+    answers' cache key has the path and mtime in it; shipped answers cannot)."""
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.name.encode() + b"\0")
+        with f.open("rb") as stream:
+            for block in iter(lambda: stream.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()
+
+
+def answers_record(digest: str, model_bytes: int, prompts: list[str], answer_tokens: int, seq_len: int,
+                   sampling: list, sequences: list[list[int]]) -> dict:
+    """A shipped answers file: the target's answers to `prompts`, round-major (row r * len(prompts)
+    + i answers prompt i), as own_answers writes them, and what they depend on."""
+    return {"model_sha256": digest, "model_bytes": model_bytes, "prompts": fingerprint(prompts),
+            "answer_tokens": answer_tokens, "seq_len": seq_len, "sampling": sampling, "sequences": sequences}
+
+
+def shipped_answers(folder: Path, model_path: str | Path, prompts: list[str], answer_tokens: int, seq_len: int,
+                    sampling: list, greedy: int) -> list[list[int]]:
+    """The answers shipped in `folder` (*.json.gz, `answers_record`) for this model and these
+    prompts and settings, or none: every row when they were sampled as asked, else the greedy
+    round only (as `load_answers`). Why ship them: answering is most of a first run's hour for
+    the embedded default (~60 answers a minute for SmolLM2 on 2 cores), the same text on every
+    machine; the labels are still the target's own, from teacher forcing here. The model is
+    hashed only when a shipped file names its size."""
+    files = model_files(model_path)
+    size = sum(f.stat().st_size for f in files)
+    digest = None
+    for path in sorted(folder.glob("*.json.gz")) if folder.is_dir() else []:
+        try:
+            record = json.loads(gzip.decompress(path.read_bytes()))
+        except (OSError, ValueError):
+            continue
+        if record.get("model_bytes") != size:
+            continue
+        digest = digest or content_digest(files)
+        if (record.get("model_sha256"), record.get("prompts"), record.get("answer_tokens"), record.get("seq_len")) \
+                != (digest, fingerprint(prompts), answer_tokens, seq_len):
+            continue
+        rows = record["sequences"]
+        return rows if record.get("sampling") == sampling else rows[:greedy]
+    return []
 
 
 def load_answers(path: Path, key: str, sampling: list, greedy: int) -> list[list[int]]:

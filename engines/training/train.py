@@ -34,6 +34,7 @@ the same weights as one that never stopped.
 from __future__ import annotations
 
 import errno
+import gzip
 import json
 import shutil
 import time
@@ -225,6 +226,13 @@ def eta(config: TrainConfig, step: int, train_s: float) -> float | None:
 SHIPPED_PROMPTS = ("drafter_train.json", "drafter_topics.json", "drafter_kinds.json")
 
 
+def shipped_answers_folder() -> Path:
+    """resources/answers/: the embedded default's answers to the shipped prompts (data.shipped_answers)."""
+    import resources
+
+    return resources.path("answers")
+
+
 def default_prompts_files() -> list[Path]:
     import resources
 
@@ -250,8 +258,8 @@ def prepare(target: TargetView, tokenizer, target_path: str, config: TrainConfig
                "answer_tokens": config.answer_tokens, "answers_per_prompt": rounds,
                "answer_temperature": config.answer_temperature if rounds > 1 else None,
                "files": [p for p, _ in texts]}
-    answers_key = D.fingerprint(*stamp, prompts, config.answer_tokens, config.seq_len)
-    sampling = [config.answer_temperature, config.seed]  # what the answers past the first round depend on
+    answers_key = answers_cache_key(stamp, prompts, config)
+    sampling = answer_sampling(config)
     key = D.fingerprint(answers_key, [t for _, t in texts], config.seq_len, *([rounds, *sampling] if rounds > 1 else []),
                         *([list(target.feature_layers)] if target.feature_layers else []))
     cached = D.load_features(out / "features.safetensors", key)
@@ -263,6 +271,14 @@ def prepare(target: TargetView, tokenizer, target_path: str, config: TrainConfig
     answers_file = out / "data" / "answers.json"
     sequences = D.load_answers(answers_file, answers_key, sampling, greedy=len(prompts))[: len(prompts) * rounds]
     asked = len(prompts) * rounds
+    if len(sequences) < asked and prompts:
+        shipped = D.shipped_answers(shipped_answers_folder(), target_path, prompts, config.answer_tokens, config.seq_len,
+                                    sampling, greedy=len(prompts))[:asked]
+        if len(shipped) > len(sequences):
+            sequences = shipped
+            D.save_answers(answers_file, sequences, answers_key, sampling)
+            on_progress(Progress(0, config.steps, 0.0, None, 0.0, None, "answers",
+                                 f"{len(shipped)} of the {asked} answers ship with Specscope"))
     if len(sequences) < asked:
         start = len(sequences)
         on_progress(Progress(0, config.steps, 0.0, None, 0.0, None, "answers",
@@ -298,6 +314,39 @@ def prepare(target: TargetView, tokenizer, target_path: str, config: TrainConfig
     D.save_features(out / "features.safetensors", feats, key, answers)
     feats.starts = answer_starts(tokenizer, prompts * rounds, config.seq_len, feats.size)
     return feats, answers, sources
+
+
+def answers_cache_key(stamp: list, prompts: list[str], config: TrainConfig) -> str:
+    """The kept answers' key (OUT/data/answers.json): the target file as installed, the prompts,
+    the answers' length; not how many per prompt (asking more extends the kept ones)."""
+    return D.fingerprint(*stamp, prompts, config.answer_tokens, config.seq_len)
+
+
+def answer_sampling(config: TrainConfig) -> list:
+    """What the answers past the first (greedy) round depend on."""
+    return [config.answer_temperature, config.seed]
+
+
+def ship_answers(target_path: str, config: TrainConfig, folder: Path) -> Path:
+    """Write the answers a run of `config` kept (OUT/data/answers.json) into `folder` as a
+    shipped answers file (data.shipped_answers): a later run on the same model, prompts and
+    settings, on any machine, then skips answering. Only whole answer sets are shipped."""
+    files = default_prompts_files() if config.prompts_file is None else [config.prompts_file]
+    prompts = [p for f in files for p in D.load_prompts(f)]
+    key = answers_cache_key([target_path, _file_stamp(target_path)], prompts, config)
+    sampling = answer_sampling(config)
+    sequences = D.load_answers(Path(config.out) / "data" / "answers.json", key, sampling, greedy=len(prompts))
+    if len(sequences) != len(prompts) * config.answers_per_prompt or config.own_prompts:
+        raise D.DataError(f"{config.out} holds {len(sequences)} answers of this model to these prompts, "
+                          f"not the {len(prompts) * config.answers_per_prompt} asked")
+    model = D.model_files(target_path)
+    digest = D.content_digest(model)
+    record = D.answers_record(digest, sum(f.stat().st_size for f in model), prompts, config.answer_tokens,
+                              config.seq_len, sampling, sequences)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{digest[:16]}-{record['prompts']}.json.gz"
+    path.write_bytes(gzip.compress(json.dumps(record, separators=(",", ":")).encode(), mtime=0))
+    return path
 
 
 def written_prompts(target: TargetView, tokenizer, stamp: list, config: TrainConfig, on_progress,

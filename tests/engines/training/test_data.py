@@ -11,6 +11,7 @@ import pytest
 from engines.mlx_chat.engine import ChatEngine
 from engines.mlx_chat.drafter import Drafter, DrafterArgs, TargetView
 from engines.training import data as D
+from engines.training import train
 from engines.training.train import TrainConfig, answer_starts, chained_loss, depth_outputs, evaluate, prepare, split
 from tests.engines.mlx_chat import checkpoints
 from tests.engines.training.trained import write_prompts
@@ -23,11 +24,16 @@ def llama(tmp_path_factory):
     return ChatEngine.load(str(target)), target, write_prompts(d / "prompts.json", checkpoints.WORDS, n=40)
 
 
-def run_prepare(llama, out, should_stop=lambda: False, rounds=1, on_progress=lambda p: None):
-    engine, target, prompts = llama
-    config = TrainConfig(out=out, prompts_file=str(prompts), answer_tokens=20, seq_len=48, steps=1,
-                         answers_per_prompt=rounds, answer_temperature=1.5)
-    return prepare(TargetView.of(engine.model), engine.tokenizer, str(target), config, on_progress, should_stop)
+def run_config(llama, out, rounds=1) -> TrainConfig:
+    _, _, prompts = llama
+    return TrainConfig(out=out, prompts_file=str(prompts), answer_tokens=20, seq_len=48, steps=1,
+                       answers_per_prompt=rounds, answer_temperature=1.5)
+
+
+def run_prepare(llama, out, should_stop=lambda: False, rounds=1, on_progress=lambda p: None, target=None):
+    engine, made, _ = llama
+    return prepare(TargetView.of(engine.model), engine.tokenizer, str(target or made), run_config(llama, out, rounds),
+                   on_progress, should_stop)
 
 
 def test_a_run_stopped_while_answering_resumes_from_the_kept_answers(llama, tmp_path):
@@ -93,6 +99,38 @@ def test_further_answers_per_prompt_are_sampled_seeded_and_resumable(llama, tmp_
     again, _, _ = run_prepare(llama, tmp_path / "one", rounds=2, on_progress=lambda p: notes.append(p.note))
     assert "the target writes 40 of 80 answers (2 per prompt)" in notes
     assert mx.array_equal(again.tokens, whole.tokens).item()
+
+
+def test_shipped_answers_are_read_for_the_same_model_wherever_it_is(llama, tmp_path, monkeypatch):
+    """Answers shipped for a model (scripts/ship_answers.py) stand in for answering when the
+    model's bytes, the prompts and the settings are the same -- the model installed elsewhere
+    included; one byte of the weights changed, the target answers again."""
+    import shutil
+
+    _, target, _ = llama
+    whole, _, _ = run_prepare(llama, tmp_path / "made", rounds=2)
+    folder = tmp_path / "shipped"
+    monkeypatch.setattr(train, "shipped_answers_folder", lambda: folder)
+    written = train.ship_answers(str(target), run_config(llama, tmp_path / "made", rounds=2), folder)
+    assert written.parent == folder
+
+    moved = shutil.copytree(target, tmp_path / "elsewhere" / "llama")  # another path and mtime: the same bytes
+    notes = []
+    read, answers, _ = run_prepare(llama, tmp_path / "fresh", rounds=2, target=moved, on_progress=lambda p: notes.append(p.note))
+    assert answers == 80 and "80 of the 80 answers ship with Specscope" in notes
+    assert not any(n and n.startswith("the target writes") for n in notes)
+    assert mx.array_equal(read.tokens, whole.tokens).item() and mx.array_equal(read.labels, whole.labels).item()
+    notes = []  # three per prompt asked: the shipped two, then only the third round answered
+    run_prepare(llama, tmp_path / "three", rounds=3, target=moved, on_progress=lambda p: notes.append(p.note))
+    assert "80 of the 120 answers ship with Specscope" in notes and "the target writes 40 of 120 answers (3 per prompt)" in notes
+
+    weights = next(moved.glob("*.safetensors"))
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1  # the same size: hashed, and refused
+    weights.write_bytes(bytes(data))
+    notes = []
+    run_prepare(llama, tmp_path / "changed", rounds=2, target=moved, on_progress=lambda p: notes.append(p.note))
+    assert "the target writes 80 of 80 answers (2 per prompt)" in notes
 
 
 def test_answer_positions_start_after_each_prompt(llama, tmp_path):
