@@ -27,6 +27,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from app.launch import preload_cpu_libraries  # noqa: E402
+
+preload_cpu_libraries()  # the process environment `specscope` runs in (the few-row kernel, OpenBLAS)
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
