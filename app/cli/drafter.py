@@ -53,8 +53,9 @@ def parser() -> Parser:
                    help="uniform noise on the target's hidden state in training (default 0; EAGLE uses 0.1)")
     p.add_argument("--feature-weight", type=float, default=0.0,
                    help="weight of a feature regression beside the token loss (default 0 = off; EAGLE uses 10)")
-    p.add_argument("--soft-labels", action="store_true",
-                   help="learn the target's distribution over the draft vocabulary, not only its greedy token (EAGLE)")
+    p.add_argument("--soft-labels", action=argparse.BooleanOptionalAction, default=True,
+                   help="learn the target's distribution over the draft vocabulary (default; EAGLE); "
+                        "--no-soft-labels: only its greedy token")
     p.add_argument("--feature-layers", type=feature_layers, default=None, metavar="I,J|auto|none",
                    help="target layers the drafter reads beside the final state (EAGLE-3's fused features; "
                         "default auto: layers 1, n/2-1 and n-4 of n)")

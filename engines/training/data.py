@@ -11,10 +11,11 @@ Sequences come from two places, and nothing leaves the machine:
 
 Teacher forcing (`features`) runs the target once over each padded batch of sequences: that
 one forward gives, for every position, the final-norm hidden state (the drafter's input), the
-K/V of the layer the drafter reads, and the label -- the target's own greedy next token
-(self-distillation with hard labels, which is what acceptance at T=0 measures; DistillSpec,
-Zhou et al. 2024, finds the target's own outputs the data that matters). No generation is
-needed for text files, so it is fast.
+K/V of the layer the drafter reads, and the label -- the target's own greedy next token (what
+acceptance at T=0 measures, and the hard label of training without soft labels; the soft
+label, the target's distribution, comes from the final state through its head at training
+time; DistillSpec, Zhou et al. 2024, finds the target's own outputs the data that matters).
+No generation is needed for text files, so it is fast.
 """
 
 from __future__ import annotations

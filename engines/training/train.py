@@ -13,11 +13,12 @@
 The chained loss (training-time test, EAGLE-3, Li et al. 2025): depth 1 reads the target's
 hidden state h_{t-1} and embeds token t; depth d reads the drafter's own depth d-1 output
 instead, so the drafter learns from the states it will really be fed when it drafts several
-tokens in a row. Every depth learns the target's greedy token at its position (hard labels:
-what acceptance at T=0 measures); EAGLE's recipe -- the target's distribution over the draft
-vocabulary (soft labels), its hidden state there (feature regression, Li et al. 2024) and
-noise on the hidden state read -- is there as options (TrainConfig), not the default: it did
-not measure better here (see TrainConfig.noise) -- see chained_loss; depth d weighted 0.8^(d-1)
+tokens in a row. Every depth learns the target's distribution over the draft vocabulary at
+its position (soft labels, EAGLE; TrainConfig.soft_labels: on SmolLM2 they beat the target's
+greedy token as a hard label, 51% against 49% at depth 1 in real decoding); the rest of EAGLE's
+recipe -- the target's hidden state there (feature regression, Li et al. 2024) and noise on the
+hidden state read -- is there as options (TrainConfig), not the default: it did not measure
+better here (see TrainConfig.noise) -- see chained_loss; depth d weighted 0.8^(d-1)
 (our choice: later depths matter only if the earlier ones were accepted). The K/V a depth-d
 query reads stop at position t-d, where the chain's first token sits -- exactly what the
 drafter sees in the chat engine (mtp.MTPProposer: fixed query position, the target cache
@@ -96,16 +97,20 @@ class TrainConfig:
     warmup: int = 20
     # EAGLE (Li et al. 2024, sec. 4): uniform noise U(-noise, noise) on the target's hidden
     # state the drafter reads, so it learns to draft from states a little off the target's --
-    # which is what it reads at depths 2+ (its own outputs). Off by default, like the two
-    # below: with all three the tiny llama's drafter was accepted 0.17 against 0.27 without
-    # (tests/engines/training/test_trained_drafter.py), and on SmolLM2 real decoding at depth 1
-    # was 24% either way (docs/benchmarks.md): not measured better here, so not the default.
+    # which is what it reads at depths 2+ (its own outputs). Off by default, like the feature
+    # regression below: with both and soft labels the tiny llama's drafter was accepted 0.17
+    # against 0.27 without (tests/engines/training/test_trained_drafter.py), and on SmolLM2 real
+    # decoding at depth 1 was 24% either way (docs/benchmarks.md, session 9).
     noise: float = 0.0
     # the loss at each depth (see chained_loss): cross-entropy against the target's own
-    # distribution over the draft vocabulary (soft labels) + feature_weight x SmoothL1 between
-    # the drafter's state and the target's (EAGLE's L_reg + 0.1 L_cls is this with weight 10);
-    # soft_labels=False: the target's greedy token as a hard label
-    soft_labels: bool = False
+    # distribution over the draft vocabulary (soft labels; EAGLE, DistillSpec) + feature_weight x
+    # SmoothL1 between the drafter's state and the target's (EAGLE's L_reg + 0.1 L_cls is this
+    # with weight 10); soft_labels=False: the target's greedy token as a hard label. Soft by
+    # default: alone (session 9 measured them only with the other two), on SmolLM2's 690 x 4
+    # answers in 15 minutes, real decoding accepted 51.0% at depth 1 against 49.0% with hard
+    # labels, 52.4% against 51.5% teacher-forced on the bench's answers -- in 2,447 steps against
+    # 2,811 (the target's distribution costs a product over the draft vocabulary per row)
+    soft_labels: bool = True
     feature_weight: float = 0.0
     draft_vocab: int = 4096  # the head over the 4096 most frequent labels (92% of SmolLM2's
     # held-out labels; 8192: 95%) costs half of 8192's, in training and in drafting
@@ -621,7 +626,8 @@ def model_card(target, target_path, config, sources, feats, held, step, train_s,
         "acceptance_by_depth": [round(a, 4) for a in acceptance],
         "acceptance_note": "held-out, teacher-forced, answer positions only: share of chain starts whose drafts 1..d all equal the target's greedy tokens",
         "method": "one decoder layer over [target final hidden state; next token embedding], the target's K/V and "
-                  "LM head; self-distillation on the target's greedy labels; chained depths (EAGLE, EAGLE-3, "
+                  "LM head; self-distillation on the target's " + ("distribution (soft labels)" if config.soft_labels
+                  else "greedy tokens (hard labels)") + "; chained depths (EAGLE, EAGLE-3, "
                   "Gemma 4 assistant); see engines/training/train.py",
     }
 

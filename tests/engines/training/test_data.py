@@ -166,12 +166,15 @@ def test_held_out_acceptance_counts_answer_positions_only(llama, tmp_path):
 
 def test_the_loss_leaves_out_chains_that_start_in_a_prompt(llama, tmp_path):
     """Changing the labels of prompt positions changes nothing the loss counts (chains of depth
-    d that start in the answer read labels from the answer's first position + d - 1 on)."""
+    d that start in the answer read labels from the answer's first position + d - 1 on). With
+    hard labels: they can be changed without touching the drafter's inputs (a soft label is the
+    target's final state through its head, and that state is also what the drafter reads); the
+    mask that leaves the chains out is the same for both."""
     engine, _, prompts = llama
     feats, _, _ = run_prepare(llama, tmp_path / "out")
     target = TargetView.of(engine.model)
     batch = feats.rows(list(range(4)))
-    config = TrainConfig(out=tmp_path, depth=3)
+    config = TrainConfig(out=tmp_path, depth=3, soft_labels=False)
     drafter = Drafter(DrafterArgs.for_target(target, 64))
     drafter.vocab_ids = mx.arange(64, dtype=mx.int32)
     drafter.attach(target)
