@@ -37,7 +37,8 @@ def command(target, prompts, out):
     return [sys.executable, "-c", CLI, "drafter", "train", "--model", str(target), "--prompts", str(prompts),
             "--answer-tokens", "40", "--seq-len", "64", "--steps", str(STEPS), "--lr", "3e-3",
             "--save-every", "10", "--eval-every", str(STEPS), "--depth", "3", "--draft-vocab", "8192",
-            "--answers-per-prompt", "1", "--feature-layers", "none", "--no-decay", "--no-register", "--out", str(out)]  # as trained.config
+            "--answers-per-prompt", "1", "--feature-layers", "none", "--no-decay", "--no-soft-labels", "--no-register",
+            "--out", str(out)]  # as trained.config
 
 
 def checkpoint_step(out) -> int:
