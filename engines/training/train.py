@@ -244,6 +244,12 @@ def default_prompts_files() -> list[Path]:
     return [resources.path("prompts", name) for name in SHIPPED_PROMPTS]
 
 
+def prompt_set(config: TrainConfig) -> tuple[list, list[str]]:
+    """The prompt files a run reads (the shipped sets unless --prompts) and their prompts."""
+    files = default_prompts_files() if config.prompts_file is None else [config.prompts_file] if config.prompts_file else []
+    return files, [p for f in files for p in D.load_prompts(f)]
+
+
 def prepare(target: TargetView, tokenizer, target_path: str, config: TrainConfig, on_progress, should_stop):
     """(Features, answers, sources): the target's answers to the prompts first (`answers` rows),
     then the text files' segments. From OUT/features.safetensors when the same target, data
@@ -251,8 +257,7 @@ def prepare(target: TargetView, tokenizer, target_path: str, config: TrainConfig
     kept batch by batch in OUT/data/answers.json, so a run stopped while the target answers
     resumes where it stopped."""
     texts = D.read_text_files(config.data_files)  # bad files fail now, before any work
-    files = default_prompts_files() if config.prompts_file is None else [config.prompts_file] if config.prompts_file else []
-    prompts = [p for f in files for p in D.load_prompts(f)]
+    files, prompts = prompt_set(config)
     stamp = [target_path, _file_stamp(target_path)]
     out = Path(config.out)
     if config.own_prompts:
@@ -336,12 +341,11 @@ def ship_answers(target_path: str, config: TrainConfig, folder: Path) -> Path:
     """Write the answers a run of `config` kept (OUT/data/answers.json) into `folder` as a
     shipped answers file (data.shipped_answers): a later run on the same model, prompts and
     settings, on any machine, then skips answering. Only whole answer sets are shipped."""
-    files = default_prompts_files() if config.prompts_file is None else [config.prompts_file]
-    prompts = [p for f in files for p in D.load_prompts(f)]
+    _, prompts = prompt_set(config)
     key = answers_cache_key([target_path, _file_stamp(target_path)], prompts, config)
     sampling = answer_sampling(config)
     sequences = D.load_answers(Path(config.out) / "data" / "answers.json", key, sampling, greedy=len(prompts))
-    if len(sequences) != len(prompts) * config.answers_per_prompt or config.own_prompts:
+    if len(sequences) != len(prompts) * config.answers_per_prompt:  # (prompts the target wrote: another key, none)
         raise D.DataError(f"{config.out} holds {len(sequences)} answers of this model to these prompts, "
                           f"not the {len(prompts) * config.answers_per_prompt} asked")
     model = D.model_files(target_path)
