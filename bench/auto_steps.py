@@ -56,13 +56,17 @@ def main() -> None:
     context = engine.tokenizer.encode(" ".join(sets["copy-heavy"]))[:256]
     latency = forward_latency(engine.model, context)
     cal = calibrate(engine, sets["copy-heavy"], SpecConfig("ngram", 5), args.max_tokens)
-    profile = Profile(machine_id(), engine.model_path, "ngram", "", latency, cal.draft_s, cal.acceptance, len(context))
+    profile = Profile(machine_id(), engine.model_path, "ngram", "", latency, cal.draft_s, cal.acceptance, len(context),
+                      replayed=cal.replayed.record())
     profile.save(profile_file(folder, engine.model_path, "ngram"))
     expected = rates(profile.latency().at, profile.draft_s, profile.acceptance, 7)
     print(f"tune: {time.perf_counter() - t0:.0f} s; forward ms by width "
           + " ".join(f"{w}:{s * 1000:.0f}" for w, s in sorted(latency.items()))
           + "; acceptance " + " ".join(f"{a:.2f}" for a in cal.acceptance)
-          + f"; expected tok/s by k " + " ".join(f"{r:.1f}" for r in expected), flush=True)
+          + f"; expected tok/s by k " + " ".join(f"{r:.1f}" for r in expected)
+          + "; replayed tok/s by k " + " ".join(f"{t / s:.1f}" for t, s in
+                                                 (cal.replayed.per_round(k, profile.latency().at) for k in range(8))),
+          flush=True)
 
     configs = {f"steps {k}": SpecConfig("ngram", k) for k in range(1, 8)}
     configs["plain"] = SpecConfig("off", 0)

@@ -131,8 +131,8 @@ class ChatEngine:
     _drafts: dict[str, LoadedModel] = field(default_factory=dict)
     _hash: str | None = None
     _composed_costs: dict[tuple[str, str], Any] = field(default_factory=dict)  # (method, drafter) -> DraftingCosts
-    _auto_seen: dict[tuple, tuple[Any, Any, Any]] = field(default_factory=dict)  # --steps auto: (method, drafter, ...)
-    # -> (StepCosts of whole rounds, PositionAcceptance, Probes) over the requests so far
+    _auto_seen: dict[tuple, tuple[Any, Any, Any, Any]] = field(default_factory=dict)  # --steps auto: (method,
+    # drafter, ...) -> (StepCosts of whole rounds, PositionAcceptance, Probes, Rounds) over the requests so far
 
     # -- construction ------------------------------------------------------------------------
     @classmethod
@@ -259,14 +259,16 @@ class ChatEngine:
         """--steps auto starts from what earlier requests with this drafter showed: what its
         rounds cost by width (the machine's, not the prompt's: kept as composed drafting keeps
         DraftingCosts, so only the first request pays to find them -- the fallback's rounds at the
-        spec's steps, the narrow widths tried), its acceptance by position, as the prior, and the
-        pace of its probes one draft deeper (engines/speculative/tuning.py)."""
-        from engines.speculative.tuning import PositionAcceptance, Probes, round_costs
+        spec's steps, the narrow widths tried), its acceptance by position, as the prior, the
+        pace of its probes one draft deeper, and (n-gram) every fixed k's rounds replayed on their
+        outputs, the prior where there is no profile (engines/speculative/tuning.py)."""
+        from engines.speculative.tuning import PositionAcceptance, Probes, Rounds, round_costs
 
         spec = request.spec
         key = (spec.method, spec.draft_model or self.draft_path or "", spec.compose_ngram, request.sampling.greedy,
                auto.max_steps)
-        auto.attach(*self._auto_seen.setdefault(key, (round_costs(), PositionAcceptance(auto.max_steps), Probes())))
+        auto.attach(*self._auto_seen.setdefault(key, (round_costs(), PositionAcceptance(auto.max_steps), Probes(),
+                                                      Rounds(auto.max_steps))))
 
     def _speculation(self, request: Request) -> tuple[Proposer | None, list[Any], str | None]:
         """The proposer and the target's cache for this run, or plain decoding and the reason

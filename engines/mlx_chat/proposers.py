@@ -122,6 +122,8 @@ class NGramProposer:
 
     def start(self, ctx: ProposerContext) -> None:
         self.index.reset(ctx.tokens)
+        if self.auto is not None:  # the first round's position: auto replays every fixed k from here
+            self.auto.passed(self.index.propose(self.auto.max_steps), len(ctx.tokens))
 
     def propose(self, ctx: ProposerContext, k: int) -> Draft:
         if self.auto is not None:  # the k drafts are the first k of the continuation
@@ -133,9 +135,14 @@ class NGramProposer:
         return Draft(mx.array(drafts, dtype=mx.uint32)) if drafts else EMPTY
 
     def commit(self, ctx: ProposerContext) -> None:
-        self.index.extend(ctx.tokens[len(self.index.tokens):])  # only accepted tokens enter
-        if self.auto is not None:
-            self.auto.score(ctx.tokens)
+        new = ctx.tokens[len(self.index.tokens):]  # only accepted tokens enter
+        if self.auto is None:
+            self.index.extend(new)
+            return
+        for token in new:  # auto replays every fixed k: it needs the lookup at every position
+            self.index.extend([token])
+            self.auto.passed(self.index.propose(self.auto.max_steps), len(self.index.tokens))
+        self.auto.score(ctx.tokens)
 
 
 class DraftModelProposer:

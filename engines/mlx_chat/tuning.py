@@ -17,7 +17,7 @@ from engines.types import Request, ShouldStop, SpecConfig
 from engines.mlx_chat.cache import cache_arrays, make_rollback_cache, rollback
 from engines.mlx_chat.prefill import feed_prompt
 from engines.speculative.schedule import MAX_STEPS
-from engines.speculative.tuning import Profile, machine_id
+from engines.speculative.tuning import Profile, Rounds, machine_id, replay_text
 
 WIDTHS = range(1, MAX_STEPS + 2)  # 1 (plain) .. 1 + MAX_STEPS drafts
 # The batch's forwards (engines/batch): B sequences of w tokens each. The batch controller
@@ -67,6 +67,7 @@ class Calibration:
     draft_s: float  # seconds per drafted token, as the host timed it around drafting
     rounds: int
     round_s: float = 0.0  # a round of MAX_STEPS drafts, settle to settle (median)
+    replayed: Rounds | None = None  # n-gram: every fixed k's rounds replayed on the outputs (tuning.replay_text)
 
 
 def calibrate(engine, prompts: list[str], spec: SpecConfig, max_tokens: int,
@@ -78,12 +79,16 @@ def calibrate(engine, prompts: list[str], spec: SpecConfig, max_tokens: int,
     spec = SpecConfig(**{**spec.__dict__, "steps": MAX_STEPS, "adaptive": False, "auto": False, "profile": None})
     reached, accepted = [0] * MAX_STEPS, [0] * MAX_STEPS
     draft_s, drafted, rounds, walls = 0.0, 0, 0, []
+    replayed = Rounds(MAX_STEPS) if spec.method == "ngram" else None
     for i, prompt in enumerate(prompts):
         if on_prompt is not None:
             on_prompt(i, len(prompts))
-        for rnd in engine.generate(Request(prompt=prompt, max_tokens=max_tokens, spec=spec), should_stop):
+        request = Request(prompt=prompt, max_tokens=max_tokens, spec=spec)
+        output = []
+        for rnd in engine.generate(request, should_stop):
             if rnd.finish == "cancelled":
                 raise TuneCancelled
+            output += rnd.tokens
             if rnd.prefill or not rnd.proposed:
                 continue
             rounds += 1
@@ -97,9 +102,12 @@ def calibrate(engine, prompts: list[str], spec: SpecConfig, max_tokens: int,
                     accepted[j] += 1
                 else:
                     break
+        if replayed is not None:  # what each fixed k would have done on this output (the lookup is the text's)
+            prompt_ids = engine._prompt_ids(request)
+            replayed.merge(replay_text(prompt_ids + output, len(prompt_ids) + 1, MAX_STEPS, spec.ngram_min, spec.ngram_max))
     acceptance = [(a + 0.5) / (r + 1) for a, r in zip(accepted, reached)]  # half a round of prior: no 0/0
     return Calibration(acceptance, reached, draft_s / drafted if drafted else 0.0, rounds,
-                       statistics.median(walls) if walls else 0.0)
+                       statistics.median(walls) if walls else 0.0, replayed)
 
 
 def drafting_s(cal: Calibration, latency: dict[int, float]) -> float:
@@ -145,5 +153,5 @@ def measure(engine, spec: SpecConfig, prompts: list[str], max_tokens: int = 256,
                                                             f"{MAX_STEPS} drafts per round: prompt {i + 1} of {n}")))
     profile = Profile(machine=machine_id(), model=engine.model_path, method=spec.method, drafter=spec.draft_model or "",
                       target_s=latency, draft_s=drafting_s(cal, latency), acceptance=cal.acceptance,
-                      context=len(tokens), batch_s=batch_s)
+                      context=len(tokens), batch_s=batch_s, replayed=cal.replayed.record() if cal.replayed else {})
     return profile, cal

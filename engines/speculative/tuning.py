@@ -140,6 +140,9 @@ class Profile:
     acceptance: list[float]  # by draft position 1..: P(accepted | the positions before it were)
     context: int = 0  # tokens in the cache while the latency curve was measured
     batch_s: dict[int, dict[int, float]] = field(default_factory=dict)  # B -> width -> seconds (B sequences)
+    # n-gram: every fixed k's rounds replayed on the calibration set's outputs (Rounds.record());
+    # a run's prior where it has one ({} in profiles of model drafters, and before this was stored)
+    replayed: dict = field(default_factory=dict)
     created: float = field(default_factory=time.time)
     version: int = PROFILE_VERSION
 
@@ -166,6 +169,7 @@ class Profile:
             profile = cls.read(path)
             if profile.version != PROFILE_VERSION or not profile.target_s or not profile.acceptance:
                 raise ValueError("an older or empty profile")
+            profile.replayed_rounds()  # parses, or says why not
         except FileNotFoundError:
             raise ProfileError(f"no tuning profile at {path}: run `specscope tune` for this model") from None
         except (OSError, ValueError, TypeError, KeyError) as e:
@@ -177,6 +181,9 @@ class Profile:
             raise ProfileError(f"tuning profile {path} is for {profile.model} with {profile.method} "
                                f"{profile.drafter}".rstrip() + "; run `specscope tune` for this one")
         return profile
+
+    def replayed_rounds(self) -> "Rounds | None":
+        return Rounds.of(self.replayed) if self.replayed else None
 
     def latency(self) -> StepCosts:
         costs = StepCosts()
@@ -275,6 +282,148 @@ class PositionAcceptance:
 
 
 @dataclass
+class Rounds:
+    """Per fixed k = 0..max_steps, what a run at k did: the tokens its rounds made and its rounds
+    by width (1 + the drafts the lookup found, up to k). A request's replay counts into one; the
+    chat engine keeps one across requests, and a profile stores the calibration set's."""
+
+    max_steps: int
+    tokens: list[int] = field(default_factory=list)
+    widths: list[dict[int, int]] = field(default_factory=list)
+
+    def __post_init__(self):
+        self.tokens = self.tokens or [0] * (self.max_steps + 1)
+        self.widths = self.widths or [{} for _ in range(self.max_steps + 1)]
+
+    def add(self, k: int, width: int, made: int) -> None:
+        self.tokens[k] += made
+        self.widths[k][width] = self.widths[k].get(width, 0) + 1
+
+    def merge(self, other: "Rounds") -> None:
+        for k, (made, widths) in enumerate(zip(other.tokens, other.widths)):
+            self.tokens[k] += made
+            for width, n in widths.items():
+                self.widths[k][width] = self.widths[k].get(width, 0) + n
+
+    def per_round(self, k: int, latency: Callable[[int], float]) -> tuple[float, float] | None:
+        """(tokens, seconds) of an average round at k, priced at `latency`; None before any."""
+        if k >= len(self.widths) or not self.widths[k]:
+            return None
+        rounds = sum(self.widths[k].values())
+        return self.tokens[k] / rounds, sum(n * latency(w) for w, n in self.widths[k].items()) / rounds
+
+    def record(self) -> dict:
+        return {"tokens": list(self.tokens), "widths": [{str(w): n for w, n in by.items()} for by in self.widths]}
+
+    @classmethod
+    def of(cls, record: dict) -> "Rounds":
+        """From `record()`'s JSON; ValueError when it is not that."""
+        try:
+            widths = [{int(w): int(n) for w, n in by.items()} for by in record["widths"]]
+            tokens = [int(t) for t in record["tokens"]]
+        except (AttributeError, TypeError, KeyError, ValueError) as e:
+            raise ValueError(f"replayed rounds: {e!r}") from None
+        if len(tokens) != len(widths) or not tokens:
+            raise ValueError("replayed rounds: not one count of tokens per k")
+        return cls(len(widths) - 1, tokens, widths)
+
+
+@dataclass
+class Replay:
+    """What every fixed k would have done on this run's output so far, for n-gram lookup.
+
+    The lookup is a function of the text alone, and the text is the same whatever k drafted it
+    (lossless), so a run at k is replayed exactly from the continuation found at each position
+    and how far the output shows it held: a round at position p drafts min(k, found) tokens,
+    keeps the `hits` of them that held, and the next round starts after those and the target's
+    own token. Per k, a cursor walks the output as a run at k would have rounded it, counting its
+    rounds (`rounds`, and `kept`: the engine's, across requests); `rates` prices them at this
+    machine's costs now. Why not expected tokens from the acceptance by position (`rates`): that
+    is measured at the round starts of the k this run drafted, and a run at another k starts its
+    rounds elsewhere -- a run at 7 crosses a long copy in one round and then starts its rounds
+    where nothing copies. At T > 0 the output is one sample of the target's: it shows a draft as
+    held with the chance that draft is accepted."""
+
+    max_steps: int
+    kept: Rounds | None = None  # earlier requests' (the chat engine keeps it): counted into as well
+    rounds: Rounds = field(init=False)
+    found: dict[int, list[int]] = field(default_factory=dict)  # position -> continuation looked up there
+    hits: dict[int, int] = field(default_factory=dict)  # position -> how many of it held (once shown)
+    cursors: list[int] = field(default_factory=list)  # per k: where a run at k starts its next round
+
+    def __post_init__(self):
+        self.rounds = Rounds(self.max_steps)
+
+    def lookup(self, at: int, found: list[int]) -> None:
+        """The continuation the lookup finds when the output is `at` tokens long (every position,
+        not only round starts: a run at another k starts its rounds there)."""
+        if not self.cursors:
+            self.cursors = [at] * (self.max_steps + 1)
+        if at not in self.found and at >= min(self.cursors):
+            self.found[at] = list(found[: self.max_steps])
+            if not found:
+                self.hits[at] = 0
+
+    def score(self, tokens: list[int]) -> None:
+        """Resolve the continuations the output `tokens` now shows (a miss, or all of them
+        held), then move every k's cursor over the rounds that are now known."""
+        for at, found in self.found.items():
+            if at in self.hits:
+                continue
+            shown = tokens[at : at + len(found)]
+            held = next((i for i, (f, t) in enumerate(zip(found, shown)) if f != t), len(shown))
+            if held < len(shown) or len(shown) == len(found):
+                self.hits[at] = held
+        for k, at in enumerate(self.cursors):
+            while at in self.hits:
+                drafted = min(k, len(self.found[at]))
+                kept = min(self.hits[at], drafted)
+                for tally in (self.rounds, self.kept):
+                    if tally is not None:
+                        tally.add(k, 1 + drafted, kept + 1)
+                at += kept + 1
+            self.cursors[k] = at
+        behind = min(self.cursors, default=0)  # positions no cursor will visit again
+        for at in [a for a in self.found if a < behind]:
+            del self.found[at]
+            self.hits.pop(at, None)
+
+    def rates(self, latency: Callable[[int], float], prior: Rounds | None, acceptance: list[float],
+              weight: float) -> tuple[list[float], list[float]]:
+        """(tokens per second, tokens per round) for k = 0..max_steps: each k's replayed rounds
+        priced at `latency` (a whole round by its width), beside `weight` average rounds of the
+        prior -- replayed rounds (the profile's calibration set, earlier requests), else what the
+        `acceptance` by position expects of k -- which decide alone before the output shows anything."""
+        out_rates, out_tokens = [], []
+        for k in range(self.max_steps + 1):
+            made, seconds = (prior.per_round(k, latency) if prior is not None else None) or \
+                (expected_tokens(acceptance, k), latency(1 + k))
+            here = self.rounds.per_round(k, latency)
+            n = sum(self.rounds.widths[k].values())
+            if here is not None:
+                made, seconds = (n * here[0] + weight * made) / (n + weight), (n * here[1] + weight * seconds) / (n + weight)
+            out_rates.append(made / seconds)
+            out_tokens.append(made)
+        return out_rates, out_tokens
+
+
+def replay_text(tokens: list[int], start: int, max_steps: int, n_min: int = 1, n_max: int = 4) -> Rounds:
+    """Every fixed k's rounds of n-gram lookup over a finished text (`tokens`, generated from
+    `start` on): what `specscope tune` stores, so a run's prior is what each k made on the
+    calibration set rather than what the acceptance by position expects of it."""
+    from engines.speculative.ngram import NGramProposer as NGramIndex
+
+    index = NGramIndex(n_min, n_max)
+    index.reset(tokens[:start])
+    replay = Replay(max_steps)
+    for at in range(start, len(tokens)):
+        replay.lookup(at, index.propose(max_steps))
+        index.extend([tokens[at]])
+    replay.score(tokens)
+    return replay.rounds
+
+
+@dataclass
 class Probes:
     """When the next probe one draft deeper comes (PROBE_AFTER, PROBE_MAX). The chat engine keeps
     it across requests with the costs and the acceptance it helps measure: a request of 45
@@ -338,15 +487,26 @@ class AutoSteps:
     # the output as it arrives (`continuation`, `score`), not from the drafts alone
     pending: list[tuple[int, list[int]]] = field(default_factory=list)  # (output length then, continuation)
     continuations: bool = False
+    # n-gram lookup: what each fixed k would have made of the output so far (`passed`, Replay),
+    # which prices k instead of the acceptance by position once the lookup is seen at every position;
+    # its prior: the profile's replayed calibration set, else earlier requests' (`attach`: kept,
+    # counted into, and as it was when this request started)
+    replay: Replay | None = None
+    kept: Rounds | None = None
+    kept_before: Rounds | None = None
+    profile_rounds: Rounds | None = None  # the profile's, parsed once
 
     def __post_init__(self):
         self.seen = PositionAcceptance(self.max_steps)
 
-    def attach(self, costs: StepCosts, history: "PositionAcceptance", probes: Probes | None = None) -> None:
+    def attach(self, costs: StepCosts, history: "PositionAcceptance", probes: Probes | None = None,
+               kept: Rounds | None = None) -> None:
         """Start from what earlier requests with this drafter showed (the chat engine keeps
-        them): the rounds' costs, their acceptance by position as the prior, and the pace of
-        the probes."""
+        them): the rounds' costs, their acceptance by position as the prior, the pace of
+        the probes, and (n-gram) every fixed k's rounds replayed on their outputs."""
         self.costs, self.history = costs, history
+        if kept is not None:
+            self.kept, self.kept_before = kept, Rounds.of(kept.record())
         self.probes = probes if probes is not None else self.probes
         self.draft_warm = bool(costs.seconds)  # the drafter warmed up in an earlier request
         if any(history.reached):
@@ -435,8 +595,14 @@ class AutoSteps:
             return None
         latency = self.latency()
         acceptance = self.acceptance()
-        self.last_rates = rates(latency.at, 0.0, acceptance, self.max_steps)  # drafting is in the rounds' prices
-        self.last_tokens = [expected_tokens(acceptance, k) for k in range(self.max_steps + 1)]
+        if self.replay is not None:  # n-gram: each fixed k replayed on this run's output (Replay)
+            if self.profile is not None and self.profile_rounds is None and self.profile.replayed:
+                self.profile_rounds = self.profile.replayed_rounds()
+            prior = self.profile_rounds if self.profile is not None and self.profile_rounds else self.kept_before
+            self.last_rates, self.last_tokens = self.replay.rates(latency.at, prior, acceptance, PRIOR_ROUNDS)
+        else:
+            self.last_rates = rates(latency.at, 0.0, acceptance, self.max_steps)  # drafting is in the rounds' prices
+            self.last_tokens = [expected_tokens(acceptance, k) for k in range(self.max_steps + 1)]
         k = max(range(len(self.last_rates)), key=self.last_rates.__getitem__)
         if self.shallow:
             return self.shallow.pop()
@@ -464,10 +630,20 @@ class AutoSteps:
         self.continuations = True
         if found:
             self.pending.append((at, list(found)))
+        self.passed(found, at)
+
+    def passed(self, found: list[int], at: int) -> None:
+        """n-gram lookup found `found` at a position the output reached, whether a round started
+        there or not: what a run at another k would have drafted there (`Replay`)."""
+        if self.replay is None:
+            self.replay = Replay(self.max_steps, kept=self.kept)
+        self.replay.lookup(at, found)
 
     def score(self, tokens: list[int]) -> None:
         """Count the continuations whose fate the output `tokens` now shows: their first miss,
         or all of them held."""
+        if self.replay is not None:
+            self.replay.score(tokens)
         waiting = []
         for at, found in self.pending:
             shown = tokens[at : at + len(found)]

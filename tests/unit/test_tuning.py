@@ -11,8 +11,8 @@ import statistics
 import pytest
 
 from engines.speculative.schedule import MAX_STEPS, DraftSchedule
-from engines.speculative.tuning import (AutoSteps, Profile, ProfileError, best_k, expected_tokens, machine_id,
-                                        profile_file, rates)
+from engines.speculative.tuning import (AutoSteps, PositionAcceptance, Probes, Profile, ProfileError, Rounds, best_k,
+                                        expected_tokens, machine_id, profile_file, rates, round_costs)
 from engines.types import SpecConfig
 
 
@@ -276,6 +276,100 @@ def test_n_gram_continuations_measure_every_position_whatever_k_was():
     wrong.continuation([5, 0, 0], at=5)  # a miss at position 2 is final as soon as it shows
     wrong.score(out[:7])
     assert wrong.pending == [] and wrong.seen.reached[:3] == [1, 1, 0] and wrong.seen.accepted[:2] == [1, 0]
+
+
+def held_by_text(kind: str, n: int) -> list[int]:
+    """How many tokens of the n-gram continuation found at each position the output shows held."""
+    if kind == "deep drafts fail":
+        return [1] * n
+    if kind == "copies, then not":  # 12 positions that copy (to the copy's end), 6 that do not
+        return [min(7, 12 - i % 18) if i % 18 < 12 else 0 for i in range(n)]
+    if kind == "long copies":
+        return [7] * n
+    return [0] * n
+
+
+CPU_FEW_ROWS = {1: 1.0, 2: 1.0, 3: 1.36, 4: 1.36, 5: 1.6, 6: 1.7, 7: 1.8, 8: 1.8}  # this CPU's shape (session 17)
+
+
+@pytest.mark.parametrize("kind", ["deep drafts fail", "copies, then not", "long copies", "nothing"])
+@pytest.mark.parametrize("machine", [*MACHINES, "this cpu"])
+def test_n_gram_auto_picks_the_fixed_k_that_would_have_paid_on_the_output_so_far(machine, kind):
+    """With the lookup seen at every position, auto replays every fixed k on the output (Replay)
+    and picks the one a run at that k would have been fastest with -- checked against walking the
+    output round by round at each k -- whatever the profile's hopeful acceptance said."""
+    latency = MACHINES.get(machine) or CPU_FEW_ROWS.get
+    n = 400
+    held = held_by_text(kind, n + 8)
+    out = list(range(n + 8))
+
+    def found(p):  # the continuation looked up at p: what held, then wrong tokens, 7 in all
+        return [] if kind == "nothing" else out[p:p + held[p]] + [-1] * (7 - held[p])
+
+    def walked(k):  # a run at k, round by round: its tokens per second
+        p, made, seconds = 0, 0, 0.0
+        while p < n - 8:
+            drafted = min(k, len(found(p)))
+            kept = min(held[p], drafted)
+            made, seconds, p = made + kept + 1, seconds + latency(1 + drafted), p + kept + 1
+        return made / seconds
+
+    profile = Profile(machine_id(), "/m", "ngram", "", {w: latency(w) for w in range(1, 9)}, 0.0, [0.95] * 7)
+    auto = AutoSteps(MAX_STEPS, profile=profile)
+    for p in range(n):
+        auto.passed(found(p), p)
+        auto.score(out[:p + 1])
+    auto.choose()
+    pick = max(range(MAX_STEPS + 1), key=auto.last_rates.__getitem__)
+    truth = [walked(k) for k in range(MAX_STEPS + 1)]
+    assert truth[pick] >= 0.99 * max(truth), (pick, truth)
+
+
+def replayed_where_3_pays() -> Rounds:
+    """Every fixed k's rounds on a calibration set where drafts hold for three tokens, then miss."""
+    rounds = Rounds(MAX_STEPS)
+    for k in range(MAX_STEPS + 1):
+        for _ in range(20):
+            rounds.add(k, 1 + k, 1 + min(k, 3))
+    return rounds
+
+
+def test_the_profiles_replayed_rounds_are_n_gram_autos_prior_and_a_corrupt_one_is_refused(tmp_path):
+    """Before a run's output shows anything, n-gram auto prices k by what each fixed k did on the
+    calibration set (the profile's replayed rounds), not by what the acceptance by position
+    expects (here a hopeful 0.95 at every position: k = 7 on this machine)."""
+    latency = CPU_FEW_ROWS.get
+    hopeful = Profile(machine_id(), "/m", "ngram", "", dict(CPU_FEW_ROWS), 0.0, [0.95] * 7,
+                      replayed=replayed_where_3_pays().record())
+    path = tmp_path / "profile.json"
+    hopeful.save(path)
+    loaded = Profile.load(path, "/m", "ngram")
+    assert loaded.replayed_rounds() == replayed_where_3_pays()
+    auto = AutoSteps(MAX_STEPS, profile=loaded)
+    auto.passed([1, 2, 3], at=10)  # the lookup seen, the output not yet
+    assert auto.choose() == 3
+    assert best_k(latency, 0.0, [0.95] * 7, MAX_STEPS) == 7  # what the acceptance alone would pick
+    data = json.loads(path.read_text())
+    data["replayed"] = {"tokens": [1, 2], "widths": "nonsense"}
+    path.write_text(json.dumps(data))
+    with pytest.raises(ProfileError) as e:
+        Profile.load(path, "/m", "ngram")
+    assert "unreadable" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_without_a_profile_n_gram_auto_starts_from_earlier_requests_replayed_rounds():
+    """The chat engine keeps every fixed k's replayed rounds across requests (attach): a later
+    request without a profile starts where they say k pays, and its own rounds are counted in."""
+    kept = replayed_where_3_pays()
+    auto = AutoSteps(MAX_STEPS)
+    auto.attach(round_costs(), PositionAcceptance(MAX_STEPS), Probes(), kept)
+    for w, seconds in CPU_FEW_ROWS.items():
+        auto.costs.observe(w, seconds)
+    out = list(range(20))
+    auto.passed([0, 1, 2, 3, 4, 5, 6], at=0)  # holds for 7
+    assert auto.choose() == 3
+    auto.score(out[:8])
+    assert kept.tokens[7] == 20 * 4 + 8 and auto.kept_before.tokens[7] == 20 * 4  # counted in; the prior as it was
 
 
 # -- a drafter with depth-2 overlap on a CPU (issue 26: auto drafted 2.4 a round for a drafter

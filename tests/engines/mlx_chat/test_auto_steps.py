@@ -131,9 +131,57 @@ def test_ngram_auto_measures_deep_positions_from_whole_continuations(engines, tm
     ks = chosen()
     engine._auto_seen.clear()  # the second run starts where the first did
     monkeypatch.setattr(AutoSteps, "continuation", lambda self, found, at: None)  # the drafts alone
+    monkeypatch.setattr(AutoSteps, "passed", lambda self, found, at: None)  # (and no replay of other k)
     drafts_only = chosen()
     assert ks[0] <= 1 and drafts_only[0] <= 1
     assert sum(ks) > 1.3 * sum(drafts_only), (ks, drafts_only)
+
+
+def test_ngram_auto_replays_every_fixed_k_round_for_round(engines, monkeypatch):
+    """n-gram auto replays, from the lookup at every position, what each fixed k would have done
+    on the run's output (tuning.Replay): at every choice, for every k, the rounds it counts are
+    those of a real run at that k -- the same tokens, round boundaries and widths. `specscope
+    tune` replays a finished text the same way (tuning.replay_text)."""
+    from engines.speculative.tuning import AutoSteps, replay_text
+
+    engine = engines["llama"]
+    max_tokens = 100
+    snapshots, runs = [], []
+    choose = AutoSteps.choose
+
+    def snapshotting(self):
+        if self.replay is not None:
+            snapshots.append((list(self.replay.rounds.tokens), [dict(w) for w in self.replay.rounds.widths]))
+        runs[-1:] = [self]
+        return choose(self)
+
+    monkeypatch.setattr(AutoSteps, "choose", snapshotting)
+    engine._auto_seen.clear()
+    request = Request(prompt=COPY, max_tokens=max_tokens, spec=SpecConfig("ngram", 3, auto=True))
+    rounds = list(engine.generate(request))
+    auto = tokens(rounds)
+    engine._auto_seen.clear()
+    # the fixed runs' last rounds are cut to the tokens left: compare before them
+    made, widths = next(s for s in reversed(snapshots) if max(s[0]) <= max_tokens - 2 * MAX_STEPS)
+    assert min(made) >= max_tokens // 2  # the replay kept up with the output
+    drafted = 0
+    for k in range(1, MAX_STEPS + 1):
+        fixed = list(engine.generate(Request(prompt=COPY, max_tokens=max_tokens, spec=SpecConfig("ngram", k))))
+        assert tokens(fixed) == auto
+        counted, seen = 0, Counter()
+        for r in (r for r in fixed if not r.prefill):
+            if counted == made[k]:
+                break
+            counted += len(r.tokens)
+            seen[1 + r.proposed] += 1
+        assert counted == made[k], (k, counted, made[k])  # a round boundary of the real run at k
+        assert seen == Counter(widths[k]), (k, seen, widths[k])
+        drafted += sum(n * (w - 1) for w, n in widths[k].items())
+    assert drafted > 0  # the lookup found continuations: widths past 1 were compared
+    # the run's replay last scored the output before its final round (no commit after it)
+    prompt_ids = engine._prompt_ids(request)
+    offline = replay_text(prompt_ids + auto[: len(auto) - len(rounds[-1].tokens)], len(prompt_ids) + 1, MAX_STEPS)
+    assert (offline.tokens, offline.widths) == (runs[0].replay.rounds.tokens, runs[0].replay.rounds.widths)
 
 
 def test_the_kept_round_costs_follow_the_load_across_requests(engines, monkeypatch):
@@ -157,7 +205,7 @@ def test_the_kept_round_costs_follow_the_load_across_requests(engines, monkeypat
     spec = SpecConfig("ngram", 3, auto=True)
     try:
         list(engine.generate(Request(prompt=COPY, max_tokens=80, spec=spec)))
-        [(costs, _, _)] = engine._auto_seen.values()
+        [(costs, *_)] = engine._auto_seen.values()
         quiet = dict(costs.seconds)
         assert {3, 4} <= set(quiet)
         load[0], script[0] = 2.0, itertools.repeat(1)

@@ -23,6 +23,10 @@ def test_tune_writes_the_profile_auto_uses(engines, llama_dir, tmp_path, monkeyp
     assert set(map(int, out["target_s"])) == set(range(1, 9)) and len(out["acceptance"]) == 7
     assert {int(b): sorted(map(int, w)) for b, w in out["batch_s"].items()} == {b: [1, 2, 4, 8] for b in (2, 4, 8)}
     assert all(0 < a < 1 for a in out["acceptance"])
+    # every fixed k's rounds replayed on the calibration outputs: k = 0 is one token a round
+    replayed = out["replayed"]
+    assert len(replayed["tokens"]) == 8 and replayed["widths"][0] == {"1": replayed["tokens"][0]}
+    assert sum(replayed["widths"][7].values()) < sum(replayed["widths"][0].values())  # the lookup held somewhere
     profile = Profile.load(out["path"], out["model"], "ngram")
     # the run finds it by itself: --steps auto's folder of profiles
     from app.cli.common import profiles_dir
