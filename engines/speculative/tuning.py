@@ -31,6 +31,12 @@ consequences, each a fix of what made auto over-draft a drafter trained here for
   dear as the narrowest: the fallback starts deep and probes go deeper, so the flat price kept
   k = 1 (and plain rounds) from ever being chosen, hence measured.
 
+N-gram lookup is priced another way (`Replay`): its continuation is a function of the text, and
+the text is the same whatever k drafted it, so the lookup at every position of the output shows
+exactly what each fixed k would have done -- its rounds, their widths, the tokens they made --
+and each k is priced by those rounds at the costs now. `specscope tune` stores the calibration
+set's replayed rounds as the prior (`Profile.replayed`); without a profile, earlier requests'.
+
 A profile is JSON; one from another machine or model, or one that does not parse, is ignored
 with one line (`ProfileError`) and the run goes on without it.
 """

@@ -154,7 +154,7 @@ def cheap(width: int) -> float:
 
 
 def test_tune_writes_the_profile_the_next_auto_run_uses(qtbot, make_window, monkeypatch):
-    from engines.speculative.tuning import AutoSteps
+    from engines.speculative.tuning import AutoSteps, Rounds
 
     # the runs' rounds cost what `cheap` says (Tune… measures this machine): Auto's choices then
     # follow what the runs show at T=0, the same on every machine -- priced by this machine's
@@ -206,10 +206,14 @@ def test_tune_writes_the_profile_the_next_auto_run_uses(qtbot, make_window, monk
     assert list(telemetry.break_even_curve.yData) == pytest.approx([level, level])
     assert telemetry.legend_names()["position"][-1] in (f"break-even k={k}", f"k={k} never pays")
 
-    # a profile that expected verifying wide to cost little and nearly every draft to hold: Auto
-    # starts at the deepest k and comes down as the run's own rounds show the drafts failing
+    # a profile that expected verifying wide to cost little and nearly every draft to hold (n-gram:
+    # its calibration set's replayed rounds kept every draft at every k): Auto starts at the
+    # deepest k and comes down as the run's own rounds show the drafts failing
+    every_draft_held = Rounds(7)
+    for k in range(8):
+        every_draft_held.add(k, 1 + k, 1 + k)
     hopeful = Profile(**{**saved, "target_s": {w: cheap(w) for w in range(1, 9)},
-                         "acceptance": [0.99] * len(saved["acceptance"])})
+                         "acceptance": [0.99] * len(saved["acceptance"]), "replayed": every_draft_held.record()})
     hopeful.save(path)
     rec = auto_run(qtbot, window)
     decode = [r for r in rec.rounds if not r.prefill]
