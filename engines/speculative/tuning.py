@@ -344,11 +344,11 @@ class Replay:
     keeps the `hits` of them that held, and the next round starts after those and the target's
     own token. Per k, a cursor walks the output as a run at k would have rounded it, counting its
     rounds (`rounds`, and `kept`: the engine's, across requests); `rates` prices them at this
-    machine's costs now. Why not expected tokens from the acceptance by position (`rates`): that
-    is measured at the round starts of the k this run drafted, and a run at another k starts its
-    rounds elsewhere -- a run at 7 crosses a long copy in one round and then starts its rounds
-    where nothing copies. At T > 0 the output is one sample of the target's: it shows a draft as
-    held with the chance that draft is accepted."""
+    machine's costs now. Why not expected tokens from the acceptance by position (the module's
+    `rates`): that is measured at the round starts of the k this run drafted, and a run at another
+    k starts its rounds elsewhere -- a run at 7 crosses a long copy in one round and then starts
+    its rounds where nothing copies. At T > 0 the output is one sample of the target's: it shows a
+    draft as held with the chance that draft is accepted."""
 
     max_steps: int
     kept: Rounds | None = None  # earlier requests' (the chat engine keeps it): counted into as well
