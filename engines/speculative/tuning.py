@@ -636,7 +636,6 @@ class AutoSteps:
         self.continuations = True
         if found:
             self.pending.append((at, list(found)))
-        self.passed(found, at)
 
     def passed(self, found: list[int], at: int) -> None:
         """n-gram lookup found `found` at a position the output reached, whether a round started
