@@ -6,7 +6,9 @@ answers only, never on the user's text, and over their answer positions only."""
 import json
 
 import mlx.core as mx
+import mlx.nn as nn
 import pytest
+from mlx.utils import tree_flatten
 
 from engines.mlx_chat.engine import ChatEngine
 from engines.mlx_chat.drafter import Drafter, DrafterArgs, TargetView
@@ -241,3 +243,40 @@ def test_the_target_writes_prompts_of_its_own_answers_them_and_resumes(talker, t
     assert 0 < len(kept) < 40 and kept == written[: len(kept)]
     resumed, _, _ = prepare_own(talker, tmp_path / "stopped")
     assert mx.array_equal(resumed.tokens, feats.tokens).item()  # seeded by (seed, the prompts so far)
+
+
+def test_the_soft_label_loss_and_its_gradient_are_the_cross_entropy_to_the_targets_distribution(llama, tmp_path):
+    """The soft-label loss (train.soft_cross_entropy: one exp pass, its gradient from the softmax
+    it kept) equals -sum(teacher * log_softmax(drafts)) at each depth's answer rows, the teacher
+    being the target's own distribution at the same position, with the same gradient."""
+    engine, _, _ = llama
+    feats, _, _ = run_prepare(llama, tmp_path / "out")
+    target = TargetView.of(engine.model)
+    batch = feats.rows(list(range(4)))
+    config = TrainConfig(out=tmp_path, depth=3, soft_labels=True)
+    mx.random.seed(3)
+    drafter = Drafter(DrafterArgs.for_target(target, 64))
+    drafter.vocab_ids = mx.arange(64, dtype=mx.int32)
+    drafter.freeze(keys=["vocab_ids"])
+    drafter.attach(target)
+
+    def written_out(_, key):
+        L = batch.tokens.shape[1]
+        teacher = mx.softmax(drafter.sub_logits(batch.hidden[..., -drafter.args.hidden_size:]), axis=-1)
+        total = 0.0
+        for d, h in depth_outputs(drafter, batch, config.depth):
+            t = mx.arange(d, L)  # the positions of this depth's rows; the chain starts at t - d + 1
+            keep = (t[None, :] < batch.lengths[:, None]) & ((t - d + 1)[None, :] >= batch.starts[:, None])
+            loss = -(teacher[:, d:] * nn.log_softmax(drafter.sub_logits(h), axis=-1)).sum(-1)
+            total = total + 0.8 ** (d - 1) * (loss * keep).sum() / keep.sum()
+        return total / sum(0.8 ** (d - 1) for d in range(1, config.depth + 1))
+
+    key = mx.random.key(0)
+    loss, grads = nn.value_and_grad(drafter, lambda b, k: chained_loss(drafter, b, config, k))(batch, key)
+    want, want_grads = nn.value_and_grad(drafter, written_out)(batch, key)
+    assert abs(loss.item() - want.item()) < 1e-4 * abs(want.item())
+    flat, want_flat = dict(tree_flatten(grads)), dict(tree_flatten(want_grads))
+    assert flat.keys() == want_flat.keys() and flat
+    for name, g in flat.items():
+        scale = mx.abs(want_flat[name]).max().item()
+        assert scale > 0 and mx.abs(g - want_flat[name]).max().item() < 1e-3 * scale, name
