@@ -246,9 +246,10 @@ def test_the_target_writes_prompts_of_its_own_answers_them_and_resumes(talker, t
 
 
 def test_the_soft_label_loss_and_its_gradient_are_the_cross_entropy_to_the_targets_distribution(llama, tmp_path):
-    """The soft-label loss (train.soft_cross_entropy: one exp pass, its gradient from the softmax
-    it kept) equals -sum(teacher * log_softmax(drafts)) at each depth's answer rows, the teacher
-    being the target's own distribution at the same position, with the same gradient."""
+    """The soft-label loss (chained_loss, soft_labels=True) equals -sum(teacher *
+    log_softmax(drafts)) over each depth's rows of chains that start in an answer, the teacher
+    being the target's own distribution at the same position, with the same gradient: written
+    out here apart from chained_loss's row skipping (`first`) and padding cut."""
     engine, _, _ = llama
     feats, _, _ = run_prepare(llama, tmp_path / "out")
     target = TargetView.of(engine.model)
