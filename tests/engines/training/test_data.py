@@ -269,8 +269,8 @@ def test_the_soft_label_loss_and_its_gradient_are_the_cross_entropy_to_the_targe
             t = mx.arange(d, L)  # the positions of this depth's rows; the chain starts at t - d + 1
             keep = (t[None, :] < batch.lengths[:, None]) & ((t - d + 1)[None, :] >= batch.starts[:, None])
             loss = -(teacher[:, d:] * nn.log_softmax(drafter.sub_logits(h), axis=-1)).sum(-1)
-            total = total + 0.8 ** (d - 1) * (loss * keep).sum() / keep.sum()
-        return total / sum(0.8 ** (d - 1) for d in range(1, config.depth + 1))
+            total = total + train.DEPTH_DECAY ** (d - 1) * (loss * keep).sum() / keep.sum()
+        return total / sum(train.DEPTH_DECAY ** (d - 1) for d in range(1, config.depth + 1))
 
     key = mx.random.key(0)
     loss, grads = nn.value_and_grad(drafter, lambda b, k: chained_loss(drafter, b, config, k))(batch, key)
