@@ -56,6 +56,9 @@ def parser() -> Parser:
     p.add_argument("--soft-labels", action=argparse.BooleanOptionalAction, default=True,
                    help="learn the target's distribution over the draft vocabulary (default; EAGLE); "
                         "--no-soft-labels: only its greedy token")
+    p.add_argument("--teacher-k", type=int, default=32, metavar="K",
+                   help="soft labels as the target's K most likely draft tokens per position, computed once "
+                        "(default 32; 0: the whole distribution over the draft vocabulary, every step)")
     p.add_argument("--feature-layers", type=feature_layers, default=None, metavar="I,J|auto|none",
                    help="target layers the drafter reads beside the final state (EAGLE-3's fused features; "
                         "default auto: layers 1, n/2-1 and n-4 of n)")
@@ -97,6 +100,8 @@ def train(args) -> int:
         value = getattr(args, name)
         if value is not None and value <= 0:
             raise UsageError(f"--{name.replace('_', '-')} must be positive")
+    if args.teacher_k < 0:
+        raise UsageError("--teacher-k must be 0 or more")
     if args.own_prompts < 0:
         raise UsageError("--own-prompts must be 0 or more")
     read_text_files(args.data)  # an empty or unreadable file is said now, before the model loads
@@ -115,7 +120,7 @@ def train(args) -> int:
                          draft_vocab=args.draft_vocab, save_every=args.save_every, eval_every=args.eval_every,
                          noise=args.noise, feature_weight=args.feature_weight, soft_labels=args.soft_labels,
                          feature_layers=args.feature_layers, dropout=args.dropout, weight_decay=args.weight_decay,
-                         decay=args.decay)
+                         decay=args.decay, teacher_k=args.teacher_k)
     model_id = args.model or DEFAULT_MODEL
     target = target_path(model_id)
     from engines.mlx_chat.loading import load_model

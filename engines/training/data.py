@@ -51,6 +51,11 @@ class Features:
     # [N] int32: each row's first answer position (0 for a text segment). Not stored with the
     # features: train.prepare recomputes it from the prompts (answer_starts).
     starts: mx.array | None = None
+    # the soft labels kept once per run (train.teacher_top_k), or None: [N, L, k] the target's
+    # k most likely tokens at each position, as indices into the drafter's vocabulary, and
+    # their probabilities renormalised over those k (float16)
+    teacher_ids: mx.array | None = None
+    teacher_probs: mx.array | None = None
 
     @property
     def size(self) -> int:
@@ -60,15 +65,19 @@ class Features:
         """Those rows, the states in float32 (they are stored in float16, see `features`)."""
         idx = mx.array(index, dtype=mx.int32)
         f32 = lambda a: a[idx].astype(mx.float32)
+        pick = lambda a, dtype: None if a is None else a[idx].astype(dtype)
         return Features(self.tokens[idx], self.lengths[idx], f32(self.hidden), self.labels[idx],
-                        f32(self.keys), f32(self.values), None if self.starts is None else self.starts[idx])
+                        f32(self.keys), f32(self.values), pick(self.starts, mx.int32),
+                        pick(self.teacher_ids, mx.int32), pick(self.teacher_probs, mx.float32))
 
     def columns(self, stop: int) -> "Features":
         """Positions 0..stop-1 of every row."""
         if stop >= self.tokens.shape[1]:
             return self
+        cut = lambda a: None if a is None else a[:, :stop]
         return Features(self.tokens[:, :stop], self.lengths, self.hidden[:, :stop], self.labels[:, :stop],
-                        self.keys[:, :, :stop], self.values[:, :, :stop], self.starts)
+                        self.keys[:, :, :stop], self.values[:, :, :stop], self.starts,
+                        cut(self.teacher_ids), cut(self.teacher_probs))
 
     def arrays(self) -> dict[str, mx.array]:
         return {k: getattr(self, k) for k in ("tokens", "lengths", "hidden", "labels", "keys", "values")}

@@ -3,7 +3,8 @@
     prepare    the target's own answers to the prompt sets + the user's text -> sequences;
                one teacher-forced target forward per batch -> Features (data.py), kept in
                OUT/features.safetensors so a resumed run does not redo them
-    init       the drafter (seeded), its vocabulary = the K most frequent labels
+    init       the drafter (seeded), its vocabulary = the K most frequent labels; the soft
+               labels, the target's top 32 draft tokens per position (teacher_top_k), once
     loop       a batch of sequences (chosen by (seed, step) alone) -> the chained loss ->
                Adam; every `save_every` steps (and at the end, and on cancel) a checkpoint;
                every `eval_every` steps held-out acceptance by depth
@@ -117,6 +118,13 @@ class TrainConfig:
     # labels, 52.4% against 51.5% teacher-forced on the bench's answers -- in 2,447 steps against
     # 2,811 (the target's distribution costs a product over the draft vocabulary per row)
     soft_labels: bool = True
+    # the soft labels as the target's k most likely draft tokens per position, renormalised,
+    # computed once per run (teacher_top_k) instead of the whole distribution over the draft
+    # vocabulary every step (a product and a softmax over it per row, where MLX's CPU exp is
+    # scalar); 0 = the whole distribution every step. On SmolLM2, 800 steps with the same seed
+    # and batches: a step 0.81x the time, held-out depth 1 46.4% against 46.6%, teacher-forced
+    # on the bench's answers 48.3% against 48.4% (docs/benchmarks.md, session 20)
+    teacher_k: int = 32
     feature_weight: float = 0.0
     draft_vocab: int = 4096  # the head over the 4096 most frequent labels (92% of SmolLM2's
     # held-out labels; 8192: 95%) costs half of 8192's, in training and in drafting
@@ -180,6 +188,13 @@ def train(target_model, tokenizer, target_path: str, config: TrainConfig,
     train_rows, held = split(feats.size, answers, sources["prompt_count"], config.held_out, config.seed)
 
     drafter, opt, state = init_or_resume(target, feats, config, out)
+    if config.soft_labels and config.teacher_k:
+        t = time.perf_counter()
+        k = min(config.teacher_k, drafter.args.draft_vocab)
+        on_progress(Progress(state["step"], config.steps, 0.0, None, 0.0, None, "features",
+                             f"the target's {k} most likely draft tokens at each of {feats.size} sequences' positions"))
+        feats.teacher_ids, feats.teacher_probs = teacher_top_k(drafter, feats, k, config.batch)
+        prepare_s += time.perf_counter() - t
     loss_and_grad = nn.value_and_grad(drafter, lambda b, key: chained_loss(drafter, b, config, key))
     acceptance = state.get("acceptance") or []
     loss_avg = state.get("loss")
@@ -483,6 +498,29 @@ def init_or_resume(target: TargetView, feats: D.Features, config: TrainConfig, o
     return drafter, opt, state
 
 
+def teacher_top_k(drafter: Drafter, feats: D.Features, k: int, batch: int) -> tuple[mx.array, mx.array]:
+    """The soft labels of every position, once: the target's k most likely tokens of the
+    drafter's vocabulary ([N, L, k] uint16 indices into it) and their probabilities under the
+    target's distribution over that vocabulary, renormalised over the k (float16). The drafter's
+    vocabulary is fixed before this (draft_vocabulary) and the target's head is frozen, so these
+    are the labels chained_loss would compute each step, less the tail past the k-th token.
+    Keeping a teacher's top-k probabilities is the usual way to distil from a cache; Anshumann et
+    al. 2025 ("Sparse Logit Sampling") show it biased (the tail's mass goes to the top k) and
+    sample the labels instead -- on SmolLM2 it measured level with the whole distribution at
+    depth 1 (TrainConfig.teacher_k), which is what a draft is accepted on at T=0."""
+    ids, probs = [], []
+    d = drafter.args.hidden_size
+    for i in range(0, feats.size, batch):
+        final = feats.hidden[i:i + batch, :, -d:].astype(mx.float32)
+        logits = drafter.sub_logits(final)
+        top = mx.argpartition(-logits, kth=k - 1, axis=-1)[..., :k]
+        p = mx.softmax(mx.take_along_axis(logits, top, axis=-1), axis=-1)  # renormalised over the k
+        ids.append(top.astype(mx.uint16))
+        probs.append(p.astype(mx.float16))
+        mx.eval(ids[-1], probs[-1])
+    return mx.concatenate(ids), mx.concatenate(probs)
+
+
 def depth_outputs(drafter: Drafter, batch: D.Features, depth: int, hidden: mx.array | None = None, first: int = 0):
     """The chain over a batch, all positions at once: yields (d, states [B, L-d-first, D]) where
     row j is position t = first + j + d, whose label is batch.labels[:, t]. `hidden`: the target's
@@ -526,9 +564,10 @@ def chained_loss(drafter: Drafter, batch: D.Features, config: TrainConfig, key: 
     final = batch.hidden[..., -drafter.args.hidden_size:]  # the final-norm state (the features end with it)
     if config.noise:
         hidden = hidden + mx.random.uniform(-config.noise, config.noise, hidden.shape, key=key)
-    if config.soft_labels:
+    kept = config.soft_labels and batch.teacher_ids is not None  # the top-k soft labels, computed once
+    if config.soft_labels and not kept:
         teacher = mx.softmax(drafter.sub_logits(final), axis=-1)  # over the draft vocabulary, renormalised
-    else:
+    elif not config.soft_labels:
         lookup = mx.full((drafter.args.vocab_size,), -1, dtype=mx.int32)
         lookup = lookup.at[drafter.vocab_ids].add(mx.arange(drafter.vocab_ids.size, dtype=mx.int32) + 1)
         sub = lookup[batch.labels]
@@ -540,7 +579,11 @@ def chained_loss(drafter: Drafter, batch: D.Features, config: TrainConfig, key: 
         if batch.starts is not None:  # only chains that start in an answer, as in chat (see above)
             # position t's depth-d draft belongs to the chain that starts at t - d + 1
             real_d = real_d & ((mx.arange(first + d, L) - d + 1)[None, :] >= batch.starts[:, None])
-        if config.soft_labels:
+        if kept:  # -sum_k p_k log softmax(logits)_k with sum_k p_k = 1
+            keep = real_d
+            picked = mx.take_along_axis(logits, batch.teacher_ids[:, at], axis=-1)
+            loss = mx.logsumexp(logits, axis=-1) - (batch.teacher_probs[:, at] * picked).sum(-1)
+        elif config.soft_labels:
             keep = real_d
             loss = -(teacher[:, at] * nn.log_softmax(logits, axis=-1)).sum(-1)
         else:

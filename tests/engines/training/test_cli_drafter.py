@@ -54,6 +54,12 @@ def test_negative_own_prompts_is_one_line(llama, tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+def test_a_negative_teacher_k_is_one_line(llama, tmp_path, capsys):
+    assert main(args(*llama, tmp_path / "out", "--teacher-k", "-1", "--steps", "1")) == 2
+    assert "--teacher-k must be 0 or more" in one_line(capsys)
+    assert not (tmp_path / "out").exists()
+
+
 def test_an_unreadable_data_file_is_one_line(llama, tmp_path, capsys):
     missing = tmp_path / "missing.txt"
     assert main(args(*llama, tmp_path / "out", "--data", str(missing), "--steps", "1")) == 2

@@ -281,3 +281,48 @@ def test_the_soft_label_loss_and_its_gradient_are_the_cross_entropy_to_the_targe
     for name, g in flat.items():
         scale = mx.abs(want_flat[name]).max().item()
         assert scale > 0 and mx.abs(g - want_flat[name]).max().item() < 1e-3 * scale, name
+
+
+def test_soft_labels_kept_once_are_the_targets_top_k_and_give_the_every_step_loss_when_k_is_the_vocabulary(llama, tmp_path):
+    """train.teacher_top_k keeps, per position, the target's k most likely draft tokens and
+    their renormalised probabilities; with k = the whole draft vocabulary, chained_loss on the
+    kept labels equals (value and gradient) the loss that recomputes the distribution each step,
+    and with k = 4 it is the cross-entropy to the top-4 distribution written out."""
+    engine, _, _ = llama
+    feats, _, _ = run_prepare(llama, tmp_path / "out")
+    target = TargetView.of(engine.model)
+    mx.random.seed(3)
+    drafter = Drafter(DrafterArgs.for_target(target, 64))
+    drafter.vocab_ids = mx.arange(64, dtype=mx.int32)
+    drafter.freeze(keys=["vocab_ids"])
+    drafter.attach(target)
+    config = TrainConfig(out=tmp_path, depth=2, soft_labels=True)
+    key = mx.random.key(0)
+    grad = lambda b: nn.value_and_grad(drafter, lambda bb, k: chained_loss(drafter, bb, config, k))(b, key)
+    every_step = grad(feats.rows(list(range(4))))
+
+    feats.teacher_ids, feats.teacher_probs = train.teacher_top_k(drafter, feats, 64, batch=3)
+    batch = feats.rows(list(range(4)))
+    assert batch.teacher_ids.shape == (4, batch.tokens.shape[1], 64)
+    kept = grad(batch)
+    assert abs(kept[0].item() - every_step[0].item()) < 1e-3 * abs(every_step[0].item())
+    want = dict(tree_flatten(every_step[1]))
+    for name, g in tree_flatten(kept[1]):
+        scale = mx.abs(want[name]).max().item()
+        assert scale > 0 and mx.abs(g - want[name]).max().item() < 2e-2 * scale, name
+
+    feats.teacher_ids, feats.teacher_probs = train.teacher_top_k(drafter, feats, 4, batch=4)
+    batch = feats.rows(list(range(4)))
+    full = mx.softmax(drafter.sub_logits(batch.hidden[..., -drafter.args.hidden_size:]), axis=-1)
+    top = mx.sort(full, axis=-1)[..., -4:]  # the 4 largest probabilities, renormalised
+    assert mx.allclose(mx.sort(batch.teacher_probs, axis=-1), top / top.sum(-1, keepdims=True), atol=2e-3).item()
+    teacher = mx.put_along_axis(mx.zeros_like(full), batch.teacher_ids, batch.teacher_probs, axis=-1)
+    L = batch.tokens.shape[1]
+    total = 0.0
+    for d, h in depth_outputs(drafter, batch, config.depth):
+        t = mx.arange(d, L)
+        keep = (t[None, :] < batch.lengths[:, None]) & ((t - d + 1)[None, :] >= batch.starts[:, None])
+        loss = -(teacher[:, d:] * nn.log_softmax(drafter.sub_logits(h), axis=-1)).sum(-1)
+        total = total + train.DEPTH_DECAY ** (d - 1) * (loss * keep).sum() / keep.sum()
+    want = total / (1 + train.DEPTH_DECAY)
+    assert abs(grad(batch)[0].item() - want.item()) < 1e-4 * abs(want.item())
