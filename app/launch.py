@@ -11,6 +11,12 @@ off on it. When the system's OpenBLAS is installed (scripts/setup installs it on
 process re-executes itself once with it preloaded, so MLX's BLAS calls go to OpenBLAS. macOS is
 untouched (Metal / Accelerate).
 
+OpenBLAS picks its kernels by the CPU's model number, and one too new for it (Debian 12's 0.3.21
+on a Xeon of family 6 model 207) gets its generic SSE3 kernels ("Prescott"): a 2048x2048 product
+at 60 GFLOP/s instead of 300, every training step and prompt 2.8x slower. So the launcher asks
+the library which kernels it chose, and on that fallback names the ones the CPU's flags allow
+(OPENBLAS_CORETYPE), unless the user set it.
+
 The preload is for MLX only. torch carries its own BLAS (MKL, linked into libtorch_cpu), but
 its calls to sgemm_ / sgemv_ go through the dynamic linker like any other, so a preloaded
 OpenBLAS takes them over too: GLM-OCR's float32 decode, one row through 1536 x 9216 linears,
@@ -63,10 +69,47 @@ def cpu_libraries(environ: Mapping[str, str] = os.environ) -> list[str]:
     return libs + ([blas] if blas else [])
 
 
+# OpenBLAS's x86-64 kernel sets, best first, with the instructions each needs (its names, as
+# OPENBLAS_CORETYPE takes them). Prescott is its generic fallback, SSE3 only.
+OPENBLAS_KERNELS = [
+    ("SkylakeX", {"avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl"}),
+    ("Haswell", {"avx2", "fma"}),
+]
+
+
+def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> set[str]:
+    try:
+        with open(cpuinfo) as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def openblas_core(library: str) -> str:
+    """The kernel set a DYNAMIC_ARCH OpenBLAS chose for this CPU ("" when it cannot say)."""
+    try:
+        get_corename = ctypes.CDLL(library).openblas_get_corename
+    except (OSError, AttributeError):
+        return ""
+    get_corename.restype = ctypes.c_char_p
+    return (get_corename() or b"").decode()
+
+
+def better_openblas_kernels(core: str, flags: set[str]) -> str | None:
+    """The kernels to ask for when OpenBLAS fell back to its generic ones on a CPU with better."""
+    if core.lower() != "prescott":
+        return None
+    return next((name for name, needs in OPENBLAS_KERNELS if needs <= flags), None)
+
+
 def cpu_environment(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
     """What `environ` (this process's) lacks to run MLX on the CPU as `specscope` runs it:
     LD_PRELOAD with `cpu_libraries()` (the kernel ahead of the BLAS it hands on to) and, with
-    the kernel, OPENBLAS_THREAD_TIMEOUT=4 unless set. OpenBLAS's idle threads spin for 2^28
+    the kernel, OPENBLAS_THREAD_TIMEOUT=4 unless set; OPENBLAS_CORETYPE when OpenBLAS does not
+    know this CPU (see the module's docstring). OpenBLAS's idle threads spin for 2^28
     cycles (~0.1 s) after each threaded call before they sleep; once the kernel takes decoding's
     products, OpenBLAS's are only the big ones (a prompt) and its spinning threads hold the core
     the Python thread needs between forwards: SmolLM2 decoded 25 tok/s plain and 25 with one
@@ -76,6 +119,11 @@ def cpu_environment(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
     libs = cpu_libraries(environ)
     missing = [lib for lib in libs if lib not in preloaded]
     changes = {"LD_PRELOAD": ":".join(missing + preloaded)} if missing else {}
+    openblas = [lib for lib in missing if "/cpu_gemm-" not in lib]
+    if openblas and "OPENBLAS_CORETYPE" not in environ:
+        kernels = better_openblas_kernels(openblas_core(openblas[0]), cpu_flags())
+        if kernels:
+            changes["OPENBLAS_CORETYPE"] = kernels
     if any("/cpu_gemm-" in lib for lib in libs) and "OPENBLAS_THREAD_TIMEOUT" not in environ:
         changes["OPENBLAS_THREAD_TIMEOUT"] = "4"
     return changes

@@ -8,12 +8,12 @@ import sys
 
 import pytest
 
-from app.launch import system_openblas
+from app.launch import better_openblas_kernels, cpu_flags, system_openblas
 from engines.mlx_chat import cpu_gemm
 
 CODE = ("from app.launch import preload_cpu_libraries; preload_cpu_libraries(); import os; "
         "print(os.environ.get('LD_PRELOAD', '')); print(os.environ.get('OPENBLAS_THREAD_TIMEOUT', ''))")
-OPT_OUTS = ("LD_PRELOAD", "SPECSCOPE_NO_OPENBLAS", "SPECSCOPE_SMALL_GEMM", "OPENBLAS_THREAD_TIMEOUT")
+OPT_OUTS = ("LD_PRELOAD", "SPECSCOPE_NO_OPENBLAS", "SPECSCOPE_SMALL_GEMM", "OPENBLAS_THREAD_TIMEOUT", "OPENBLAS_CORETYPE")
 
 
 @pytest.mark.skipif(sys.platform != "linux" or system_openblas() is None, reason="no system OpenBLAS to preload")
@@ -31,6 +31,32 @@ def test_reexecs_once_with_openblas_preloaded():
     out = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, check=True,
                          env=env | {"OPENBLAS_THREAD_TIMEOUT": "20"})
     assert out.stdout.split("\n")[1] == "20"
+
+
+def test_openblas_kernels_named_only_on_its_generic_fallback():
+    avx512 = {"avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl", "avx2", "fma", "sse3"}
+    assert better_openblas_kernels("Prescott", avx512) == "SkylakeX"
+    assert better_openblas_kernels("Prescott", {"avx2", "fma", "sse3"}) == "Haswell"
+    assert better_openblas_kernels("Prescott", {"sse3", "ssse3"}) is None  # it is the best there
+    assert better_openblas_kernels("Cooperlake", avx512) is None  # OpenBLAS knew the CPU
+
+
+CORE = ("from app.launch import openblas_core, preload_cpu_libraries, system_openblas; "
+        "preload_cpu_libraries(); print(openblas_core(system_openblas()))")
+
+
+@pytest.mark.skipif(sys.platform != "linux" or system_openblas() is None, reason="no system OpenBLAS to preload")
+def test_openblas_runs_kernels_this_cpu_has():
+    """Debian 12's OpenBLAS takes a CPU newer than it knows for an SSE3 one (5x slower products)."""
+    env = {k: v for k, v in os.environ.items() if k not in OPT_OUTS}
+    core = subprocess.run([sys.executable, "-c", CORE], capture_output=True, text=True, env=env,
+                          check=True).stdout.strip()
+    assert core
+    assert better_openblas_kernels(core, cpu_flags()) is None
+    # kernels the user named are theirs
+    core = subprocess.run([sys.executable, "-c", CORE], capture_output=True, text=True, check=True,
+                          env=env | {"OPENBLAS_CORETYPE": "Prescott"}).stdout.strip()
+    assert core == "Prescott"
 
 
 def test_opt_out():
