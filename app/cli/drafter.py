@@ -56,16 +56,16 @@ def parser() -> Parser:
     p.add_argument("--soft-labels", action=argparse.BooleanOptionalAction, default=True,
                    help="learn the target's distribution over the draft vocabulary (default; EAGLE); "
                         "--no-soft-labels: only its greedy token")
-    p.add_argument("--teacher-k", type=int, default=32, metavar="K",
+    p.add_argument("--teacher-k", type=int, default=128, metavar="K",
                    help="soft labels as the target's K most likely draft tokens per position, computed once "
-                        "(default 32; 0: the whole distribution over the draft vocabulary, every step)")
+                        "(default 128; 0: the whole distribution over the draft vocabulary, every step)")
     p.add_argument("--feature-layers", type=feature_layers, default=None, metavar="I,J|auto|none",
                    help="target layers the drafter reads beside the final state (EAGLE-3's fused features; "
                         "default auto: layers 1, n/2-1 and n-4 of n)")
     p.add_argument("--dropout", type=float, default=0.0, help="dropout in the drafter's layer while training (default 0)")
     p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay (default 0: Adam)")
     p.add_argument("--save-every", type=int, default=50, help="checkpoint every N steps (default 50)")
-    p.add_argument("--eval-every", type=int, default=50, help="held-out acceptance every N steps (default 50)")
+    p.add_argument("--eval-every", type=int, default=200, help="held-out acceptance every N steps (default 200)")
     p.add_argument("--no-register", action="store_true", help="do not pair the drafter with the model in the catalog")
     return p
 

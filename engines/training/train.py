@@ -4,10 +4,11 @@
                one teacher-forced target forward per batch -> Features (data.py), kept in
                OUT/features.safetensors so a resumed run does not redo them
     init       the drafter (seeded), its vocabulary = the K most frequent labels; the soft
-               labels, the target's top 32 draft tokens per position (teacher_top_k), once
+               labels, the target's top 128 draft tokens per position (teacher_top_k), once
     loop       a batch of sequences (chosen by (seed, step) alone) -> the chained loss ->
                Adam; every `save_every` steps (and at the end, and on cancel) a checkpoint;
-               every `eval_every` steps held-out acceptance by depth
+               every `eval_every` steps held-out acceptance by depth (on a few held-out
+               sequences, counted in the run's minutes; at the end on all of them)
     publish    OUT/config.json + model.safetensors + card.json + README.md: a drafter that
                `--spec mtp --draft-model OUT` runs
 
@@ -55,6 +56,10 @@ from engines.mlx_chat.drafter import Drafter, DrafterArgs, TargetView, default_f
 from engines.training import data as D
 
 EVAL_DEPTH = 5  # acceptance is reported for depths 1..5
+# held-out sequences the progress's acceptance is measured on (the card's: all of them). All 69
+# of SmolLM2's took 14 s here, as long as ~40 steps: every 50 steps, they would have added ~13
+# minutes to a 15-minute run (and were not counted in its minutes)
+PROGRESS_HELD_OUT = 16
 DEPTH_DECAY = 0.8
 
 
@@ -123,8 +128,10 @@ class TrainConfig:
     # vocabulary every step (a product and a softmax over it per row, where MLX's CPU exp is
     # scalar); 0 = the whole distribution every step. On SmolLM2, 800 steps with the same seed
     # and batches: a step 0.81x the time, held-out depth 1 46.4% against 46.6%, teacher-forced
-    # on the bench's answers 48.3% against 48.4% (docs/benchmarks.md, session 20)
-    teacher_k: int = 32
+    # on the bench's answers 48.3% against 48.4% (docs/benchmarks.md, session 20). In 15 minutes
+    # (~2,750 steps) the top 128 (99.5% of the probability on average) did better than the top 32
+    # (97.6%): teacher-forced 55.1% against 53.7%, real decoding 54.0% against 52.2% (session 21)
+    teacher_k: int = 128
     feature_weight: float = 0.0
     draft_vocab: int = 4096  # the head over the 4096 most frequent labels (92% of SmolLM2's
     # held-out labels; 8192: 95%) costs half of 8192's, in training and in drafting
@@ -137,7 +144,7 @@ class TrainConfig:
     weight_decay: float = 0.0  # AdamW's decoupled decay (0: Adam)
     held_out: float = 0.1  # fraction of sequences kept for acceptance
     save_every: int = 50
-    eval_every: int = 50
+    eval_every: int = 200  # SmolLM2 here: ~5% of the run's time on PROGRESS_HELD_OUT sequences
 
     def record(self) -> dict:
         d = asdict(self)
@@ -211,10 +218,12 @@ def train(target_model, tokenizer, target_path: str, config: TrainConfig,
         opt.update(drafter, grads)
         mx.eval(loss, drafter.parameters(), opt.state)
         step += 1
-        train_s += time.perf_counter() - t
         loss_avg = float(loss) if loss_avg is None else 0.9 * loss_avg + 0.1 * float(loss)
-        if step % config.eval_every == 0 or done(config, step, train_s):
-            acceptance = evaluate(drafter, feats.rows(held), config.batch)
+        if step % config.eval_every == 0 and not done(config, step, train_s + time.perf_counter() - t):
+            acceptance = evaluate(drafter, feats.rows(held[:PROGRESS_HELD_OUT]), config.batch)
+        train_s += time.perf_counter() - t  # the progress's measure counted: --minutes is the user's wait
+        if done(config, step, train_s):
+            acceptance = evaluate(drafter, feats.rows(held), config.batch)  # the card's: the whole held-out set
         if step % config.save_every == 0:
             save_checkpoint(out, drafter, opt, step, train_s, loss_avg, acceptance)
         on_progress(Progress(step, config.steps, loss_avg, acceptance or None, train_s, eta(config, step, train_s)))
@@ -579,10 +588,9 @@ def chained_loss(drafter: Drafter, batch: D.Features, config: TrainConfig, key: 
         if batch.starts is not None:  # only chains that start in an answer, as in chat (see above)
             # position t's depth-d draft belongs to the chain that starts at t - d + 1
             real_d = real_d & ((mx.arange(first + d, L) - d + 1)[None, :] >= batch.starts[:, None])
-        if kept:  # -sum_k p_k log softmax(logits)_k with sum_k p_k = 1
+        if kept:
             keep = real_d
-            picked = mx.take_along_axis(logits, batch.teacher_ids[:, at], axis=-1)
-            loss = mx.logsumexp(logits, axis=-1) - (batch.teacher_probs[:, at] * picked).sum(-1)
+            loss = kept_labels_loss(logits, batch.teacher_ids[:, at], batch.teacher_probs[:, at])
         elif config.soft_labels:
             keep = real_d
             loss = -(teacher[:, at] * nn.log_softmax(logits, axis=-1)).sum(-1)
@@ -595,6 +603,43 @@ def chained_loss(drafter: Drafter, batch: D.Features, config: TrainConfig, key: 
         total = total + w * (loss * keep).sum() / mx.maximum(keep.sum(), 1)
         weights += w
     return total / weights
+
+
+def kept_labels_loss(logits: mx.array, ids: mx.array, probs: mx.array) -> mx.array:
+    """Per row, the cross-entropy to the kept soft labels: -sum_k p_k log softmax(logits)_{ids_k}
+    = logsumexp(logits) - sum_k p_k logits_{ids_k} (the p_k sum to 1). On the CPU through numpy
+    (_kept_labels_loss_cpu), the same function with its own gradient."""
+    if mx.default_device() == mx.cpu and logits.dtype == mx.float32:
+        return _kept_labels_loss_cpu(logits, ids, probs)
+    picked = mx.take_along_axis(logits, ids, axis=-1)
+    return mx.logsumexp(logits, axis=-1) - (probs * picked).sum(-1)
+
+
+# MLX's CPU exp is scalar on x86 (~9 ns a float here; numpy's is vectorised, ~0.4): the
+# logsumexp over the draft vocabulary and the softmax of its gradient took ~120 of a SmolLM2
+# step's ~390 ms, and through numpy a step takes ~275 (bench: docs/benchmarks.md, session 21).
+# A Mac's GPU takes the MLX expression above. The softmax is recomputed for the gradient
+# rather than kept (an exp over the rows costs less than holding them between the passes).
+@mx.custom_function
+def _kept_labels_loss_cpu(logits, ids, probs):
+    x = np.asarray(logits)
+    top = x.max(-1, keepdims=True)
+    lse = top[..., 0] + np.log(np.exp(x - top).sum(-1))
+    picked = np.take_along_axis(x, np.asarray(ids).astype(np.intp), axis=-1)
+    return mx.array(lse - (np.asarray(probs, dtype=np.float32) * picked).sum(-1))
+
+
+@_kept_labels_loss_cpu.vjp
+def _kept_labels_loss_cpu_vjp(primals, cotangent, output):
+    """d/dlogits = cotangent * (softmax(logits) - p at ids); the labels get no gradient."""
+    logits, ids, probs = primals
+    x = np.asarray(logits)
+    grad = np.exp(x - x.max(-1, keepdims=True))
+    grad /= grad.sum(-1, keepdims=True)
+    at = np.asarray(ids).astype(np.intp)
+    np.put_along_axis(grad, at, np.take_along_axis(grad, at, axis=-1) - np.asarray(probs, dtype=np.float32), axis=-1)
+    grad *= np.asarray(cotangent)[..., None]
+    return mx.array(grad), mx.zeros_like(ids), mx.zeros_like(probs)
 
 
 def evaluate(drafter: Drafter, held: D.Features, batch: int) -> list[float]:
@@ -611,24 +656,23 @@ def evaluate(drafter: Drafter, held: D.Features, batch: int) -> list[float]:
     for i in range(0, held.size, batch):
         b = held.rows(list(range(i, min(i + batch, held.size))))
         L = b.tokens.shape[1]
-        lengths = np.array(b.lengths)
+        if L <= EVAL_DEPTH:
+            continue
         labels = np.array(b.labels)
-        first = np.array(b.starts) if b.starts is not None else np.zeros(b.size, int)
-        # correct[d][n, t]: the depth-d draft at position t equals the target's token
-        correct = {}
+        # a chain starts at p (its first token; p >= 1: depth 1 reads h_{p-1}) and its depth-d
+        # draft sits at p + d - 1, so drafted[d - 1, n, p]: that draft is the target's token
+        P = L - EVAL_DEPTH + 1  # the chains that fit in the batch's columns
+        drafted = np.zeros((EVAL_DEPTH, b.size, P), bool)
         for d, h in depth_outputs(drafter, b, EVAL_DEPTH):
-            ids = np.array(drafter.vocab_ids[mx.argmax(drafter.sub_logits(h), axis=-1)])
-            correct[d] = np.zeros((b.size, L), bool)
-            correct[d][:, d:] = ids == labels[:, d:]
-        for n in range(b.size):
-            # a chain starts at p (its first token) and its depth-d draft sits at p + d - 1;
-            # starts from 1 (depth 1 reads h_{p-1}) while the chain stays inside the row
-            for p in range(max(1, int(first[n])), int(lengths[n]) - EVAL_DEPTH + 1):
-                starts += 1
-                ok = True
-                for d in range(1, EVAL_DEPTH + 1):
-                    ok = ok and d in correct and bool(correct[d][n, p + d - 1])
-                    hits[d - 1] += ok
+            ids = np.array(drafter.vocab_ids[mx.argmax(drafter.sub_logits(h), axis=-1)])  # row j: position j + d
+            drafted[d - 1, :, 1:] = ids[:, :P - 1] == labels[:, d:d + P - 1]
+        # from the first answer position, while the chain stays in the row
+        first = np.maximum(1, np.array(b.starts) if b.starts is not None else 0)
+        p = np.arange(P)[None, :]
+        counted = (p >= np.reshape(first, (-1, 1))) & (p < np.array(b.lengths)[:, None] - EVAL_DEPTH + 1)
+        chains = np.logical_and.accumulate(drafted, axis=0)  # depths 1..d all right
+        hits += (chains & counted).sum(axis=(1, 2))
+        starts += int(counted.sum())
     drafter.train(was_training)
     return [float(x) for x in hits / max(starts, 1)]
 

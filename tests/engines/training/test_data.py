@@ -7,6 +7,7 @@ import json
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
@@ -166,6 +167,38 @@ def test_held_out_acceptance_counts_answer_positions_only(llama, tmp_path):
     assert everywhere[0] > 0.1 and answers_only[0] == 0.0, (everywhere, answers_only)
 
 
+def test_held_out_acceptance_is_the_share_of_chains_right_to_each_depth(llama, tmp_path):
+    """evaluate against the chains counted one by one: each position's label rigged to the
+    depth-1, 2 or 3 draft there (or neither), so chains hold to depths 1, 2 and 3 at different
+    rates; a chain starts at an answer position p >= 1 and its depth-d draft sits at p + d - 1."""
+    engine, _, _ = llama
+    feats, _, _ = run_prepare(llama, tmp_path / "out")
+    target = TargetView.of(engine.model)
+    held = feats.rows(list(range(7)))
+    mx.random.seed(5)
+    drafter = Drafter(DrafterArgs.for_target(target, 64)).attach(target)
+    L = held.tokens.shape[1]
+    drafts = {d: np.array(drafter.vocab_ids[mx.argmax(drafter.sub_logits(h), axis=-1)])  # row j: position j + d
+              for d, h in depth_outputs(drafter, held, train.EVAL_DEPTH)}
+    labels = np.array(held.labels)
+    pick = np.random.default_rng(0).choice(4, size=labels.shape, p=[0.45, 0.3, 0.15, 0.1])
+    for d in (1, 2, 3):
+        at = np.nonzero(pick[:, d:] == d - 1)
+        labels[:, d:][at] = drafts[d][at]
+    held.labels = mx.array(labels)
+    hits, starts = np.zeros(train.EVAL_DEPTH), 0
+    for n in range(held.size):
+        for p in range(max(1, int(held.starts[n])), int(held.lengths[n]) - train.EVAL_DEPTH + 1):
+            starts += 1
+            for d in range(1, train.EVAL_DEPTH + 1):
+                if drafts[d][n, p - 1] != labels[n, p + d - 1]:
+                    break
+                hits[d - 1] += 1
+    want = list(hits / starts)
+    assert want[0] > 0.3 and want[1] > 0.05 and want[2] > 0.01  # every depth rigged is reached
+    assert evaluate(drafter, held, 3) == pytest.approx(want, abs=1e-12)
+
+
 def test_the_loss_leaves_out_chains_that_start_in_a_prompt(llama, tmp_path):
     """Changing the labels of prompt positions changes nothing the loss counts (chains of depth
     d that start in the answer read labels from the answer's first position + d - 1 on). With
@@ -281,6 +314,27 @@ def test_the_soft_label_loss_and_its_gradient_are_the_cross_entropy_to_the_targe
     for name, g in flat.items():
         scale = mx.abs(want_flat[name]).max().item()
         assert scale > 0 and mx.abs(g - want_flat[name]).max().item() < 1e-3 * scale, name
+
+
+def test_the_kept_labels_loss_through_numpy_is_the_mlx_expression_in_value_and_gradient():
+    """On the CPU the kept-labels loss runs through numpy with its own gradient (MLX's CPU exp
+    is scalar): the same values and gradient as the MLX expression, under a row weighting with
+    zeros (the padding and the prompts' rows)."""
+    mx.random.seed(0)
+    logits = 3 * mx.random.normal((2, 5, 50))
+    ids = mx.argsort(mx.random.uniform(shape=(2, 5, 50)), axis=-1)[..., :8].astype(mx.uint16)
+    probs = mx.softmax(mx.random.normal((2, 5, 8)), axis=-1).astype(mx.float16)
+    weights = mx.random.uniform(shape=(2, 5)) * (mx.arange(5) < 4)
+
+    def expression(x):
+        picked = mx.take_along_axis(x, ids, axis=-1)
+        return ((mx.logsumexp(x, axis=-1) - (probs * picked).sum(-1)) * weights).sum()
+
+    assert mx.default_device() == mx.cpu  # the numpy path is taken
+    value, grad = mx.value_and_grad(lambda x: (train.kept_labels_loss(x, ids, probs) * weights).sum())(logits)
+    want, want_grad = mx.value_and_grad(expression)(logits)
+    assert abs(value.item() - want.item()) < 1e-5 * abs(want.item())
+    assert mx.allclose(grad, want_grad, atol=1e-6).item() and mx.abs(want_grad).max().item() > 0.01
 
 
 def test_soft_labels_kept_once_are_the_targets_top_k_and_give_the_every_step_loss_when_k_is_the_vocabulary(llama, tmp_path):
