@@ -13,7 +13,7 @@ untouched (Metal / Accelerate).
 
 OpenBLAS picks its kernels by the CPU's model number, and one too new for it (Debian 12's 0.3.21
 on a Xeon of family 6 model 207) gets its generic SSE3 kernels ("Prescott"): a 2048x2048 product
-at 60 GFLOP/s instead of 300, every training step and prompt 2.8x slower. So the launcher asks
+at 60 GFLOP/s instead of 300, a drafter's training step 1.9x slower. So the launcher asks
 the library which kernels it chose, and on that fallback names the ones the CPU's flags allow
 (OPENBLAS_CORETYPE), unless the user set it.
 
