@@ -656,23 +656,24 @@ def evaluate(drafter: Drafter, held: D.Features, batch: int) -> list[float]:
     for i in range(0, held.size, batch):
         b = held.rows(list(range(i, min(i + batch, held.size))))
         L = b.tokens.shape[1]
-        if L <= EVAL_DEPTH:
-            continue
+        lengths = np.array(b.lengths)
         labels = np.array(b.labels)
-        # a chain starts at p (its first token; p >= 1: depth 1 reads h_{p-1}) and its depth-d
-        # draft sits at p + d - 1, so drafted[d - 1, n, p]: that draft is the target's token
-        P = L - EVAL_DEPTH + 1  # the chains that fit in the batch's columns
-        drafted = np.zeros((EVAL_DEPTH, b.size, P), bool)
+        first = np.array(b.starts) if b.starts is not None else np.zeros(b.size, int)
+        # correct[d][n, t]: the depth-d draft at position t equals the target's token
+        correct = {}
         for d, h in depth_outputs(drafter, b, EVAL_DEPTH):
-            ids = np.array(drafter.vocab_ids[mx.argmax(drafter.sub_logits(h), axis=-1)])  # row j: position j + d
-            drafted[d - 1, :, 1:] = ids[:, :P - 1] == labels[:, d:d + P - 1]
-        # from the first answer position, while the chain stays in the row
-        first = np.maximum(1, np.array(b.starts) if b.starts is not None else 0)
-        p = np.arange(P)[None, :]
-        counted = (p >= np.reshape(first, (-1, 1))) & (p < np.array(b.lengths)[:, None] - EVAL_DEPTH + 1)
-        chains = np.logical_and.accumulate(drafted, axis=0)  # depths 1..d all right
-        hits += (chains & counted).sum(axis=(1, 2))
-        starts += int(counted.sum())
+            ids = np.array(drafter.vocab_ids[mx.argmax(drafter.sub_logits(h), axis=-1)])
+            correct[d] = np.zeros((b.size, L), bool)
+            correct[d][:, d:] = ids == labels[:, d:]
+        for n in range(b.size):
+            # a chain starts at p (its first token) and its depth-d draft sits at p + d - 1;
+            # starts from 1 (depth 1 reads h_{p-1}) while the chain stays inside the row
+            for p in range(max(1, int(first[n])), int(lengths[n]) - EVAL_DEPTH + 1):
+                starts += 1
+                ok = True
+                for d in range(1, EVAL_DEPTH + 1):
+                    ok = ok and d in correct and bool(correct[d][n, p + d - 1])
+                    hits[d - 1] += ok
     drafter.train(was_training)
     return [float(x) for x in hits / max(starts, 1)]
 
