@@ -509,22 +509,24 @@ def init_or_resume(target: TargetView, feats: D.Features, config: TrainConfig, o
 
 def teacher_top_k(drafter: Drafter, feats: D.Features, k: int, batch: int) -> tuple[mx.array, mx.array]:
     """The soft labels of every position, once: the target's k most likely tokens of the
-    drafter's vocabulary ([N, L, k] uint16 indices into it) and their probabilities under the
-    target's distribution over that vocabulary, renormalised over the k (float16). The drafter's
+    drafter's vocabulary ([N, L, k] indices into it: uint16, uint32 past 65,536 tokens) and their
+    probabilities under the target's distribution over that vocabulary, renormalised over the k
+    (float16). The drafter's
     vocabulary is fixed before this (draft_vocabulary) and the target's head is frozen, so these
     are the labels chained_loss would compute each step, less the tail past the k-th token.
     Keeping a teacher's top-k probabilities is the usual way to distil from a cache; Anshumann et
     al. 2025 ("Sparse Logit Sampling") show it biased (the tail's mass goes to the top k) and
-    sample the labels instead -- on SmolLM2 it measured level with the whole distribution at
-    depth 1 (TrainConfig.teacher_k), which is what a draft is accepted on at T=0."""
+    sample the labels instead -- on SmolLM2 the top 32 measured level with the whole
+    distribution at 800 steps and fell behind the top 128 at ~2,750 (TrainConfig.teacher_k)."""
     ids, probs = [], []
     d = drafter.args.hidden_size
+    index_type = mx.uint16 if drafter.args.draft_vocab <= 1 << 16 else mx.uint32
     for i in range(0, feats.size, batch):
         final = feats.hidden[i:i + batch, :, -d:].astype(mx.float32)
         logits = drafter.sub_logits(final)
         top = mx.argpartition(-logits, kth=k - 1, axis=-1)[..., :k]
         p = mx.softmax(mx.take_along_axis(logits, top, axis=-1), axis=-1)  # renormalised over the k
-        ids.append(top.astype(mx.uint16))
+        ids.append(top.astype(index_type))
         probs.append(p.astype(mx.float16))
         mx.eval(ids[-1], probs[-1])
     return mx.concatenate(ids), mx.concatenate(probs)
@@ -609,17 +611,17 @@ def kept_labels_loss(logits: mx.array, ids: mx.array, probs: mx.array) -> mx.arr
     """Per row, the cross-entropy to the kept soft labels: -sum_k p_k log softmax(logits)_{ids_k}
     = logsumexp(logits) - sum_k p_k logits_{ids_k} (the p_k sum to 1). On the CPU through numpy
     (_kept_labels_loss_cpu), the same function with its own gradient."""
-    if mx.default_device() == mx.cpu and logits.dtype == mx.float32:
+    if mx.default_device() == mx.cpu:  # (sub_logits are float32)
         return _kept_labels_loss_cpu(logits, ids, probs)
     picked = mx.take_along_axis(logits, ids, axis=-1)
     return mx.logsumexp(logits, axis=-1) - (probs * picked).sum(-1)
 
 
-# MLX's CPU exp is scalar on x86 (~9 ns a float here; numpy's is vectorised, ~0.4): the
+# MLX's CPU exp is scalar on x86 (9-20 ns a float here; numpy's is vectorised, ~0.4): the
 # logsumexp over the draft vocabulary and the softmax of its gradient took ~120 of a SmolLM2
 # step's ~390 ms, and through numpy a step takes ~275 (bench: docs/benchmarks.md, session 21).
-# A Mac's GPU takes the MLX expression above. The softmax is recomputed for the gradient
-# rather than kept (an exp over the rows costs less than holding them between the passes).
+# A Mac's GPU takes the MLX expression above. The gradient computes the softmax again: a
+# custom function's vjp sees only its inputs, cotangent and output.
 @mx.custom_function
 def _kept_labels_loss_cpu(logits, ids, probs):
     x = np.asarray(logits)
