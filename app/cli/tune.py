@@ -5,6 +5,7 @@ and drafter, and keep it as the profile `--steps auto` chooses from
 from __future__ import annotations
 
 import json
+import os
 import sys
 from dataclasses import asdict
 
@@ -19,7 +20,7 @@ def parser() -> Parser:
     p.add_argument("--draft-model", default=None, help="the draft model (--spec draft) or MTP drafter (--spec mtp)")
     p.add_argument("--prompts", default=None, help="calibration prompts (JSON or one per line; default: the copy-heavy set)")
     p.add_argument("--context", type=int, default=256, help="context tokens while the latency curve is measured (default 256)")
-    p.add_argument("--reps", type=int, default=9, help="forwards per width (median; default 9)")
+    p.add_argument("--reps", type=int, default=9, help="forwards per width (the fastest kept; default 9)")
     p.add_argument("--json", action="store_true", help="print the profile as JSON")
     add_spec_arguments(p, ["ngram", "draft", "mtp"], "ngram")
     return p
@@ -52,6 +53,10 @@ def cmd_tune(argv: list[str]) -> int:
         if p.stage == "acceptance":
             say(f"  prompt {p.done + 1}/{p.total}")
 
+    load, cores = os.getloadavg()[0], os.cpu_count() or 1
+    if load >= max(1.0, 0.75 * cores):  # the fastest forward survives a burst, not a machine kept busy
+        say(f"the machine is busy (load {load:.1f} on {cores} cores): wide forwards may be priced high; "
+            "tune again when it is quiet")
     profile, cal = measure(engine, spec, prompts, args.max_tokens, args.context, args.reps, on_progress=progress)
     latency = profile.target_s
     path = profile_file(profiles_dir(), model, spec.method, spec.draft_model or "")

@@ -6,7 +6,6 @@ callers report its progress and may stop it (TuneCancelled)."""
 
 from __future__ import annotations
 
-import statistics
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -34,9 +33,12 @@ class TuneCancelled(Exception):
 def forward_latency(model, context: list[int], reps: int = 9, widths=WIDTHS,
                     on_pass: Callable[[int, int], None] | None = None,
                     should_stop: ShouldStop | None = None, batch: int = 1) -> dict[int, float]:
-    """Median seconds of one target forward of w tokens after `context` (the cache rolled
-    back after each, so every forward sees the same context), widths interleaved so a change
-    in the machine's load touches them alike. `on_pass(i, n)` before each pass over the widths.
+    """Seconds of one target forward of w tokens after `context` (the cache rolled back after
+    each, so every forward sees the same context): the fastest of `reps` passes, widths
+    interleaved. The fastest, not the median: other work on the machine only adds time, and
+    a burst of it moved the median's curve by 10% between two measurements in CI (the fastest
+    stayed within 3% here with such a burst); the level a run sees is refined from its own
+    rounds. `on_pass(i, n)` before each pass over the widths.
     `batch`: B rows of the same context, each forward B x w tokens (the batch's forwards)."""
     cache = make_rollback_cache(model)
     if batch == 1:
@@ -57,7 +59,7 @@ def forward_latency(model, context: list[int], reps: int = 9, widths=WIDTHS,
             mx.eval(mx.argmax(logits, axis=-1))
             seen[w].append(time.perf_counter() - t0)
             rollback(cache, w)
-    return {w: statistics.median(s[1:]) for w, s in seen.items()}
+    return {w: min(s[1:]) for w, s in seen.items()}
 
 
 @dataclass
@@ -66,7 +68,7 @@ class Calibration:
     reached: list[int]
     draft_s: float  # seconds per drafted token, as the host timed it around drafting
     rounds: int
-    round_s: float = 0.0  # a round of MAX_STEPS drafts, settle to settle (median)
+    round_s: float = 0.0  # a round of MAX_STEPS drafts, settle to settle (the fastest, as forward_latency's)
     replayed: Rounds | None = None  # n-gram: every fixed k's rounds replayed on the outputs (tuning.replay_text)
 
 
@@ -107,7 +109,7 @@ def calibrate(engine, prompts: list[str], spec: SpecConfig, max_tokens: int,
             replayed.merge(replay_text(prompt_ids + output, len(prompt_ids) + 1, MAX_STEPS, spec.ngram_min, spec.ngram_max))
     acceptance = [(a + 0.5) / (r + 1) for a, r in zip(accepted, reached)]  # half a round of prior: no 0/0
     return Calibration(acceptance, reached, draft_s / drafted if drafted else 0.0, rounds,
-                       statistics.median(walls) if walls else 0.0, replayed)
+                       min(walls) if walls else 0.0, replayed)
 
 
 def drafting_s(cal: Calibration, latency: dict[int, float]) -> float:

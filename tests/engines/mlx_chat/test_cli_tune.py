@@ -52,7 +52,8 @@ def test_auto_without_a_profile_says_so_once_and_runs(llama_dir, tmp_path, monke
 def test_a_fresh_measurement_reproduces_the_curve():
     """SmolLM2: the latency curve measured twice -- its shape (each width against one token)
     agrees within 10%. (Its absolute level moves with whatever else the machine runs, which
-    is why a run refines the profile with its own rounds.)"""
+    is why a run refines the profile with its own rounds; with the median of each width a
+    burst of other work broke the 10% in CI, with the fastest it holds.)"""
     from engines.mlx_chat.engine import ChatEngine
     from engines.mlx_chat.models import default_chat_model
     from engines.mlx_chat.tuning import forward_latency
