@@ -271,6 +271,10 @@ class Drafter(nn.Module):
         self.down_proj = nn.Linear(args.intermediate_size, d, bias=False)
         self.norm = nn.RMSNorm(d, eps=args.rms_norm_eps)
         self.vocab_ids = mx.arange(args.draft_vocab, dtype=mx.int32)  # set by training; frozen
+        # the layer's two exponential-heavy ops: training on a CPU swaps in numpy's
+        # (engines/training/numpy_ops.py: MLX's CPU exp is scalar); drafting keeps these
+        self.silu = nn.silu
+        self.attention = mx.fast.scaled_dot_product_attention
         self.freeze(keys=["vocab_ids"])
         self._compiled_step = None
         # The target and its head rows are not children: their weights stay the target's.
@@ -308,10 +312,10 @@ class Drafter(nn.Module):
         B, L, _ = x.shape
         q = self.q_proj(self.input_norm(x)).reshape(B, L, a.n_heads, a.head_dim).transpose(0, 2, 1, 3)
         q = t.attention.rope(self.q_norm(q), offset=offset)  # the target layer's own RoPE
-        o = mx.fast.scaled_dot_product_attention(q, keys, values, scale=t.attention.scale, mask=mask)
+        o = self.attention(q, keys, values, scale=t.attention.scale, mask=mask)
         x = x + self.dropout(self.o_proj(o.transpose(0, 2, 1, 3).reshape(B, L, -1)))
         h = self.mlp_norm(x)
-        x = x + self.dropout(self.down_proj(nn.silu(self.gate_proj(h)) * self.up_proj(h)))
+        x = x + self.dropout(self.down_proj(self.silu(self.gate_proj(h)) * self.up_proj(h)))
         return self.norm(x)
 
     def fused(self, features: mx.array) -> mx.array:

@@ -54,6 +54,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 from engines.types import EngineError
 from engines.mlx_chat.drafter import Drafter, DrafterArgs, TargetView, default_feature_layers, write_config
 from engines.training import data as D
+from engines.training import numpy_ops
 
 EVAL_DEPTH = 5  # acceptance is reported for depths 1..5
 # held-out sequences the progress's acceptance is measured on (the card's: all of them). All 69
@@ -195,6 +196,8 @@ def train(target_model, tokenizer, target_path: str, config: TrainConfig,
     train_rows, held = split(feats.size, answers, sources["prompt_count"], config.held_out, config.seed)
 
     drafter, opt, state = init_or_resume(target, feats, config, out)
+    if mx.default_device() == mx.cpu:  # a step 0.83x the time on SmolLM2 (numpy_ops)
+        drafter.silu, drafter.attention = numpy_ops.silu, numpy_ops.attention
     if config.soft_labels and config.teacher_k:
         t = time.perf_counter()
         k = min(config.teacher_k, drafter.args.draft_vocab)
@@ -610,38 +613,11 @@ def chained_loss(drafter: Drafter, batch: D.Features, config: TrainConfig, key: 
 def kept_labels_loss(logits: mx.array, ids: mx.array, probs: mx.array) -> mx.array:
     """Per row, the cross-entropy to the kept soft labels: -sum_k p_k log softmax(logits)_{ids_k}
     = logsumexp(logits) - sum_k p_k logits_{ids_k} (the p_k sum to 1). On the CPU through numpy
-    (_kept_labels_loss_cpu), the same function with its own gradient."""
+    (numpy_ops.kept_labels_loss), the same function with its own gradient."""
     if mx.default_device() == mx.cpu:  # (sub_logits are float32)
-        return _kept_labels_loss_cpu(logits, ids, probs)
+        return numpy_ops.kept_labels_loss(logits, ids, probs)
     picked = mx.take_along_axis(logits, ids, axis=-1)
     return mx.logsumexp(logits, axis=-1) - (probs * picked).sum(-1)
-
-
-# MLX's CPU exp is scalar on x86 (9-20 ns a float here; numpy's is vectorised, ~0.4): the
-# logsumexp over the draft vocabulary and the softmax of its gradient took ~120 of a SmolLM2
-# step's ~390 ms, and through numpy a step takes ~275 (bench: docs/benchmarks.md, session 21).
-# A Mac's GPU takes the MLX expression above. The gradient computes the softmax again: a
-# custom function's vjp sees only its inputs, cotangent and output.
-@mx.custom_function
-def _kept_labels_loss_cpu(logits, ids, probs):
-    x = np.asarray(logits)
-    top = x.max(-1, keepdims=True)
-    lse = top[..., 0] + np.log(np.exp(x - top).sum(-1))
-    picked = np.take_along_axis(x, np.asarray(ids).astype(np.intp), axis=-1)
-    return mx.array(lse - (np.asarray(probs, dtype=np.float32) * picked).sum(-1))
-
-
-@_kept_labels_loss_cpu.vjp
-def _kept_labels_loss_cpu_vjp(primals, cotangent, output):
-    """d/dlogits = cotangent * (softmax(logits) - p at ids); the labels get no gradient."""
-    logits, ids, probs = primals
-    x = np.asarray(logits)
-    grad = np.exp(x - x.max(-1, keepdims=True))
-    grad /= grad.sum(-1, keepdims=True)
-    at = np.asarray(ids).astype(np.intp)
-    np.put_along_axis(grad, at, np.take_along_axis(grad, at, axis=-1) - np.asarray(probs, dtype=np.float32), axis=-1)
-    grad *= np.asarray(cotangent)[..., None]
-    return mx.array(grad), mx.zeros_like(ids), mx.zeros_like(probs)
 
 
 def evaluate(drafter: Drafter, held: D.Features, batch: int) -> list[float]:

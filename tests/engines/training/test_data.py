@@ -337,6 +337,53 @@ def test_the_kept_labels_loss_through_numpy_is_the_mlx_expression_in_value_and_g
     assert mx.allclose(grad, want_grad, atol=1e-6).item() and mx.abs(want_grad).max().item() > 0.01
 
 
+def test_the_layers_silu_and_attention_through_numpy_are_mlx_s_in_value_and_gradient(llama, tmp_path):
+    """Training on the CPU swaps the drafter layer's SiLU and attention for numpy_ops' (MLX's CPU
+    exp is scalar): each equals MLX's op in value and gradient -- attention with grouped kv
+    heads and a boolean mask -- and so does a depth-2 chained loss and its gradient through the
+    drafter. (Shown to fail: a SiLU gradient of the first row only, which one-input custom
+    functions gave when their vjp read primals[0].)"""
+    from engines.training import numpy_ops
+
+    mx.random.seed(0)
+    q, k, v = mx.random.normal((2, 6, 5, 8)), mx.random.normal((2, 2, 7, 8)), mx.random.normal((2, 2, 7, 8))
+    mask = mx.arange(7)[None, :] <= (mx.arange(5) + 2)[:, None]
+    weights = mx.random.normal((8,))
+
+    def attention_grads(op):
+        f = lambda q, k, v: (op(q, k, v, scale=0.3, mask=mask) * weights).sum()  # noqa: E731
+        return mx.value_and_grad(f, argnums=(0, 1, 2))(q, k, v)
+
+    (value, grads), (want, want_grads) = attention_grads(numpy_ops.attention), \
+        attention_grads(mx.fast.scaled_dot_product_attention)
+    assert abs(value.item() - want.item()) < 1e-5 * abs(want.item())
+    assert all(mx.allclose(g, w, atol=1e-5).item() for g, w in zip(grads, want_grads))
+    x = 4 * mx.random.normal((3, 100))
+    silu_grad = lambda op: mx.value_and_grad(lambda x: (op(x) * mx.arange(100)).sum())(x)  # noqa: E731
+    (value, grad), (want, want_grad) = silu_grad(numpy_ops.silu), silu_grad(nn.silu)
+    assert abs(value.item() - want.item()) < 1e-5 * abs(want.item())
+    assert mx.allclose(grad, want_grad, rtol=1e-5, atol=1e-4).item()
+
+    engine, _, _ = llama
+    feats, _, _ = run_prepare(llama, tmp_path / "out")
+    target = TargetView.of(engine.model)
+    drafter = Drafter(DrafterArgs.for_target(target, 64))
+    drafter.vocab_ids = mx.arange(64, dtype=mx.int32)
+    drafter.freeze(keys=["vocab_ids"])
+    drafter.attach(target)
+    config = TrainConfig(out=tmp_path, depth=2, soft_labels=False)
+    batch, key = feats.rows(list(range(4))), mx.random.key(0)
+    loss_grad = lambda: nn.value_and_grad(drafter, lambda b, k: chained_loss(drafter, b, config, k))(batch, key)  # noqa: E731
+    want, want_grads = loss_grad()
+    drafter.silu, drafter.attention = numpy_ops.silu, numpy_ops.attention
+    value, grads = loss_grad()
+    assert abs(value.item() - want.item()) < 1e-5 * abs(want.item())
+    want_grads = dict(tree_flatten(want_grads))
+    for name, g in tree_flatten(grads):
+        scale = mx.abs(want_grads[name]).max().item()
+        assert scale > 0 and mx.abs(g - want_grads[name]).max().item() < 1e-4 * scale, name
+
+
 def test_soft_labels_kept_once_are_the_targets_top_k_and_give_the_every_step_loss_when_k_is_the_vocabulary(llama, tmp_path):
     """train.teacher_top_k keeps, per position, the target's k most likely draft tokens and
     their renormalised probabilities; with k = the whole draft vocabulary, chained_loss on the
