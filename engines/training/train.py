@@ -42,6 +42,7 @@ import json
 import shutil
 import time
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
@@ -206,6 +207,7 @@ def train(target_model, tokenizer, target_path: str, config: TrainConfig,
         feats.teacher_ids, feats.teacher_probs = teacher_top_k(drafter, feats, k, config.batch)
         prepare_s += time.perf_counter() - t
     loss_and_grad = nn.value_and_grad(drafter, lambda b, key: chained_loss(drafter, b, config, key))
+    update = compiled_update(drafter, opt)
     acceptance = state.get("acceptance") or []
     loss_avg = state.get("loss")
     step, train_s = state["step"], state["train_s"]
@@ -218,7 +220,7 @@ def train(target_model, tokenizer, target_path: str, config: TrainConfig,
         if config.decay:
             opt.rate.left = 1.0 - share_done(config, step, train_s)
         loss, grads = loss_and_grad(batch, mx.random.key(config.seed * 1_000_003 + step))  # (seed, step): exact resume
-        opt.update(drafter, grads)
+        update(grads)
         mx.eval(loss, drafter.parameters(), opt.state)
         step += 1
         loss_avg = float(loss) if loss_avg is None else 0.9 * loss_avg + 0.1 * float(loss)
@@ -469,15 +471,39 @@ def draft_vocabulary(feats: D.Features, size: int) -> mx.array:
 
 class Rate:
     """The learning rate by step: a linear warm-up, then constant -- times `left`, the share of
-    the run still to go, which the loop lowers step by step when config.decay is set."""
+    the run still to go, which the loop lowers step by step when config.decay is set. `left` is
+    kept as an array in `state`, an input of the compiled update (compiled_update): a float
+    would be traced into it as a constant."""
 
     def __init__(self, config: TrainConfig):
         lr, warmup = config.learning_rate, config.warmup
         self.schedule = optim.join_schedules([optim.linear_schedule(lr / warmup, lr, warmup), lambda _: lr], [warmup])
-        self.left = 1.0
+        self.state = {"left": mx.array(1.0)}
+
+    @property
+    def left(self) -> float:
+        return self.state["left"].item()
+
+    @left.setter
+    def left(self, share: float) -> None:
+        self.state["left"] = mx.array(share, dtype=mx.float32)
 
     def __call__(self, step):
-        return self.schedule(step) * self.left
+        return self.schedule(step) * self.state["left"]
+
+
+def compiled_update(drafter: Drafter, opt: optim.Optimizer) -> Callable[[dict], None]:
+    """Adam's update of the drafter from its gradients, compiled: MLX runs each element-wise op
+    of an uncompiled update as its own pass over the ~5M parameters -- on SmolLM2's drafter here
+    33 ms a step, compiled 13.5 (docs/benchmarks.md, session 22). The optimizer's state must
+    exist first (init_or_resume)."""
+    state = [drafter.state, opt.state, opt.rate.state]
+
+    @partial(mx.compile, inputs=state, outputs=state)
+    def update(grads: dict) -> None:
+        opt.update(drafter, grads)
+
+    return update
 
 
 def share_done(config: TrainConfig, step: int, train_s: float) -> float:
@@ -505,6 +531,8 @@ def init_or_resume(target: TargetView, feats: D.Features, config: TrainConfig, o
         drafter.load_weights(str(ckpt / "model.safetensors"))
         opt.state = tree_unflatten(list(mx.load(str(ckpt / "optimizer.safetensors")).items()))
         state = json.loads((ckpt / "state.json").read_text())
+    else:
+        opt.init(drafter.trainable_parameters())  # before compiled_update reads it
     drafter.attach(target)
     mx.eval(drafter.parameters())
     return drafter, opt, state
