@@ -6,7 +6,8 @@ over the draft vocabulary and the softmax of its gradient (~120 of ~390 ms), SiL
 attention's softmax (~47 of ~280 ms with the first through numpy). Each runs here as an
 mx.custom_function with its own gradient; a custom function's vjp sees only its inputs, the
 cotangent and its output, so a gradient that needs a softmax either recomputes it or reads the
-output. A Mac's GPU takes MLX's own ops (train.use_numpy_ops is called on the CPU only).
+output. A Mac's GPU takes MLX's own ops: train.train swaps `silu` and `attention` into the
+drafter, and train.kept_labels_loss calls this one, on the CPU only (unchecked on a GPU).
 Figures: docs/benchmarks.md, sessions 21-22."""
 
 from __future__ import annotations

@@ -197,7 +197,7 @@ def train(target_model, tokenizer, target_path: str, config: TrainConfig,
     train_rows, held = split(feats.size, answers, sources["prompt_count"], config.held_out, config.seed)
 
     drafter, opt, state = init_or_resume(target, feats, config, out)
-    if mx.default_device() == mx.cpu:  # a step 0.83x the time on SmolLM2 (numpy_ops)
+    if mx.default_device() == mx.cpu:  # a step's value and gradient 0.80x the time on SmolLM2 (numpy_ops)
         drafter.silu, drafter.attention = numpy_ops.silu, numpy_ops.attention
     if config.soft_labels and config.teacher_k:
         t = time.perf_counter()
