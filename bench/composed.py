@@ -4,11 +4,15 @@ The tuning issue's goal: composed >= the better of either alone on the mixed set
 
   gemma4   the tiny Gemma 4 pair of the tests (dense target, tests/engines/gemma4/checkpoints.py)
            with its assistant trained on the target (tests/engines/gemma4/trained.py; cached,
-           the first run trains for minutes), MLX on the CPU;
+           the first run trains for minutes), MLX on the CPU. Its random target copies nothing
+           (no input is copy-heavy: its "mixed" set is its open set), so also
+  gemma4_copying  the same pair with its target trained to copy where its context repeats and
+           to walk a fixed cycle of words where it does not (tests/engines/gemma4/copying.py;
+           cached, the first run trains it for ~6 minutes), the assistant trained on it as above;
   glm_ocr  the tiny GLM-OCR of the tests with its MTP layer trained for chains
            (tests/engines/glm_ocr/checkpoints.trained_glm_ocr; cached), the PyTorch runtime.
 
-    python bench/composed.py [--only gemma4|glm_ocr] [--tokens N] [--repeats 3]
+    python bench/composed.py [--only gemma4|gemma4_copying|glm_ocr] [--tokens N] [--repeats 3]
 
 Per model, per set (copy-heavy, open, and the two together: mixed) and per method (plain,
 mtp, ngram, mtp+ngram = --with-ngram), at T = 0, each method's default draft length (MTP 2,
@@ -153,13 +157,27 @@ GEMMA_PROMPTS = {"loops0": "w40 w78 w81 w26", "loops1": "w73 w81 w68",
                  "open0": "w33 w61 w2", "open1": "w90 w11 w57 w3", "open2": "w5 w66 w21"}
 
 
-def gemma4(tokens: int, repeats: int) -> None:
+# The target of tests/engines/gemma4/copying.py, trained on a law: copy where the context
+# repeats, else walk one fixed cycle of the words. Its prompts that repeat a phrase make answers
+# that copy it; its prompts of distinct words walk the cycle (which n-gram lookup cannot predict)
+# until the walk meets a prompt word or the law, learned in part, slips into a loop. The
+# assistant is trained on it as on the random target (trained.py: TRAIN_PROMPTS' answers).
+# Which inputs count as copy-heavy is measured, as for the others.
+COPYING_PROMPTS = {"phrase0": "w10 w20 w30 w40 w10 w20 w30 w40 w10 w20",
+                   "phrase1": "w77 w301 w12 w77 w301 w12 w77",
+                   "phrase2": "w5 w66 w21 w400 w9 w5 w66 w21 w400 w9 w5",
+                   "fresh0": "w33 w61 w2", "fresh1": "w90 w11 w57 w3", "fresh2": "w250 w140 w480 w19 w7"}
+
+
+def gemma4(tokens: int, repeats: int, copying: bool = False) -> None:
     from engines.mlx_chat.engine import ChatEngine
     from tests.engines.gemma4.checkpoints import DENSE_TARGET, AssistantSpec, build_assistant, build_target
+    from tests.engines.gemma4.copying import copying_target
     from tests.engines.gemma4.trained import TRAIN_PROMPTS, trained_assistant
 
     root = Path(tempfile.mkdtemp(prefix="bench-composed-gemma4-"))
-    target = build_target(root / "target", DENSE_TARGET)  # the tests' dense pair, byte for byte
+    # the tests' dense pair, byte for byte, or its target trained on the copying law
+    target = copying_target() if copying else build_target(root / "target", DENSE_TARGET)
     assistant = build_assistant(root / "assistant", target, AssistantSpec())
     engine = ChatEngine.load(str(target))
     engine.__dict__.setdefault("mtp_drafters", {})[str(assistant)] = trained_assistant(engine, target, assistant)
@@ -170,9 +188,10 @@ def gemma4(tokens: int, repeats: int) -> None:
     def case(name, prompt):
         return Case(name, lambda m: Request(prompt=prompt, max_tokens=tokens, spec=specs[m], max_repeat=0))
 
-    prompts = {f"trained{i}": p for i, p in enumerate(TRAIN_PROMPTS[:3])} | GEMMA_PROMPTS
+    prompts = {f"trained{i}": p for i, p in enumerate(TRAIN_PROMPTS[:3])} | (COPYING_PROMPTS if copying else GEMMA_PROMPTS)
     measured = run_cases(engine, [case(n, p) for n, p in prompts.items()], repeats)
-    report(f"tiny Gemma 4 pair (dense), trained assistant, MLX CPU, {tokens} tokens per prompt", measured)
+    what = "its target trained to copy (tests/engines/gemma4/copying.py)" if copying else "dense, random target"
+    report(f"tiny Gemma 4 pair ({what}), trained assistant, MLX CPU, {tokens} tokens per prompt", measured)
 
 
 # ------------------------------------------------------------------------------ glm_ocr
@@ -216,7 +235,7 @@ def glm_ocr(tokens: int, repeats: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--only", choices=["gemma4", "glm_ocr"], default=None)
+    ap.add_argument("--only", choices=["gemma4", "gemma4_copying", "glm_ocr"], default=None)
     ap.add_argument("--tokens", type=int, default=None,
                     help="tokens per input (default: 160 per OCR page, 40 per Gemma 4 prompt: the span its "
                          "assistant was trained on)")
@@ -227,6 +246,8 @@ def main() -> None:
         glm_ocr(args.tokens or 160, args.repeats)
     if args.only in (None, "gemma4"):
         gemma4(args.tokens or 40, args.repeats)
+    if args.only in (None, "gemma4_copying"):
+        gemma4(args.tokens or 40, args.repeats, copying=True)
     print(f"\nload average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
