@@ -70,7 +70,7 @@ def chat_ids(tokenizer, words: list[int]) -> list[int]:
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def train_target(path: Path, spec: TargetSpec, steps: int, seed: int = 0) -> dict:
+def train_target(path: Path, steps: int, seed: int = 0) -> dict:
     """Train the checkpoint at `path` on the law in place; returns the last loss and `accuracy`."""
     import torch
     from transformers import AutoTokenizer, Gemma4ForCausalLM
@@ -140,6 +140,8 @@ def accuracy(model, tokenizer, successor: dict[int, int], sequences: int = 200, 
 
 
 def copying_target(root: Path | None = None, steps: int = STEPS, spec: TargetSpec = DENSE_TARGET) -> Path:
+    """The trained target's directory (an HF checkpoint, as build_target's), built on first use:
+    in a scratch directory renamed into place whole, so a killed build leaves nothing half-made."""
     key = json.dumps({"version": BUILDER_VERSION, "steps": steps, "spec": repr(spec)}, sort_keys=True)
     cache = Path(root or Path(tempfile.gettempdir()) / "specscope-test-cache")
     out = cache / f"gemma4-copying-target-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
@@ -147,7 +149,7 @@ def copying_target(root: Path | None = None, steps: int = STEPS, spec: TargetSpe
         cache.mkdir(parents=True, exist_ok=True)
         scratch = Path(tempfile.mkdtemp(dir=cache))
         build_target(scratch / "target", spec)
-        info = train_target(scratch / "target", spec, steps)
+        info = train_target(scratch / "target", steps)
         (scratch / "done").write_text(json.dumps({"key": json.loads(key), **info}))
         shutil.rmtree(out, ignore_errors=True)
         scratch.replace(out)
