@@ -74,12 +74,16 @@ def attention(q: mx.array, keys: mx.array, values: mx.array, scale: float, mask:
     keys / values [B, KV, n, d] (query head h reads kv head h // (H / KV)), mask [.., L, n]
     boolean (True: read) or additive."""
     B, H, L, d = q.shape
-    kv = keys.shape[1]
-    q = (q * scale).reshape(B, kv, H // kv, L, d)  # the query heads that share a kv head, together
-    scores = q @ keys[:, :, None].swapaxes(-1, -2)  # [B, KV, H/KV, L, n]
+    kv, n = keys.shape[1], keys.shape[2]
+    g = H // kv
+    # the g query heads that share a kv head stacked as rows: one [gL, d] x [d, n] product per
+    # (sequence, kv head), not g broadcast [L, d] ones; a boolean mask made additive at its own
+    # size first, not a select over every score. SmolLM2's drafter's shapes: value and gradient
+    # 28.7 -> 24.6 ms (/work/s24/attn2.py; ~1.6% of a step)
+    q = (q * scale).reshape(B, kv, g * L, d)
+    scores = (q @ keys.swapaxes(-1, -2)).reshape(B, kv, g, L, n)
     if mask is not None:
         if mask.dtype == mx.bool_:
-            scores = mx.where(mask, scores, mx.array(-1e30, scores.dtype))
-        else:
-            scores = scores + mask
-    return (softmax(scores) @ values[:, :, None]).reshape(B, H, L, d)
+            mask = mx.where(mask, mx.array(0.0, scores.dtype), mx.array(-1e30, scores.dtype))
+        scores = scores + mask
+    return (softmax(scores).reshape(B, kv, g * L, n) @ values).reshape(B, H, L, d)
