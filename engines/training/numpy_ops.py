@@ -79,7 +79,7 @@ def attention(q: mx.array, keys: mx.array, values: mx.array, scale: float, mask:
     # the g query heads that share a kv head stacked as rows: one [gL, d] x [d, n] product per
     # (sequence, kv head), not g broadcast [L, d] ones; a boolean mask made additive at its own
     # size first, not a select over every score. SmolLM2's drafter's shapes: value and gradient
-    # 28.7 -> 24.6 ms (/work/s24/attn2.py; ~1.6% of a step)
+    # 28.7 -> 24.6 ms, ~1.6% of a step (docs/benchmarks.md, session 24)
     q = (q * scale).reshape(B, kv, g * L, d)
     scores = (q @ keys.swapaxes(-1, -2)).reshape(B, kv, g, L, n)
     if mask is not None:
