@@ -5,7 +5,7 @@
                OUT/features.safetensors so a resumed run does not redo them
     init       the drafter (seeded), its vocabulary = the K most frequent labels; the soft
                labels, the target's top 128 draft tokens per position (teacher_top_k), once
-    loop       a batch of sequences (chosen by (seed, step) alone) -> the chained loss ->
+    loop       a batch of sequences of about one length (chosen by (seed, step) alone) -> the chained loss ->
                Adam; every `save_every` steps (and at the end, and on cancel) a checkpoint;
                every `eval_every` steps held-out acceptance by depth (on a few held-out
                sequences, counted in the run's minutes; at the end on all of them)
@@ -62,6 +62,7 @@ EVAL_DEPTH = 5  # acceptance is reported for depths 1..5
 # of SmolLM2's took 14 s here, as long as ~40 steps: every 50 steps, they would have added ~13
 # minutes to a 15-minute run (and were not counted in its minutes)
 PROGRESS_HELD_OUT = 16
+LENGTH_GROUP = 64  # sequences per group of about one length that a batch is drawn from (length_groups)
 DEPTH_DECAY = 0.8
 
 
@@ -208,7 +209,9 @@ def train(target_model, tokenizer, target_path: str, config: TrainConfig,
                              f"the target's {k} most likely draft tokens at each of {feats.size} sequences' positions"))
         feats.teacher_ids, feats.teacher_probs = teacher_top_k(drafter, feats, k, config.batch)
         prepare_s += time.perf_counter() - t
-    loss_and_grad = nn.value_and_grad(drafter, lambda b, key: chained_loss(drafter, b, config, key))
+    groups = length_groups(train_rows, np.array(feats.lengths))
+    per_batch = answer_rows_per_batch(feats, train_rows, config.batch)
+    loss_and_grad = nn.value_and_grad(drafter, lambda b, key: chained_loss(drafter, b, config, key, per_batch))
     update = compiled_update(drafter, opt)
     acceptance = state.get("acceptance") or []
     loss_avg = state.get("loss")
@@ -217,7 +220,7 @@ def train(target_model, tokenizer, target_path: str, config: TrainConfig,
         if should_stop():
             break
         t = time.perf_counter()
-        batch = feats.rows(batch_rows(train_rows, config.batch, config.seed, step))
+        batch = feats.rows(batch_rows(groups, config.batch, config.seed, step))
         mx.random.seed(config.seed * 1_000_003 + step)  # dropout's masks: (seed, step), exact resume
         if config.decay:
             opt.rate.left = 1.0 - share_done(config, step, train_s)
@@ -454,9 +457,37 @@ def split(n: int, answers: int, prompts: int, held_out: float, seed: int) -> tup
     return sorted(set(range(n)) - unseen) or order, held
 
 
-def batch_rows(rows: list[int], batch: int, seed: int, step: int) -> list[int]:
-    """The rows of batch `step`: a function of (seed, step) only -- what makes resume exact."""
-    return np.random.default_rng([seed, step]).choice(rows, size=batch, replace=len(rows) < batch).tolist()
+def length_groups(rows: list[int], lengths: np.ndarray, size: int = LENGTH_GROUP) -> list[list[int]]:
+    """The rows sorted by length and cut into groups of `size` (a short last group joins the one
+    before), which batch_rows draws a batch from: its rows then have about one length, and the
+    batch's rectangle little padding. The shorter answers end early (a quarter of SmolLM2's under
+    ~175 of 200 tokens): drawn at random, 4 rows computed ~816 positions a step for ~696 that count;
+    drawn from a group of 64, ~703 (HF Trainer's `group_by_length` does the same)."""
+    order = sorted(rows, key=lambda r: (int(lengths[r]), r))
+    groups = [order[i:i + size] for i in range(0, len(order), size)]
+    if len(groups) > 1 and len(groups[-1]) < size // 2:
+        tail = groups.pop()
+        groups[-1] += tail
+    return groups
+
+
+def batch_rows(groups: list[list[int]], batch: int, seed: int, step: int) -> list[int]:
+    """The rows of batch `step`: a group drawn with probability by its size, then `batch` of its
+    rows, so every row is as likely as with one group. A function of (seed, step) only -- what
+    makes resume exact."""
+    rng = np.random.default_rng([seed, step])
+    sizes = np.array([len(g) for g in groups], dtype=float)
+    group = groups[int(rng.choice(len(groups), p=sizes / sizes.sum()))]
+    return rng.choice(group, size=batch, replace=len(group) < batch).tolist()
+
+
+def answer_rows_per_batch(feats: D.Features, rows: list[int], batch: int) -> float:
+    """The positions whose depth-1 draft a batch's loss counts, on average over the training rows
+    (a row's answer positions from max(start, 1)): chained_loss's fixed divisor, so that a batch of
+    short answers weighs each position as much as a batch of long ones (length_groups makes both)."""
+    lengths = np.array(feats.lengths)[rows]
+    starts = np.array(feats.starts)[rows] if feats.starts is not None else np.zeros(len(rows), int)
+    return batch * float(np.mean(lengths - np.maximum(starts, 1)))
 
 
 def draft_vocabulary(feats: D.Features, size: int) -> mx.array:
@@ -500,12 +531,34 @@ def compiled_update(drafter: Drafter, opt: optim.Optimizer) -> Callable[[dict], 
     33 ms a step, compiled 13.5 (docs/benchmarks.md, session 22). The optimizer's state must
     exist first (init_or_resume)."""
     state = [drafter.state, opt.state, opt.rate.state]
+    if mx.default_device() == mx.cpu:
+        spread_over_two_streams(opt)
 
     @partial(mx.compile, inputs=state, outputs=state)
     def update(grads: dict) -> None:
         opt.update(drafter, grads)
 
     return update
+
+
+def spread_over_two_streams(opt: optim.Optimizer) -> None:
+    """Each parameter's update on one of two CPU streams, each to the less loaded so far:
+    MLX runs a CPU stream's work on its own thread, and an update's element-wise work on one thread
+    leaves the other core idle. The gradient made contiguous first: a Linear weight's comes out of
+    the backward pass transposed, which sends the compiled update down its strided path. Same
+    operations, same values. SmolLM2's drafter here: 26.5 -> XX ms a step (docs/benchmarks.md,
+    session 25)."""
+    streams = (mx.new_stream(mx.cpu), mx.new_stream(mx.cpu))
+    single = opt.apply_single
+    load = [0, 0]
+
+    def apply_single(gradient: mx.array, parameter: mx.array, state: dict):
+        i = load.index(min(load))
+        load[i] += gradient.size
+        with mx.stream(streams[i]):
+            return single(mx.contiguous(gradient), parameter, state)
+
+    opt.apply_single = apply_single
 
 
 def share_done(config: TrainConfig, step: int, train_s: float) -> float:
@@ -588,7 +641,8 @@ def depth_outputs(drafter: Drafter, batch: D.Features, depth: int, hidden: mx.ar
         # next depth's row j (position first + j + d + 1) reads position first + j + d: this depth's row j
 
 
-def chained_loss(drafter: Drafter, batch: D.Features, config: TrainConfig, key: mx.array) -> mx.array:
+def chained_loss(drafter: Drafter, batch: D.Features, config: TrainConfig, key: mx.array,
+                 per_batch: float | None = None) -> mx.array:
     """The depths' losses, depth d weighted DEPTH_DECAY^(d-1), padding left out. At position t
     the target's state h_t is both the feature the drafter should predict (EAGLE's regression
     target) and, through the target's head, the distribution it should draft from (EAGLE's
@@ -597,7 +651,9 @@ def chained_loss(drafter: Drafter, batch: D.Features, config: TrainConfig, key: 
     Zhou et al. 2024, also distils the target's distribution). Hard labels outside the draft
     vocabulary are left out, and so are chains that start in a prompt (batch.starts): the
     drafter only ever drafts answers, and on SmolLM2 leaving the prompts out lifted held-out
-    depth-1 acceptance at 150 steps from 19.8% to 22.8% (docs/benchmarks.md)."""
+    depth-1 acceptance at 150 steps from 19.8% to 22.8% (docs/benchmarks.md). Each depth's sum
+    is divided by `per_batch` (training: answer_rows_per_batch, the same for every batch) or, when
+    None, by the rows it counts."""
     batch = batch.columns(int(batch.lengths.max()))  # padding past the longest row: no loss reads it
     L = batch.tokens.shape[1]
     real = mx.arange(L)[None, :] < batch.lengths[:, None]
@@ -635,7 +691,7 @@ def chained_loss(drafter: Drafter, batch: D.Features, config: TrainConfig, key: 
         if config.feature_weight:
             loss = loss + config.feature_weight * nn.losses.smooth_l1_loss(h, final[:, at], reduction="none").mean(-1)
         w = DEPTH_DECAY ** (d - 1)
-        total = total + w * (loss * keep).sum() / mx.maximum(keep.sum(), 1)
+        total = total + w * (loss * keep).sum() / (per_batch or mx.maximum(keep.sum(), 1))
         weights += w
     return total / weights
 
