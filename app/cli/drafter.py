@@ -59,6 +59,9 @@ def parser() -> Parser:
     p.add_argument("--teacher-k", type=int, default=128, metavar="K",
                    help="soft labels as the target's K most likely draft tokens per position, computed once "
                         "(default 128; 0: the whole distribution over the draft vocabulary, every step)")
+    p.add_argument("--confidence-weighting", action=argparse.BooleanOptionalAction, default=True,
+                   help="weight each position's soft-label loss by the target's probability of its greedy token "
+                        "there (default; --no-confidence-weighting: every position alike)")
     p.add_argument("--feature-layers", type=feature_layers, default=None, metavar="I,J|auto|none",
                    help="target layers the drafter reads beside the final state (EAGLE-3's fused features; "
                         "default auto: layers 1, n/2-1 and n-4 of n)")
@@ -120,7 +123,7 @@ def train(args) -> int:
                          draft_vocab=args.draft_vocab, save_every=args.save_every, eval_every=args.eval_every,
                          noise=args.noise, feature_weight=args.feature_weight, soft_labels=args.soft_labels,
                          feature_layers=args.feature_layers, dropout=args.dropout, weight_decay=args.weight_decay,
-                         decay=args.decay, teacher_k=args.teacher_k)
+                         decay=args.decay, teacher_k=args.teacher_k, confidence_weighting=args.confidence_weighting)
     model_id = args.model or DEFAULT_MODEL
     target = target_path(model_id)
     from engines.mlx_chat.loading import load_model

@@ -281,8 +281,9 @@ def test_the_target_writes_prompts_of_its_own_answers_them_and_resumes(talker, t
 def test_the_soft_label_loss_and_its_gradient_are_the_cross_entropy_to_the_targets_distribution(llama, tmp_path):
     """The soft-label loss (chained_loss, soft_labels=True) equals -sum(teacher *
     log_softmax(drafts)) over each depth's rows of chains that start in an answer, the teacher
-    being the target's own distribution at the same position, with the same gradient: written
-    out here apart from chained_loss's row skipping (`first`) and padding cut."""
+    being the target's own distribution at the same position, each row weighted by the teacher's
+    largest probability (TrainConfig.confidence_weighting), with the same gradient: written out
+    here apart from chained_loss's row skipping (`first`) and padding cut."""
     engine, _, _ = llama
     feats, _, _ = run_prepare(llama, tmp_path / "out")
     target = TargetView.of(engine.model)
@@ -302,6 +303,7 @@ def test_the_soft_label_loss_and_its_gradient_are_the_cross_entropy_to_the_targe
             t = mx.arange(d, L)  # the positions of this depth's rows; the chain starts at t - d + 1
             keep = (t[None, :] < batch.lengths[:, None]) & ((t - d + 1)[None, :] >= batch.starts[:, None])
             loss = -(teacher[:, d:] * nn.log_softmax(drafter.sub_logits(h), axis=-1)).sum(-1)
+            loss = loss * teacher[:, d:].max(-1)  # confidence weighting: the target's top probability there
             total = total + train.DEPTH_DECAY ** (d - 1) * (loss * keep).sum() / keep.sum()
         return total / sum(train.DEPTH_DECAY ** (d - 1) for d in range(1, config.depth + 1))
 
@@ -424,6 +426,7 @@ def test_soft_labels_kept_once_are_the_targets_top_k_and_give_the_every_step_los
         t = mx.arange(d, L)
         keep = (t[None, :] < batch.lengths[:, None]) & ((t - d + 1)[None, :] >= batch.starts[:, None])
         loss = -(teacher[:, d:] * nn.log_softmax(drafter.sub_logits(h), axis=-1)).sum(-1)
+        loss = loss * batch.teacher_probs[:, d:].max(-1)  # confidence weighting: the top kept probability
         total = total + train.DEPTH_DECAY ** (d - 1) * (loss * keep).sum() / keep.sum()
     want = total / (1 + train.DEPTH_DECAY)
     assert abs(grad(batch)[0].item() - want.item()) < 1e-4 * abs(want.item())
