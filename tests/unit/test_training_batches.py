@@ -23,7 +23,8 @@ def test_groups_hold_every_row_once_by_length_and_a_short_tail_joins_the_group_b
 
 def test_batches_come_from_one_group_every_row_equally_often_and_repeat_by_seed_and_step():
     lengths = np.random.default_rng(1).integers(40, 250, size=200)
-    groups = length_groups(list(range(200)), lengths, size=64)  # 64, 136
+    groups = length_groups(list(range(200)), lengths, size=128)  # 128, 72
+    assert [len(g) for g in groups] == [128, 72]
     where = {r: i for i, g in enumerate(groups) for r in g}
     counts = Counter()
     for step in range(6000):
@@ -31,7 +32,7 @@ def test_batches_come_from_one_group_every_row_equally_often_and_repeat_by_seed_
         assert len({where[r] for r in rows}) == 1 and len(set(rows)) == 4
         counts.update(rows)
     # 6000 x 4 draws over 200 rows: 120 each on average, sd ~11; a row of the smaller group drawn
-    # as often as one of the larger (drawing groups uniformly would give 188 against 88)
+    # as often as one of the larger (drawing groups uniformly would give 94 against 167)
     mean = lambda g: np.mean([counts[r] for r in g])  # noqa: E731
     assert abs(mean(groups[0]) - 120) < 6 and abs(mean(groups[1]) - 120) < 6
     assert min(counts.values()) > 75 and max(counts.values()) < 165
