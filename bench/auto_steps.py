@@ -27,9 +27,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from app.launch import preload_cpu_libraries  # noqa: E402
+from engines.cpu.preload import preload_cpu_libraries  # noqa: E402
 
-preload_cpu_libraries()  # the process environment `specscope` runs in (the few-row kernel, OpenBLAS)
+preload_cpu_libraries()  # the process environment `specscope` runs in (engines/cpu: MLX on OpenBLAS)
 
 
 def main() -> None:

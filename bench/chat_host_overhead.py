@@ -17,9 +17,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from app.launch import preload_cpu_libraries  # noqa: E402
+from engines.cpu.preload import preload_cpu_libraries  # noqa: E402
 
-preload_cpu_libraries()  # the process environment `specscope` runs in (MLX's CPU matrix products -> the few-row kernel, OpenBLAS)
+preload_cpu_libraries()  # the process environment `specscope` runs in (engines/cpu: MLX on OpenBLAS)
 
 
 def main() -> None:

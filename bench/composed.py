@@ -46,9 +46,9 @@ from typing import Callable
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from app.launch import preload_cpu_libraries  # noqa: E402
+from engines.cpu.preload import preload_cpu_libraries  # noqa: E402
 
-preload_cpu_libraries()  # the process environment `specscope` runs in (it may re-exec this script: first)
+preload_cpu_libraries()  # the process environment `specscope` runs in (engines/cpu: MLX on OpenBLAS)
 
 import torch  # noqa: E402
 

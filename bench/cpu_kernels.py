@@ -1,10 +1,10 @@
 """MLX's CPU exp against its power, and SmolLM2's forward with mlx-lm's attention and SwiGLU
-against engines/mlx_chat/cpu_kernels.py's, side by side in one process.
+against engines/cpu/kernels.py's, side by side in one process.
 
     python bench/cpu_kernels.py [--context 400] [--shapes 1x1,1x6,4x1,4x6,8x6] [--repeats 15]
 
-Run it as the product runs (OpenBLAS preloaded: `LD_PRELOAD=$(python -c "from app.launch import
-system_openblas; print(system_openblas())")`), on a quiet machine; ratios, not absolute times.
+It runs as the product runs (the BLAS preloaded, engines/cpu/preload.py), on a quiet machine;
+ratios, not absolute times.
 """
 
 from __future__ import annotations
@@ -16,12 +16,15 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from engines.cpu.preload import preload_cpu_libraries  # noqa: E402
+
+preload_cpu_libraries()
 
 import mlx.core as mx  # noqa: E402
 from mlx_lm.models import activations, base, llama  # noqa: E402
 from mlx_lm.models.cache import make_prompt_cache  # noqa: E402
 
-from engines.mlx_chat import cpu_kernels  # noqa: E402
+from engines.cpu import kernels as cpu_kernels  # noqa: E402
 from engines.mlx_chat.loading import load_model  # noqa: E402
 from engines.mlx_chat.models import default_chat_model  # noqa: E402
 

@@ -25,9 +25,9 @@ import os
 import sys
 import time
 
-from app.launch import preload_cpu_libraries
+from engines.cpu.preload import preload_cpu_libraries
 
-preload_cpu_libraries()  # the process environment `specscope` runs in (MLX's CPU matrix products -> the few-row kernel, OpenBLAS)
+preload_cpu_libraries()  # the process environment `specscope` runs in (engines/cpu: MLX on OpenBLAS)
 
 import resources  # noqa: E402
 from engines.types import Request, SpecConfig  # noqa: E402

@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from app.launch import preload_cpu_libraries
+from engines.cpu.preload import preload_cpu_libraries
 
 preload_cpu_libraries()  # the process environment `specscope` runs in
 

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from app.launch import preload_cpu_libraries  # noqa: E402
+from engines.cpu.preload import preload_cpu_libraries  # noqa: E402
 
 preload_cpu_libraries()  # the process environment `specscope` runs in
 

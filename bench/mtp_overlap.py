@@ -56,9 +56,9 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # the device one core, the host the other (see above)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from app.launch import preload_cpu_libraries  # noqa: E402
+from engines.cpu.preload import preload_cpu_libraries  # noqa: E402
 
-preload_cpu_libraries()  # the process environment `specscope` runs in (MLX's CPU matrix products -> the few-row kernel, OpenBLAS)
+preload_cpu_libraries()  # the process environment `specscope` runs in (engines/cpu: MLX on OpenBLAS)
 
 import mlx.core as mx  # noqa: E402
 

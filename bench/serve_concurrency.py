@@ -115,13 +115,13 @@ def drafting(before: dict | None, after: dict | None) -> dict:
 
 
 def blas_env() -> dict:
-    from app.launch import system_openblas
+    from engines.cpu import blas as cpu_blas
 
     # mlx_lm.server's /v1/models scans the hub cache and fails when there is none: an empty one
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                HF_HUB_CACHE=str(Path("/tmp/specscope-bench/hub-cache")))
     Path(env["HF_HUB_CACHE"]).mkdir(parents=True, exist_ok=True)
-    blas = system_openblas()
+    blas = cpu_blas.choose().path  # the BLAS our own processes run with
     if blas:
         env["LD_PRELOAD"] = blas
     return env

@@ -175,10 +175,10 @@ def measure_collectives() -> dict:
 
 # -- 2. serving ---------------------------------------------------------------------------------
 def blas_env() -> dict:
-    from app.launch import system_openblas
+    from engines.cpu import blas as cpu_blas
 
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    blas = system_openblas()
+    blas = cpu_blas.choose().path  # the BLAS our own processes run with
     if blas:
         env["LD_PRELOAD"] = blas
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)

@@ -17,8 +17,8 @@ if "SPECSCOPE_MODELS_DIR" not in os.environ:
     os.environ["SPECSCOPE_MODELS_DIR"] = tempfile.mkdtemp(prefix="specscope-test-models-")
     atexit.register(shutil.rmtree, os.environ["SPECSCOPE_MODELS_DIR"], True)
 
-# scripts/test preloads OpenBLAS as the app does; torch keeps its own BLAS as in the app
-from app.launch import keep_torch_on_its_own_blas  # noqa: E402
+# scripts/test preloads the BLAS as the app does; torch keeps its own BLAS as in the app
+from engines.cpu.torch_blas import keep_torch_on_its_own_blas  # noqa: E402
 
 keep_torch_on_its_own_blas()
 

@@ -272,7 +272,7 @@ class Drafter(nn.Module):
         self.norm = nn.RMSNorm(d, eps=args.rms_norm_eps)
         self.vocab_ids = mx.arange(args.draft_vocab, dtype=mx.int32)  # set by training; frozen
         # the layer's two exponential-heavy ops: training on a CPU swaps in numpy's
-        # (engines/training/numpy_ops.py: MLX's CPU exp is scalar); drafting keeps these
+        # (engines/cpu/numpy_ops.py: MLX's CPU exp is scalar); drafting keeps these
         self.silu = nn.silu
         self.attention = mx.fast.scaled_dot_product_attention
         self.freeze(keys=["vocab_ids"])

@@ -26,6 +26,7 @@ import mmap
 import os
 import shutil
 import struct
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -469,10 +470,17 @@ def load_gguf_tokenizer(header: GGUFHeader, cache_root: str | Path | None = None
     from mlx_lm.tokenizer_utils import load as load_tokenizer_dir
 
     cache_dir = Path(cache_root or default_tokenizer_cache()) / header_digest(header)
-    if not (cache_dir / "tokenizer.json").exists():
+    if (cache_dir / "tokenizer.json").exists():
+        wrapper = load_tokenizer_dir(cache_dir)
+    else:
         tokenizer = convert_tokenizer(header)
-        save_atomically(tokenizer, cache_dir)
-    wrapper = load_tokenizer_dir(cache_dir)
+        try:
+            save_atomically(tokenizer, cache_dir)
+            wrapper = load_tokenizer_dir(cache_dir)
+        except OSError:  # a cache folder that cannot be written: converted again on every load
+            with tempfile.TemporaryDirectory(prefix="specscope-tokenizer-") as scratch:
+                tokenizer.save_pretrained(scratch)
+                wrapper = load_tokenizer_dir(Path(scratch))
     for token_id in end_token_ids(header, wrapper):
         wrapper.add_eos_token(token_id)
     return wrapper

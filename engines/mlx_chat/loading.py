@@ -18,7 +18,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for a model hub
 import mlx.core as mx
 import mlx.nn as nn
 
-from engines.mlx_chat import cpu_kernels
+from engines import cpu
+from engines.cpu import kernels as cpu_kernels
 from engines.types import EngineError
 
 
@@ -47,7 +48,8 @@ def load_model(path: str, lazy: bool = False) -> LoadedModel:
         loaded = _load_hf_dir(p, lazy)
     if not mx.metal.is_available():
         loaded.dequantized = dequantize_layers(loaded.model)
-        cpu_kernels.install()
+        if cpu.enabled():
+            cpu_kernels.install()
     if not lazy:
         materialize(loaded.model)
     return loaded

@@ -68,8 +68,8 @@ PRIOR_ROUNDS = 5
 # is about the price of k + 1) and finds depth that pays when the text starts to repeat.
 # Each probe whose deepest draft fails while the choice stays doubles the wait before the next,
 # up to PROBE_MAX; a choice that moves, or a probe whose draft held, brings it back to
-# PROBE_AFTER. Why: where a verify of k + 2 rows costs more than one of k + 1 (this CPU with the
-# few-row kernel: 3 rows 1.3x 2 rows, engines/mlx_chat/cpu_gemm.c), one probe in nine cost
+# PROBE_AFTER. Why: where a verify of k + 2 rows costs more than one of k + 1 (a CPU whose 3-row
+# forward costs 1.3x its 2-row one: tests/unit/test_tuning.py's SMOLLM2_STEEP), one probe in nine cost
 # SmolLM2's drafter 5-10% of its speed (--steps auto 0.90x --steps 1) to learn, again and
 # again, that a second draft does not pay.
 PROBE_AFTER = 8
@@ -82,7 +82,7 @@ PROBE_MAX = 64
 # at k, and with rounds launched before the verdict the first and last share their time with
 # their neighbours of k (see the chat engine's `_priced`). Without a profile, one draft a round,
 # never measured, is tried at once: priced from the wider widths the fallback showed it can look
-# as dear as they are (the few-row kernel: 2 rows cost what 1 does, 3 and 4 alike ~1.4x), and
+# as dear as they are (where 2 rows cost what 1 does, 3 and 4 alike ~1.4x), and
 # one draft, the k that paid, was not tried for the first ~30 rounds. Not to k = 0: plain rounds
 # cost a drafter worth drafting most, and a plain round's price only decides between plain and
 # one draft.

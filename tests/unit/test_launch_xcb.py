@@ -94,7 +94,7 @@ def test_launcher_as_a_normal_user_prints_the_sudo_command(tmp_path):
             "sys.argv = ['specscope']; sys.exit(app.launch.entry())")
     # no re-exec (entry() runs as is) and no new import after the switch: nobody cannot read
     # this interpreter's library under root's home
-    env = window_env(tmp_path) | {"SPECSCOPE_NO_OPENBLAS": "1", "SPECSCOPE_SMALL_GEMM": "0"}
+    env = window_env(tmp_path) | {"SPECSCOPE_FAST_CPU": "0"}
     out = run_hidden([sys.executable, "-c", code], env)
     assert out.returncode == 1, out.stderr
     line = out.stderr.strip()

@@ -1,11 +1,11 @@
-"""The CPU attention and SwiGLU (engines/mlx_chat/cpu_kernels.py) against mx.fast's and
+"""The CPU attention and SwiGLU (engines/cpu/kernels.py) against mx.fast's and
 mlx-lm's own, on every mask the models and the batch hand them; and a loaded model runs them."""
 
 import mlx.core as mx
 import pytest
 from mlx_lm.models import activations, base, llama
 
-from engines.mlx_chat import cpu_kernels
+from engines.cpu import kernels as cpu_kernels
 
 B, H, KV, L, S, D = 3, 6, 2, 5, 17, 8
 

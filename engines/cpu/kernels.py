@@ -72,7 +72,7 @@ def causal_mask(L: int, S: int) -> mx.array:
     same in any log base), made once per forward rather than once per layer: every layer of a
     forward asks for the same one, and on the CPU each of the few ops that make it costs more in
     dispatch than in arithmetic (SmolLM2, 30 layers: a forward of 2 tokens paid ~3 ms for them,
-    against 32 ms for one token; bench/cpu_gemm.py)."""
+    against 32 ms for one token; bench/cpu_blas.py)."""
     if getattr(_causal, "shape", None) != (L, S):
         visible = mx.arange(S - L, S)[:, None] >= mx.arange(S)[None]
         mask = mx.where(visible, mx.array(0.0, mx.float32), mx.array(-mx.inf, mx.float32))
