@@ -66,16 +66,31 @@ class BatchQueue:
         self.first_choice: dict[int, object] = {}  # id(request) -> its choice 0's sequence (twins share its prefill)
         self.idle = getattr(engine, "idle", None)  # tensor parallel: rank 0's heartbeat
         self.lost: Exception | None = None  # tensor parallel: the lost rank; nothing more is served
+        self.stopped: BaseException | None = None  # the scheduler's own fault; nothing more is served
         if hasattr(engine, "on_lost"):
             engine.on_lost = self._lost
         self.thread = threading.Thread(target=self._loop, name="specscope-batch", daemon=True)
         self.thread.start()
 
     # -- the event loop's side --------------------------------------------------------------------
+    def state(self) -> dict:
+        """/health's view: "stopped" when the batch loop's thread has ended (nothing more will
+        be served: the server needs a restart), else decoding or idle with the batch's rows."""
+        if self.lost is not None:
+            state = "rank lost"
+        elif self.stopped is not None or not self.thread.is_alive():
+            state = "stopped"
+        else:
+            state = "decoding" if self.engine.busy else "idle"
+        return {"state": state, "running": self.engine.size,
+                "waiting": len(self.engine.joining) + self.inbox.qsize()}
+
     def admit(self, count: int = 1) -> None:
         """Room for `count` sequences (a request's n choices), all or none."""
         if self.lost is not None:
             raise _unavailable(self.lost)
+        if self.stopped is not None:
+            raise _stopped(self.stopped)
         with self.lock:
             if self.admitted + count > self.capacity:
                 raise ApiError(503, "the server is busy (its batch and queue are full); retry later", "server_busy",
@@ -97,6 +112,16 @@ class BatchQueue:
 
     # -- the scheduler thread ---------------------------------------------------------------------
     def _loop(self) -> None:
+        try:
+            self._schedule()
+        except BaseException as e:  # a fault of the scheduler itself: everyone waiting hears it
+            self.stopped = e
+            self._fail_all(_stopped(e))
+            self._refuse_inbox(_stopped(e))
+            print(f"specscope serve: the batch loop stopped ({type(e).__name__}: {e}); /health now answers 503: "
+                  "restart the server", file=sys.stderr, flush=True)
+
+    def _schedule(self) -> None:
         while self.lost is None:
             self._take_inbox(block=not self.engine.busy, timeout=IDLE_S if self.idle else None)
             if not self.engine.busy:
@@ -164,6 +189,16 @@ class BatchQueue:
         self.engine.joining.clear()
         self.engine.cache = None
 
+    def _refuse_inbox(self, error: ApiError) -> None:
+        """Requests that arrived but never joined: each hears `error`."""
+        while True:
+            try:
+                a = self.inbox.get_nowait()
+            except queue.Empty:
+                return
+            a.push(error)
+            a.push(DONE)
+
     def _lost(self, error: Exception) -> None:
         """A rank of a tensor-parallel engine was lost (called from the scheduler thread, or
         from the engine's watchdog while this thread waits in a collective): 503 to everyone,
@@ -172,13 +207,7 @@ class BatchQueue:
             return
         self.lost = error
         self._fail_all(_unavailable(error))
-        while True:  # requests that arrived meanwhile
-            try:
-                a = self.inbox.get_nowait()
-            except queue.Empty:
-                break
-            a.push(_unavailable(error))
-            a.push(DONE)
+        self._refuse_inbox(_unavailable(error))
         print(f"specscope serve: {error}; exiting", file=sys.stderr, flush=True)
         threading.Timer(LOST_EXIT_AFTER_S, os._exit, (LOST_EXIT_CODE,)).start()
 
@@ -197,6 +226,11 @@ class BatchQueue:
         self.metrics.requests_waiting.set(len(self.engine.joining))
         self.metrics.requests_processing.set(running)
         self.metrics.requests_deferred.set(len(self.engine.joining))
+
+
+def _stopped(error: BaseException) -> ApiError:
+    return ApiError(503, f"the batch loop stopped ({type(error).__name__}: {error}); restart the server",
+                    "engine_stopped", kind="server_error")
 
 
 def _unavailable(error: Exception) -> ApiError:

@@ -102,6 +102,13 @@ class EngineQueue:
             self.metrics.requests_deferred.inc()
             self.metrics.requests_waiting.inc()
 
+    def state(self) -> dict:
+        """/health's view: decoding or idle, and how many requests wait behind the running one."""
+        with self.lock:
+            running = 1 if self.choices_left else 0
+            return {"state": "decoding" if running else "idle", "running": running,
+                    "waiting": self.admitted - running}
+
     def _start(self, parsed: ParsedRequest) -> None:
         with self.lock:
             if id(parsed) not in self.choices_left:  # the request's first choice to run
@@ -244,10 +251,17 @@ def build_app(config: ServeConfig, served: list[Served]) -> Starlette:
         return error(ApiError(401, "a valid API key is required (Authorization: Bearer KEY)", "invalid_api_key"))
 
     async def health(http: HttpRequest) -> Response:
+        """What a supervisor or a load balancer polls: 200 while every model's engine can serve,
+        503 once one cannot (its ranks lost, its batch loop ended) -- then restart the server."""
+        engines = {model_id: q.state() for model_id, q in queues.items()}
         lost = [q.lost for q in queues.values() if getattr(q, "lost", None) is not None]
         if lost:
-            return JSONResponse({"status": "rank lost", "ranks": config.ranks, "error": str(lost[0])}, status_code=503)
-        return JSONResponse({"status": "ok", "ranks": config.ranks})
+            return JSONResponse({"status": "rank lost", "ranks": config.ranks, "error": str(lost[0]),
+                                 "engines": engines}, status_code=503)
+        if any(e["state"] == "stopped" for e in engines.values()):
+            return JSONResponse({"status": "engine stopped", "ranks": config.ranks, "engines": engines},
+                                status_code=503)
+        return JSONResponse({"status": "ok", "ranks": config.ranks, "engines": engines})
 
     async def list_models(http: HttpRequest) -> Response:
         if not authorized(http):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import threading
+import urllib.error
 import urllib.request
 
 import pytest
@@ -187,3 +188,33 @@ def test_a_prompt_asked_again_is_not_read_again(client, batch_server):
     asked = counter(after, "prefix_cache_queries") - counter(before, "prefix_cache_queries")
     found = counter(after, "prefix_cache_hits") - counter(before, "prefix_cache_hits")
     assert asked > 10 and found == asked  # every prompt token but the last, found
+
+
+def test_health_says_idle_then_stopped_when_the_batch_loop_faults(engine, monkeypatch):
+    """A fault in the scheduler itself (here its gauges, after a step) ends the batch loop: the
+    request in it hears a 503, later ones are refused with one, and /health answers 503 so a
+    supervisor restarts the server."""
+    from app.serve.batching import BatchQueue
+
+    served = [Served(ServedModel(MODEL, "chat", SpecConfig(method="ngram", steps=3)), engine)]
+    running = start_in_thread(build_app(ServeConfig(queue_size=1, max_batch=2), served))
+    try:
+        with urllib.request.urlopen(f"{running.url}/health") as r:
+            assert json.loads(r.read()) == {"status": "ok", "ranks": 1,
+                                            "engines": {MODEL: {"state": "idle", "running": 0, "waiting": 0}}}
+
+        def gauges_fault(self):
+            raise RuntimeError("a fault in the scheduler")
+
+        monkeypatch.setattr(BatchQueue, "_gauges", gauges_fault)
+        client = openai.OpenAI(base_url=f"{running.url}/v1", api_key="unused", max_retries=0)
+        for _ in range(2):  # the request in the loop, then one after it stopped
+            with pytest.raises(openai.InternalServerError) as err:
+                client.chat.completions.create(**body(PROMPTS[0], SPECS[0]))
+            assert err.value.status_code == 503 and "restart the server" in str(err.value)
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(f"{running.url}/health")
+        assert err.value.code == 503
+        assert json.loads(err.value.read())["engines"][MODEL]["state"] == "stopped"
+    finally:
+        running.stop()

@@ -213,7 +213,8 @@ def test_unknown_model_through_the_client(client):
 def test_models_and_health(client, server):
     assert [m.id for m in client.models.list().data] == [MODEL]
     with urllib.request.urlopen(f"{server.url}/health") as r:
-        assert json.loads(r.read()) == {"status": "ok", "ranks": 1}
+        assert json.loads(r.read()) == {"status": "ok", "ranks": 1,
+                                        "engines": {MODEL: {"state": "idle", "running": 0, "waiting": 0}}}
 
 
 def test_an_api_key_is_required_when_set(engine):
