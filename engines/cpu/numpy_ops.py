@@ -7,8 +7,8 @@ attention's softmax (~47 of ~280 ms with the first through numpy). Each runs her
 mx.custom_function with its own gradient; a custom function's vjp sees only its inputs, the
 cotangent and its output, so a gradient that needs a softmax either recomputes it or reads the
 output. A Mac's GPU takes MLX's own ops: train.train swaps `silu` and `attention` into the
-drafter, and train.kept_labels_loss calls this one, on the CPU only (unchecked on a GPU).
-Figures: docs/benchmarks.md, sessions 21-22."""
+drafter, and train.kept_labels_loss calls this one, on Linux's CPU backend only (unchecked on a
+GPU). Figures: docs/benchmarks.md, "A drafter trained here for SmolLM2".""" 
 
 from __future__ import annotations
 
@@ -79,7 +79,7 @@ def attention(q: mx.array, keys: mx.array, values: mx.array, scale: float, mask:
     # the g query heads that share a kv head stacked as rows: one [gL, d] x [d, n] product per
     # (sequence, kv head), not g broadcast [L, d] ones; a boolean mask made additive at its own
     # size first, not a select over every score. SmolLM2's drafter's shapes: value and gradient
-    # 28.7 -> 24.6 ms, ~1.6% of a step (docs/benchmarks.md, session 24)
+    # 28.7 -> 24.6 ms, ~1.6% of a step (docs/benchmarks.md, "A drafter trained here for SmolLM2")
     q = (q * scale).reshape(B, kv, g * L, d)
     scores = (q @ keys.swapaxes(-1, -2)).reshape(B, kv, g, L, n)
     if mask is not None:

@@ -57,7 +57,6 @@ from engines.types import EngineError
 from engines.mlx_chat.drafter import Drafter, DrafterArgs, TargetView, default_feature_layers, write_config
 from engines.training import data as D
 from engines import cpu
-from engines.cpu import numpy_ops
 
 EVAL_DEPTH = 5  # acceptance is reported for depths 1..5
 # held-out sequences the progress's acceptance is measured on (the card's: all of them). All 69
@@ -210,7 +209,9 @@ def train(target_model, tokenizer, target_path: str, config: TrainConfig,
     train_rows, held = split(feats.size, answers, sources["prompt_count"], config.held_out, config.seed)
 
     drafter, opt, state = init_or_resume(target, feats, config, out)
-    if mx.default_device() == mx.cpu and cpu.enabled():  # a step's value and gradient 0.80x the time on SmolLM2 (numpy_ops)
+    if mx.default_device() == mx.cpu and cpu.enabled():  # a step's value and gradient 0.80x the time on SmolLM2
+        from engines.cpu import numpy_ops
+
         drafter.silu, drafter.attention = numpy_ops.silu, numpy_ops.attention
     if config.soft_labels and config.teacher_k:
         t = time.perf_counter()
@@ -715,6 +716,8 @@ def kept_labels_loss(logits: mx.array, ids: mx.array, probs: mx.array) -> mx.arr
     = logsumexp(logits) - sum_k p_k logits_{ids_k} (the p_k sum to 1). On the CPU through numpy
     (numpy_ops.kept_labels_loss), the same function with its own gradient."""
     if mx.default_device() == mx.cpu and cpu.enabled():  # (sub_logits are float32)
+        from engines.cpu import numpy_ops
+
         return numpy_ops.kept_labels_loss(logits, ids, probs)
     picked = mx.take_along_axis(logits, ids, axis=-1)
     return mx.logsumexp(logits, axis=-1) - (probs * picked).sum(-1)
