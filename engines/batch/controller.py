@@ -24,14 +24,10 @@ import math
 from dataclasses import dataclass
 
 from engines.speculative.costs import StepCosts
+from engines.speculative.expected import expected_tokens
 from engines.speculative.schedule import MAX_STEPS
 
-__all__ = ["DraftBudget", "RowOdds", "StepCosts", "expected_tokens", "row_acceptance", "row_odds"]
-
-
-def expected_tokens(k: int, acceptance: float) -> float:
-    """1 + a + ... + a^k: the target's token plus the accepted prefix of k drafts."""
-    return sum(acceptance ** i for i in range(k + 1))
+__all__ = ["DraftBudget", "RowOdds", "StepCosts", "row_acceptance", "row_odds"]
 
 
 @dataclass
@@ -95,7 +91,7 @@ class RowOdds:
     offers: float = 1.0
 
     def expected_tokens(self, k: int) -> float:
-        return 1.0 + self.offers * (expected_tokens(k, self.acceptance) - 1.0)
+        return 1.0 + self.offers * (expected_tokens([self.acceptance], k) - 1.0)
 
 
 def row_acceptance(accepted: int, rejections: int) -> float:

@@ -39,20 +39,12 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from engines.speculative.costs import StepCosts
+from engines.speculative.expected import expected_by_count
 from engines.speculative.schedule import MAX_STEPS
 from engines.speculative.tuning import PositionAcceptance
 
 NGRAM = "ngram"
 REPRICE_EVERY = 8  # rounds between re-readings of measured costs (each re-reading prices every width)
-
-
-def expected_by_count(acceptance: list[float], n: int) -> list[float]:
-    """expected_tokens(acceptance, k) for k = 0..n, in one pass."""
-    out, reach, last = [1.0], 1.0, len(acceptance) - 1
-    for i in range(n):
-        reach *= acceptance[i if i < last else last]
-        out.append(out[-1] + reach)
-    return out
 
 
 @dataclass

@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Callable
 
 from engines.speculative.costs import LoadScaledCosts, StepCosts
+from engines.speculative.expected import expected_tokens
 
 PROFILE_VERSION = 1
 # The profile's acceptance counts as this many rounds beside the run's own, at each position.
@@ -219,16 +220,6 @@ def profile_file(where: str | Path, model: str, method: str, drafter: str = "") 
 
     key = hashlib.sha256(f"{machine_id()}|{model}|{method}|{drafter}".encode()).hexdigest()[:12]
     return where / f"{Path(model).name or 'model'}-{method}-{key}.json"
-
-
-def expected_tokens(acceptance: list[float], k: int) -> float:
-    """1 + a1 + a1 a2 + ...: the target's own token plus the accepted prefix of k drafts
-    (positions past the list repeat its last value)."""
-    total, reach = 1.0, 1.0
-    for i in range(k):
-        reach *= acceptance[min(i, len(acceptance) - 1)] if acceptance else 0.0
-        total += reach
-    return total
 
 
 def rates(latency: Callable[[int], float], draft_s: float, acceptance: list[float], max_k: int) -> list[float]:

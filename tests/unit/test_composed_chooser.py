@@ -128,7 +128,8 @@ def test_kept_prices_follow_every_change_of_counts_and_costs():
     import copy
     import random
 
-    from engines.speculative.composed import Prices, expected_by_count
+    from engines.speculative.composed import Prices
+    from engines.speculative.expected import expected_by_count
 
     rng = random.Random(0)
     c = Chooser("mtp")

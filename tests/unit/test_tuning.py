@@ -11,8 +11,9 @@ import statistics
 import pytest
 
 from engines.speculative.schedule import MAX_STEPS, DraftSchedule
+from engines.speculative.expected import expected_tokens
 from engines.speculative.tuning import (AutoSteps, PositionAcceptance, Probes, Profile, ProfileError, Rounds, best_k,
-                                        expected_tokens, machine_id, profile_file, rates, round_costs)
+                                        machine_id, profile_file, rates, round_costs)
 from engines.types import SpecConfig
 
 

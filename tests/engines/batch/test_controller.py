@@ -8,7 +8,8 @@ import itertools
 
 import pytest
 
-from engines.batch.controller import DraftBudget, RowOdds, StepCosts, expected_tokens, row_acceptance, row_odds
+from engines.batch.controller import DraftBudget, RowOdds, StepCosts, row_acceptance, row_odds
+from engines.speculative.expected import expected_tokens
 from engines.speculative.schedule import MAX_STEPS
 
 
@@ -42,7 +43,7 @@ def test_the_pick_is_the_best_k(c0, c1, rows):
     batch = len(rows)
 
     def rate(k):
-        tokens = sum(expected_tokens(k, a) if a is not None else 1.0 for a in rows)
+        tokens = sum(expected_tokens([a], k) if a is not None else 1.0 for a in rows)
         return tokens / (c0 + c1 * batch * (1 + k))
 
     best = max(rate(k) for k in range(MAX_STEPS + 1))
