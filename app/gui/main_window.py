@@ -1,5 +1,6 @@
 """The main window: composes the panes and drives a run. No inference code here: a run is a
-RunSpec handed to a RunWorker on its own QThread (app.gui.worker).
+RunSpec handed to a RunWorker on its own QThread (app.gui.worker), and the engine runs in the
+window's engine process (app.gui.engine_process), so a native crash there is a message here.
 
 Layout: controls sidebar | document pane (page list, page) | the mode's pane, with the telemetry
 pane underneath. The telemetry pane (pyqtgraph) is built right after the window is first shown,
@@ -54,7 +55,8 @@ from app.gui.views.server_dialog import ServerDialog
 from app.gui.views.server_load import ServerLoadView
 from app.gui.views.sessions_dialog import SessionsDialog
 from app.gui.views.transcript import TranscriptView
-from app.gui.worker import EngineCache, EngineLoader, EnginePreload, RunSpec, RunWorker, start_worker
+from app.gui.engine_process import EngineLoader, EngineProcess
+from app.gui.worker import EnginePreload, RunSpec, RunWorker, start_worker
 from engines.types import EngineError, Request, SpecConfig
 from engines.speculative.rounds import fallback_note
 from engines.speculative.repetition import acceptance_jump
@@ -71,6 +73,7 @@ DEFAULT_SIZE = (1480, 920)  # shrunk to the screen, so it also fits 1280x800
 # plots arrive (tests/app/test_layout.py checks it against TelemetryView.minimumSizeHint).
 TELEMETRY_MIN_HEIGHT = 230
 A_B_ON = "A/B \u00b7 speculation on"
+ENGINE_QUIT_S = 2.0  # on close, how long the engine process has to end its round and quit before it is killed
 
 
 def runtime_text(kind: str | None, model: dict) -> str:
@@ -82,11 +85,9 @@ def runtime_text(kind: str | None, model: dict) -> str:
             return "Core ML twin (PyTorch) \u00b7 CPU"
         dtype = f" \u00b7 {model['dtype']}" if model.get("dtype") else ""
         return f"PyTorch \u00b7 CPU{dtype}"
-    import mlx.core as mx
-
-    device = "Metal GPU" if mx.metal.is_available() else "CPU"
+    device = f" \u00b7 {model['device']}" if model.get("device") else ""  # the engine process says (MLX is not loaded here)
     dense = " \u00b7 float32 (dequantized)" if str(model.get("weights", "")).startswith("float32") else ""
-    return f"MLX \u00b7 {device}{dense}"
+    return f"MLX{device}{dense}"
 
 
 class MainWindow(QMainWindow):
@@ -105,7 +106,9 @@ class MainWindow(QMainWindow):
         self.persist = persist  # save settings on close (off for tests and screenshots)
         self.autosave = autosave
         self.preload = preload  # load the chat model in the background once the window shows (the app does)
-        self.engines = EngineCache(engine_loader)
+        # the engines run in a child process (app.gui.engine_process): a native crash there is a
+        # message here. engine_loader (tests) runs in that process: a top-level function.
+        self.engines = EngineProcess(engine_loader)
         self.mode = "chat"
         self.fallback: str | None = None  # the shown run's drafter fallback, if its drafter failed
         self.autosave_message: str | None = None  # why runs are not (or no longer) being saved
@@ -121,9 +124,10 @@ class MainWindow(QMainWindow):
         self.flush_timer.setInterval(SHOW_INTERVAL_MS)
         self.flush_timer.timeout.connect(self._show_pending)
 
-        # The worker thread runs Python between model calls. Every time the GUI thread calls into
-        # Qt it releases the GIL, and getting it back waits for the worker's switch interval
-        # (5 ms by default); a few dozen such calls per frame add up to visible stutter.
+        # The worker thread runs Python for every round (reading it from the engine process,
+        # the autosave). Every time the GUI thread calls into Qt it releases the GIL, and getting
+        # it back waits for the worker's switch interval (5 ms by default); a few dozen such
+        # calls per frame add up to visible stutter.
         sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
 
         self.setWindowTitle(APP_NAME)
@@ -964,17 +968,17 @@ class MainWindow(QMainWindow):
             pass  # a read-only config dir must not break the app
 
     def shutdown(self, timeout_ms: int = 10000) -> None:
-        """Stops a run and joins its thread (the thread must not outlive the window)."""
+        """Stops a run, ends the engine process and joins the threads (neither outlives the window)."""
         if self.worker is not None:
             self.worker.request_stop()
+        self.tuner.cancel()
+        # the engine process ends after its round; a load, which nothing can interrupt, is killed
+        self.engines.close(ENGINE_QUIT_S)
         self.model_jobs.shutdown(timeout_ms)
         self.tuner.shutdown(timeout_ms)
-        for thread, worker in list(self.threads):  # runs and the background model load
+        for thread, _worker in list(self.threads):  # runs and the background model load
             thread.quit()
-            if isinstance(worker, EnginePreload):
-                thread.wait()  # a load cannot be interrupted, and Qt aborts if its thread is destroyed running
-            else:
-                thread.wait(timeout_ms)
+            thread.wait(timeout_ms)  # their engine process has ended: they end at once
         self.threads = []
 
     def closeEvent(self, event) -> None:

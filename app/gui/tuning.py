@@ -1,8 +1,11 @@
 """Tune… in the window: the measurement `specscope tune` makes (engines/mlx_chat/tuning.measure:
 the target's forward latency by width, then the acceptance by draft position on the
 calibration set) for the chat model and method the sidebar shows, as a Job (app.gui.model_jobs)
-on its own worker thread, with progress, cooperative cancel and a one-line error. The profile
-it writes is the one the next Auto run reads (the same folder and file name as the CLI's).
+on its own worker thread, with progress, cooperative cancel and a one-line error. The
+measurement runs in the window's engine process (app.gui.engine_process), on the engine the
+runs use: a crash in it is a message, and the model is loaded once for both. The profile it
+writes (here, in the window's process) is the one the next Auto run reads (the same folder and
+file name as the CLI's).
 
 `Tuner` is the window's one place for it: the job (one at a time, on a ModelJobs runner of its
 own so that the Models dialog does not show it as a download), the progress dialog, the offer
@@ -20,7 +23,7 @@ from PySide6.QtWidgets import QWidget
 
 from app.gui.model_jobs import Job, JobProgress, ModelJobs
 from app.gui.views.notice import Notice
-from app.gui.worker import EngineCache
+from app.gui.engine_process import EngineProcess, StopFlag, TuneProgressed
 from app.settings import profiles_dir
 from engines.types import Request, SpecConfig
 from engines.speculative.tuning import Profile, ProfileError, profile_file
@@ -51,32 +54,33 @@ class TuneSettings:
 class TuneJob(Job):
     """Measures one (model, method, drafter) and saves its profile; `finished` carries the
     profile's path. Loading the model is not interruptible; everything after it stops at the
-    next forward pass or round (TuneCancelled), and a stopped run saves nothing."""
+    next forward pass or round, and a stopped run saves nothing (`work` returns None)."""
 
     kind = "tune"
 
-    def __init__(self, label: str, engines: EngineCache, model: str, options: dict, spec: SpecConfig,
+    def __init__(self, label: str, engines: EngineProcess, model: str, options: dict, spec: SpecConfig,
                  settings: TuneSettings):
-        from engines.mlx_chat.tuning import TuneCancelled
-
         super().__init__(label)
-        self.cancellations = (TuneCancelled,)
         self.engines, self.model, self.options, self.spec, self.settings = engines, model, options, spec, settings
+        self.stop = StopFlag()
 
-    def work(self) -> str:
-        from engines.mlx_chat.tuning import measure
+    def request_cancel(self) -> None:
+        super().request_cancel()
+        self.engines.request_stop(self.stop)
 
+    def work(self) -> str | None:
         self._progress("load", 0.0, "loading the model\u2026")
-        engine, _info = self.engines.get("chat", self.model, self.options)
         s = self.settings
-        profile, _calibration = measure(engine, self.spec, s.prompts or calibration_prompts(), s.max_tokens,
-                                        s.context, s.reps, on_progress=self._measured,
-                                        should_stop=self.cancel_requested)
-        path = profile_file(profiles_dir(), engine.model_path, self.spec.method, self.spec.draft_model or "")
+        tuned = self.engines.tune(self.model, self.options, self.spec, s.prompts or calibration_prompts(),
+                                  s.max_tokens, s.context, s.reps, self.stop, on_progress=self._measured)
+        if tuned is None:
+            return None  # cancelled: nothing measured is kept
+        profile, model_path = tuned
+        path = profile_file(profiles_dir(), model_path, self.spec.method, self.spec.draft_model or "")
         profile.save(path)
         return str(path)
 
-    def _measured(self, p) -> None:
+    def _measured(self, p: TuneProgressed) -> None:
         start = STAGE_STARTS[p.stage]
         end = min([v for v in STAGE_STARTS.values() if v > start], default=1.0)
         self._progress(p.stage, start + (end - start) * p.done / max(p.total, 1), p.text)
@@ -128,7 +132,7 @@ class Tuner(QObject):
     errored = Signal(str)  # one line
     tune_requested = Signal()  # the offer's Tune… button
 
-    def __init__(self, engines: EngineCache, parent: QWidget | None = None):
+    def __init__(self, engines: EngineProcess, parent: QWidget | None = None):
         super().__init__(parent)
         self.engines = engines
         self.settings = TuneSettings()

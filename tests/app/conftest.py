@@ -58,8 +58,8 @@ def make_window(qtbot, tiny_chat):
 
     windows = []
 
-    def make(**overrides):
-        w = MainWindow(chat_settings(tiny_chat, **overrides), persist=False)
+    def make(engine_loader=None, **overrides):
+        w = MainWindow(chat_settings(tiny_chat, **overrides), engine_loader=engine_loader, persist=False)
         qtbot.addWidget(w)
         w.show()
         w.ensure_telemetry()

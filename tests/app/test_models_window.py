@@ -155,6 +155,7 @@ def test_status_bar_names_the_runtime_and_compute_units():
     assert runtime_text("ocr", {"runtime": "torch", "compute_units": "cpu", "dtype": "bfloat16"}) == \
         "PyTorch \u00b7 CPU \u00b7 bfloat16"
     assert runtime_text("ocr", {"runtime": "coreml-twin", "compute_units": "cpu"}) == "Core ML twin (PyTorch) \u00b7 CPU"
-    device = "Metal GPU" if mx.metal.is_available() else "CPU"
-    assert runtime_text("chat", {"weights": "as stored"}) == f"MLX \u00b7 {device}"
+    device = "Metal GPU" if mx.metal.is_available() else "CPU"  # the engine process says which (model_info)
+    assert runtime_text("chat", {"weights": "as stored", "device": device}) == f"MLX \u00b7 {device}"
+    assert runtime_text("chat", {"weights": "as stored"}) == "MLX"  # a server's model: no device said
     assert runtime_text("chat", {"weights": "float32 (dequantized for MLX's CPU backend)"}).endswith("float32 (dequantized)")

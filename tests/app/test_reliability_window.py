@@ -172,11 +172,10 @@ def test_screenshot_run_with_an_unreachable_data_folder_says_so_and_exits(tmp_pa
     assert shot.exists()
 
 
-def test_a_drafter_fallback_is_in_the_status_bar(qtbot, make_window, monkeypatch):
-    from tests.faults import break_ngram_drafter_on_third_call
+def test_a_drafter_fallback_is_in_the_status_bar(qtbot, make_window):
+    from tests.app.engine_loaders import load_with_an_ngram_drafter_that_breaks
 
-    break_ngram_drafter_on_third_call(monkeypatch)
-    window = make_window(chat_method="ngram", max_tokens=40)
+    window = make_window(engine_loader=load_with_an_ngram_drafter_that_breaks, chat_method="ngram", max_tokens=40)
     window.chat.prompt.setPlainText("the cat is big and the dog is small . the cat is big and the dog is small .")
     with qtbot.waitSignal(window.run_ended, timeout=RUN_TIMEOUT_MS) as ended:
         assert window.run()

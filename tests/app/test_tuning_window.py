@@ -18,6 +18,7 @@ from app.gui.views.transcript import DRAFT_BG, NGRAM_BG
 from app.settings import AppSettings, profiles_dir
 from engines.speculative.tuning import Profile, best_k, break_even
 from tests.app.conftest import Recorder, chat_settings
+from tests.app.engine_loaders import cheap
 from tests.app.test_chat_window import run_and_wait
 from tests.app.test_layout import layout_problems, styled  # noqa: F401 (styled: a fixture, the app's style sheet)
 
@@ -58,18 +59,17 @@ def drafted_backgrounds(transcript) -> list[tuple[str | None, set[str]]]:
     return out
 
 
-def test_compose_reaches_the_engine_and_each_draft_is_shown_by_its_source(qtbot, tiny_chat, trained_pair, monkeypatch):
+def test_compose_reaches_the_engine_and_each_draft_is_shown_by_its_source(qtbot, tiny_chat, trained_pair):
     """Fixed k and flat prices (Auto's choices and the chooser's drafting prices follow this
     machine's clock; tested below and in tests/engines/training/test_composed.py): at T=0 the
     composed run is the same every time, and on this prompt both sources have drafts accepted."""
     from app.gui.main_window import MainWindow
-    from engines.mlx_chat import composed
-
-    monkeypatch.setattr(composed, "MEASURED", False)
+    from tests.app.engine_loaders import load_with_flat_compose_prices
 
     _target, drafter, prompt = trained_pair
     window = MainWindow(chat_settings(tiny_chat, chat_method="mtp", draft_model=str(drafter), steps=3,
-                                      compose_ngram=True, max_tokens=64), persist=False)
+                                      compose_ngram=True, max_tokens=64),
+                        engine_loader=load_with_flat_compose_prices, persist=False)
     qtbot.addWidget(window)
     window.show()
     window.ensure_telemetry()
@@ -148,21 +148,14 @@ def tuning_notes(rounds) -> list[str]:
     return [r.note for r in rounds if r.note and "tuning profile" in r.note]
 
 
-def cheap(width: int) -> float:
-    """A machine on which verifying 8 tokens costs little more than 1."""
-    return 0.01 * (1 + 0.05 * width)
-
-
-def test_tune_writes_the_profile_the_next_auto_run_uses(qtbot, make_window, monkeypatch):
-    from engines.speculative.tuning import AutoSteps, Rounds
+def test_tune_writes_the_profile_the_next_auto_run_uses(qtbot, make_window):
+    from engines.speculative.tuning import Rounds
+    from tests.app.engine_loaders import load_with_cheap_rounds
 
     # the runs' rounds cost what `cheap` says (Tune… measures this machine): Auto's choices then
     # follow what the runs show at T=0, the same on every machine -- priced by this machine's
     # clock, k sat between near-equal choices, and moved in one run and not the next (CI failed)
-    record = AutoSteps.record
-    monkeypatch.setattr(AutoSteps, "record", lambda self, proposed, accepted, verify_s=None, draft_s=None, *rest:
-                        record(self, proposed, accepted, cheap(1 + proposed), 0.0, *rest))
-    window = make_window(chat_method="ngram", steps_auto=True, max_tokens=40)
+    window = make_window(engine_loader=load_with_cheap_rounds, chat_method="ngram", steps_auto=True, max_tokens=40)
     window.tuner.settings = QUICK_TUNE
 
     # no profile yet: the run says so once and offers Tune… above the conversation (not modal)

@@ -220,25 +220,17 @@ def test_gui_flags_and_defaults_are_the_clis(qtbot, make_window):
 # --- item 10: the chat model loads in the background --------------------------------------------
 def test_the_chat_model_is_loaded_while_the_window_opens(qtbot, tiny_chat):
     from app.gui.main_window import MainWindow
-    from engines.factory import load_engine
     from tests.app.conftest import chat_settings
 
-    loads = []
-
-    def counting_loader(kind, path, **options):  # the real loader, counted
-        loads.append(path)
-        return load_engine(kind, path, **options)
-
-    window = MainWindow(chat_settings(tiny_chat, max_tokens=4), engine_loader=counting_loader, persist=False,
-                        preload=True)  # as `specscope` opens it
+    window = MainWindow(chat_settings(tiny_chat, max_tokens=4), persist=False, preload=True)  # as `specscope` opens it
     qtbot.addWidget(window)
     with qtbot.waitSignal(window.model_preloaded, timeout=RUN_TIMEOUT_MS) as preloaded:
-        window.show()  # the load starts after the first paint, on a worker thread
-    assert preloaded.args == [""] and len(loads) == 1
+        window.show()  # the load starts after the first paint, in the engine process
+    assert preloaded.args == [""] and window.engines.loads == 1  # the engines the engine process loaded
     assert window.status.text().startswith("Ready \u00b7 ")
     window.chat.prompt.setPlainText("the cat")
     assert run_and_wait(qtbot, window) == "finished"
-    assert len(loads) == 1  # the first Send found the model loaded
+    assert window.engines.loads == 1  # the first Send found the model loaded
     window.shutdown()
 
 

@@ -19,7 +19,7 @@ from PySide6.QtWidgets import (
 from app.gui.model_jobs import JobProgress, ModelJobs
 from app.models import catalog, store
 from app.models.convert_job import conversion_needed
-from app.gui.worker import DEFAULT_OCR_MODEL
+from app.gui.engine_process import DEFAULT_OCR_MODEL
 from engines.types import EngineError
 
 COLUMNS = ("Model", "Role", "State", "On disk", "Where", "Pairs with")

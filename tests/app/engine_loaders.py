@@ -1,0 +1,67 @@
+"""Engine loaders for the window's engine process in tests (MainWindow(engine_loader=...)).
+
+The loader runs in the engine process (app/gui/engine_process.py), so each one is a top-level
+function of this module, which imports no Qt (the engine process must not load it). A fault or
+a fixed price a test needs is set up there, where the engine runs, on the real components,
+then the product's own loader loads the real engine (no mocks)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from engines.factory import load_engine
+from engines.types import EngineError
+
+_patches = pytest.MonkeyPatch()  # the engine process's lifetime is the window's: never undone
+_patched: set[str] = set()
+
+
+def _once(name: str, patch) -> None:
+    if name not in _patched:
+        _patched.add(name)
+        patch()
+
+
+def load_refusing_qt(kind: str, path: str, **options):
+    """The real loader, after checking that the engine process has not loaded Qt."""
+    qt = sorted(m for m in sys.modules if m.split(".")[0] in ("PySide6", "shiboken6", "pyqtgraph"))
+    if qt:
+        raise EngineError(f"the engine process has loaded Qt: {', '.join(qt[:3])}")
+    return load_engine(kind, path, **options)
+
+
+def load_with_an_ngram_drafter_that_breaks(kind: str, path: str, **options):
+    """The n-gram drafter raises on its third proposal in this process (tests/faults.py)."""
+    from tests.faults import break_ngram_drafter_on_third_call
+
+    _once("ngram", lambda: break_ngram_drafter_on_third_call(_patches))
+    return load_engine(kind, path, **options)
+
+
+def load_with_flat_compose_prices(kind: str, path: str, **options):
+    """Composed drafting chooses its forms by acceptance alone (no clock): the same every run."""
+    from engines.mlx_chat import composed
+
+    _once("compose", lambda: _patches.setattr(composed, "MEASURED", False))
+    return load_engine(kind, path, **options)
+
+
+def cheap(width: int) -> float:
+    """A machine on which verifying 8 tokens costs little more than 1."""
+    return 0.01 * (1 + 0.05 * width)
+
+
+def load_with_cheap_rounds(kind: str, path: str, **options):
+    """Auto's rounds cost what `cheap` says, whatever this machine's clock says: its choices
+    then follow what the runs show at T=0, the same on every machine."""
+    from engines.speculative.tuning import AutoSteps
+
+    record = AutoSteps.record
+
+    def priced(self, proposed, accepted, verify_s=None, draft_s=None, *rest):
+        return record(self, proposed, accepted, cheap(1 + proposed), 0.0, *rest)
+
+    _once("cheap", lambda: _patches.setattr(AutoSteps, "record", priced))
+    return load_engine(kind, path, **options)
