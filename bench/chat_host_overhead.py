@@ -45,7 +45,7 @@ def main() -> None:
     request = Request(prompt=prompts[args.prompt], max_tokens=args.tokens, spec=SpecConfig(method="ngram", steps=args.steps))
     list(engine.generate(request))  # warm-up
     rounds = list(engine.generate(request))
-    prompt_ids = engine._prompt_ids(request)
+    prompt_ids = engine.prompt_ids(request)
     tokens = prompt_ids + [t for r in rounds for t in r.tokens]
 
     # Each decode round's forward: n tokens on top of a cache of `length` tokens.

@@ -36,7 +36,7 @@ def main():
 
     engine = ChatEngine.load(args.model or default_model())
     req = Request(prompt="Write a short story about a lighthouse keeper.", max_tokens=args.tokens)
-    ids = engine._prompt_ids(req)
+    ids = engine.prompt_ids(req)
 
     def ours():
         rounds = list(engine.generate(req))

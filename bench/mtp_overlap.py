@@ -213,7 +213,7 @@ def main() -> None:
 
     target_dir, assistant_dir = checkpoints(args.size, Path(args.root))
     engine = ChatEngine.load(str(target_dir))  # the drafter comes later: memory without it first
-    ids = engine._prompt_ids(Request(prompt=PROMPT))
+    ids = engine.prompt_ids(Request(prompt=PROMPT))
     spec = SpecConfig(method="mtp", steps=args.steps, draft_model=str(assistant_dir))
 
     decode(engine, SpecConfig(), 8)  # warm-up

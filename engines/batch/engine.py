@@ -19,9 +19,10 @@ One step:
     rollback  each row keeps its pending token and accepted drafts; its rejected drafts and
               padding die in the cache's slot table (engines/batch/cache.py), nothing moves;
               an MTP row keeps the target's hidden state at its last accepted position.
-    report    each row's Round, built by the same code as a lone run's (ChatEngine's clip and
-              round helpers: EOS, max_tokens, repetition stop, stop strings held back); rows
-              that finished, were cancelled or whose client left, leave; their slots free.
+    report    each row's Round, built by the same code as a lone run's (its Output clips at EOS,
+              max_tokens and a repetition loop and holds back stop strings; mlx_chat's
+              round_of builds the Round); rows that finished, were cancelled or whose client
+              left, leave; their slots free.
 
 A lone request is a batch of one (`generate`).
 """
@@ -45,13 +46,11 @@ from engines.batch.mtp import BatchMTP, MTPRow
 from engines.batch.prompt_cache import PromptCache
 from engines.mlx_chat import sampling as mxs
 from engines.mlx_chat.context import check_fits
-from engines.mlx_chat.engine import ChatEngine, Run, Step
+from engines.mlx_chat.engine import ChatEngine, Run, Step, round_of, settle
 from engines.mlx_chat.prefill import PREFILL_CHUNK
 from engines.mlx_chat.proposers import EMPTY, Draft, ProposerContext
 from engines.speculative.rounds import Round
 from engines.speculative.schedule import MAX_STEPS, DraftSchedule
-from engines.speculative.stops import TextStream
-from engines.speculative.repetition import detector_for
 from engines.speculative.verify import Verdict, verify_greedy, verify_sampled
 from engines.validation import validate
 
@@ -149,26 +148,19 @@ class BatchEngine:
         it to read its prompt as soon as a row is free. `twin_of`: a sequence queued before
         with the same prompt (another of a request's n choices): this one copies its prefill."""
         validate(request, self.chat.context_length)
-        prompt = self.chat._prompt_ids(request)
+        prompt = self.chat.prompt_ids(request)
         if not prompt:
             raise EngineError("empty prompt")
         check_fits(len(prompt), request.max_tokens, self.chat.context_length)
         proposer, note = self._proposer(request)
         spec = request.spec
         schedule = DraftSchedule.of(spec, self.model_path) if proposer is not None else DraftSchedule(0)
-        run = Run(
-            request=request,
-            ctx=ProposerContext(prompt, request.sampling, self.model, []),
-            proposer=proposer,
-            schedule=schedule,
-            detokenizer=self.chat.tokenizer.detokenizer,
-            text=TextStream(request.stop),
-            eos=set(self.chat.tokenizer.eos_token_ids),
-            remaining=request.max_tokens,
-            started=time.perf_counter(),
-            note=note or schedule.note,
-            repetition=detector_for(request.max_repeat),
-        )
+        out = self.chat.output(request)
+        for said in (note, schedule.note):
+            if said:
+                out.say(said)
+        run = Run(request=request, ctx=ProposerContext(prompt, request.sampling, self.model, []), proposer=proposer,
+                  schedule=schedule, out=out)
         seed = request.sampling.seed if request.sampling.seed is not None else random.getrandbits(63)
         key = None if request.sampling.greedy else mx.random.key(seed)
         seq = Sequence(next(self._ids), run, should_stop or (lambda: False), key, on_prefill)
@@ -196,9 +188,9 @@ class BatchEngine:
                 if not path:
                     raise EngineError("spec method 'draft' needs a draft model (--draft-model PATH)")
                 if path not in self.drafters:
-                    self.drafters[path] = BatchDrafter(self.chat._draft(path).model)
+                    self.drafters[path] = BatchDrafter(self.chat.draft_model(path).model)
                 return self.drafters[path].row(), alone
-            return self.chat._make_proposer(request), None
+            return self.chat.make_proposer(request), None
         except EngineError as e:
             return None, f"speculation unavailable: {e}"
 
@@ -281,20 +273,19 @@ class BatchEngine:
         logits, hidden = self._forward(seq.own_cache, [seq.prompt[-1:]], [seq])
         step = Step(0, EMPTY, 0.0, token=mxs.pick(logits[0, -1:], run.ctx.sampling, seq.next_key()))
         seq.own_cache.settle([1])
-        verdict = self.chat._settle(run, step)
-        tokens, finish = self.chat._clip(run, verdict)
+        verdict = settle(run, step)
+        tokens, finish = run.out.clip(verdict)
         run.ctx.tokens = run.ctx.tokens + tokens
-        run.remaining -= len(tokens)
         run.ctx.hidden = hidden[0, -1] if hidden is not None else None
         if run.proposer is not None:
             try:
                 run.proposer.start(run.ctx)
             except Exception as e:  # graceful degradation, for this sequence only
-                self.chat._stop_speculating(run, e)
+                run.stop_speculating(e)
         step.verify_s = step.wall_s = time.perf_counter() - seq.prefill_started
         if finish is None and seq.should_stop():
             finish = "cancelled"
-        rnd = self.chat._round(run, step, verdict, tokens, finish, prefill=True)
+        rnd = round_of(run, step, verdict, tokens, finish, prefill=True)
         if not rnd.finish:
             if self.cache is None:
                 self.cache = seq.own_cache
@@ -352,7 +343,7 @@ class BatchEngine:
         sampling = run.ctx.sampling
         steps = asked if (not sampling.greedy and sampling.seed is not None) else min(asked, cap)
         if steps < asked and cap != seq.capped_at:  # said once per change of the cap
-            run.note = (f"batch of {self.size}: drafts capped at {cap} per round "
+            run.out.say(f"batch of {self.size}: drafts capped at {cap} per round "
                         "(this machine's measured step costs)")
             seq.capped_at = cap
         return steps
@@ -364,7 +355,7 @@ class BatchEngine:
         except Exception as e:  # graceful degradation for every sequence of this draft model
             for row, _, _ in asks:
                 seq = by_row[id(row)]
-                self.chat._stop_speculating(seq.run, e)
+                seq.run.stop_speculating(e)
                 row.leave()
             return {}
 
@@ -375,14 +366,14 @@ class BatchEngine:
             return {s.id: d for (_, s, _), d in zip(asks, drafts)}
         except Exception as e:  # graceful degradation for every sequence of this drafter
             for _, seq, _ in asks:
-                self.chat._stop_speculating(seq.run, e)
+                seq.run.stop_speculating(e)
             return {}
 
     def _propose(self, run: Run, steps: int) -> Draft:
         try:
             return run.proposer.propose(run.ctx, steps)
         except Exception as e:
-            self.chat._stop_speculating(run, e)
+            run.stop_speculating(e)
             return EMPTY
 
     def _verify_forward(self, plans: list[RowStep]) -> None:
@@ -427,13 +418,14 @@ class BatchEngine:
         seq, run, step = plan.seq, plan.seq.run, plan.step
         now = time.perf_counter()
         step.verify_s = forward_s
-        step.wall_s, run.last_settled = now - (run.last_settled or run.started), now
-        tokens, finish = self.chat._clip(run, verdict)
+        step.wall_s, run.last_settled = now - (run.last_settled or run.out.started), now
+        tokens, finish = run.out.clip(verdict)
         run.ctx.tokens = run.ctx.tokens + tokens
-        run.remaining -= len(tokens)
         if plan.hidden is not None:  # MTP: the hidden state that produced the row's new token
             run.ctx.hidden = plan.hidden[verdict.accepted]
-        run.schedule.record(step.k, verdict.accepted)
+        # the row's round as its request waits for it, settle to settle, drafting apart: what
+        # --steps auto prices a round of this k at in a batch of this size (as a lone run does)
+        run.schedule.record(step.k, verdict.accepted, step.wall_s - step.draft_s, step.draft_s, asked=step.steps)
         seq.accepted += verdict.accepted
         seq.rejections += 1 if verdict.accepted < step.k else 0
         seq.asked += 1 if step.steps else 0
@@ -442,14 +434,13 @@ class BatchEngine:
             try:
                 run.proposer.commit(run.ctx)
             except Exception as e:
-                self.chat._stop_speculating(run, e)
+                run.stop_speculating(e)
         if finish is None and seq.should_stop():
             finish = "cancelled"
-        return self.chat._round(run, step, verdict, tokens, finish)
+        return round_of(run, step, verdict, tokens, finish)
 
     def _cancelled_round(self, seq: Sequence) -> Round:
-        step = Step(0, EMPTY, 0.0)
-        return self.chat._round(seq.run, step, Verdict(0, []), [], "cancelled")
+        return seq.run.out.stopped("cancelled")
 
     def _leave(self, done: list[Sequence]) -> None:
         """Finished, cancelled and disconnected sequences leave; their rows are freed now."""

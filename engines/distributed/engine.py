@@ -124,7 +124,7 @@ def load_rank_zero(path: str, draft_model: str | None, group: mx.distributed.Gro
         from engines.mlx_chat.mtp import is_assistant_dir, preload_drafter
 
         if not is_assistant_dir(draft_model):
-            engine._draft(draft_model)
+            engine.draft_model(draft_model)
         elif stage is not None:  # loaded now: its memory counts, and a wrong one is said at start
             preload_drafter(engine, draft_model)
             check_drafter_layers(engine.mtp_drafters[draft_model], draft_model, stage)
@@ -181,7 +181,7 @@ class RankZeroEngine(BatchEngine):
         self.watchdog = Watchdog(self.timeout_s, self._expired).start()
         if self.drafter_on == EVERY_RANK:  # the server's draft model, its every op logged for the followers
             path = self.chat.draft_path
-            self.drafters[path] = MirroredDrafter(self.chat._draft(path).model, log=self.log)
+            self.drafters[path] = MirroredDrafter(self.chat.draft_model(path).model, log=self.log)
 
     @property
     def ranks(self) -> int:

@@ -30,16 +30,17 @@ import numpy as np
 from engines.types import EngineError, Request, Sampling, ShouldStop
 from engines.glm_ocr.config import GlmOcrConfig
 from engines.glm_ocr.positions import prompt_positions, text_positions, text_rope
-from engines.glm_ocr.prompts import GlmTokenizer, TextStream, prompt_ids
+from engines.glm_ocr.prompts import GlmTokenizer, prompt_ids
 from engines.glm_ocr.runtime import Runtime
 from engines.speculative.composed import REPRICE_EVERY, Chooser
 from engines.speculative.costs import StepCosts
 from engines.speculative.ngram import NGramProposer as NGramIndex
-from engines.speculative.repetition import RepetitionDetector, clip_at_repetition
+from engines.speculative.output import Output
+from engines.speculative.repetition import RepetitionDetector
 from engines.speculative.rounds import Round
 from engines.speculative.sampling import rejection_verify, target_probs
 from engines.speculative.schedule import DraftSchedule
-from engines.speculative.verify import Verdict, accept_flags, clip_emitted, verify_greedy
+from engines.speculative.verify import Verdict, verify_greedy
 
 
 # ----------------------------------------------------------------------------- positions
@@ -352,51 +353,6 @@ class Sampler:
         return rejection_verify(p, None, drafts, self.rng)
 
 
-class Output:
-    """What the run has emitted, and the Round of each forward: a verdict is clipped at EOS,
-    max_tokens and repetition, its text streamed by the tokenizer's own DecodeStream.
-
-    Round.accepted is the verifier's count, before clipping (engines/speculative/rounds.py);
-    from_draft marks the emitted tokens that came from accepted drafts."""
-
-    def __init__(self, tokenizer: GlmTokenizer, eos_ids: list[int], max_tokens: int,
-                 guard: RepetitionDetector | None):
-        self.tokenizer = tokenizer
-        self.eos_ids = eos_ids
-        self.max_tokens = max_tokens
-        self.guard = guard
-        self.text: TextStream = tokenizer.stream()
-        self.emitted = 0
-        self.t_start = time.perf_counter()
-
-    def round(self, index: int, verdict: Verdict, drafts: list[int], t0: float, draft_s: float,
-              verify_s: float, *, steps: int = 0, prefill: bool = False) -> Round:
-        kept, finish = clip_emitted(verdict.tokens, self.eos_ids, self.max_tokens - self.emitted)
-        kept, finish, note = self._check_repetition(kept, finish)
-        self.emitted += len(kept)
-        from_draft = [i < verdict.accepted for i in range(len(kept))]
-        text, spans = _text_and_draft_spans(self.text.pieces(kept), from_draft)
-        if finish is not None:
-            text += self.text.flush()
-        now = time.perf_counter()
-        return Round(
-            index=index, proposed=len(drafts), accepted=verdict.accepted, tokens=kept, from_draft=from_draft,
-            text=text, draft_spans=spans, accept_flags=accept_flags(len(drafts), verdict.accepted),
-            draft_s=draft_s, verify_s=verify_s, wall_s=now - t0, t_s=now - self.t_start, prefill=prefill,
-            steps=steps, finish=finish, note=note)
-
-    def stopped(self, index: int, finish: str, note: str | None = None) -> Round:
-        """A round that ran no forward: the run was cancelled, or the context is full."""
-        return Round(index=index, proposed=0, accepted=0, tokens=[], from_draft=[], text="", accept_flags=[],
-                     draft_s=0.0, verify_s=0.0, wall_s=0.0, t_s=time.perf_counter() - self.t_start,
-                     finish=finish, note=note)
-
-    def _check_repetition(self, kept: list[int], finish):
-        """Token by token, so a speculative run stops at exactly the token plain decoding does."""
-        kept, note = clip_at_repetition(self.guard, kept)
-        return kept, ("repetition" if note else finish), note
-
-
 # ----------------------------------------------------------------------------- the engine
 
 
@@ -467,7 +423,8 @@ class OcrEngine:
         prompt = self._prompt(request)
         schedule, drafter, note = self._drafting(request, prompt, drafter)
         sampler = Sampler(request.sampling)
-        out = Output(self.tokenizer, self.config.eos_token_ids, request.max_tokens, self._guard(request))
+        out = Output(self.tokenizer.stream(), set(self.config.eos_token_ids), request.max_tokens, request.stop,
+                     self._guard(request))
 
         # prefill: the prompt in prefill_len chunks; the last row's logits give the first token
         t0 = time.perf_counter()
@@ -476,20 +433,22 @@ class OcrEngine:
         seq = Sequence(len(prompt.ids), hiddens[-1], sampler.first(self.runtime.logits(hiddens[-1:])))
         if drafter is not None:
             drafter.start(hiddens, prompt.embeds)
-        rnd = out.round(0, Verdict(0, [seq.token]), [], t0, 0.0, time.perf_counter() - t0, prefill=True)
-        rnd.note = _join(prompt.note, note, rnd.note)
+        first = Verdict(0, [seq.token])
+        tokens, finish = out.clip(first)
+        prefill_s = time.perf_counter() - t0
+        rnd = out.round(first, tokens, finish, proposed=0, draft_s=0.0, verify_s=prefill_s, wall_s=prefill_s,
+                        prefill=True, note=_join(prompt.note, note))
         yield rnd
 
-        index = 1
         while rnd.finish is None:
             if should_stop is not None and should_stop():
-                yield out.stopped(index, "cancelled")
+                yield out.stopped("cancelled")
                 return
             if seq.length + self.runtime.seq_len > self.runtime.cache_length:
-                yield out.stopped(index, "length", f"stopped: the context of {self.runtime.cache_length} tokens is full")
+                yield out.stopped("length", f"stopped: the context of {self.runtime.cache_length} tokens is full")
                 return
             t0 = time.perf_counter()
-            k = min(schedule.next_steps(request.max_tokens - out.emitted), self.runtime.seq_len - 1)
+            k = min(schedule.next_steps(out.remaining), self.runtime.seq_len - 1)
 
             # draft
             drafts, note = [], None
@@ -513,16 +472,16 @@ class OcrEngine:
                 drafter.accept(rows[: verdict.accepted], drafts[: verdict.accepted])
             schedule.record(len(drafts), verdict.accepted, t2 - t1, t1 - t0)
             seq.advance(verdict, rows)
-            rnd = out.round(index, verdict, drafts, t0, t1 - t0, t2 - t1, steps=k)
-            rnd.draft_source = getattr(drafter, "source", None) if drafts else None  # composed only
-            rnd.note = _join(note, rnd.note)
-            if schedule.expected is not None:  # what --steps auto expected of each k as it chose this one
-                rnd.expected_tok_s = [round(r, 2) for r in schedule.expected[0]]
-                rnd.expected_tokens = [round(t, 3) for t in schedule.expected[1]]
-            if rnd.finish is None and should_stop is not None and should_stop():
-                rnd.finish = "cancelled"
+            tokens, finish = out.clip(verdict)
+            if finish is None and should_stop is not None and should_stop():
+                finish = "cancelled"
+            expected = schedule.expected  # what --steps auto expected of each k as it chose this one
+            rnd = out.round(verdict, tokens, finish, proposed=len(drafts), draft_s=t1 - t0, verify_s=t2 - t1,
+                            wall_s=time.perf_counter() - t0, steps=k, note=note,
+                            draft_source=getattr(drafter, "source", None) if drafts else None,  # composed only
+                            expected_tok_s=[round(r, 2) for r in expected[0]] if expected else None,
+                            expected_tokens=[round(t, 3) for t in expected[1]] if expected else None)
             yield rnd
-            index += 1
 
     # -- helpers, in the order the loop uses them ------------------------------------------
 
@@ -622,21 +581,6 @@ class OcrEngine:
         """One target forward over `tokens` at cache rows start..: their final-normed hidden states."""
         cos, sin = text_rope(positions.rows(start, len(tokens)), self.config.text)
         return self.runtime.decode(self.runtime.embeddings[np.asarray(tokens)], start, cos, sin)
-
-
-def _text_and_draft_spans(pieces: list[str], from_draft: list[bool]) -> tuple[str, list[tuple[int, int]]]:
-    """A round's text, and the [start, end) character ranges of it that accepted drafts wrote
-    (Round.draft_spans), adjacent ones merged."""
-    spans: list[tuple[int, int]] = []
-    at = 0
-    for piece, drafted in zip(pieces, from_draft):
-        if drafted and piece:
-            if spans and spans[-1][1] == at:
-                spans[-1] = (spans[-1][0], at + len(piece))
-            else:
-                spans.append((at, at + len(piece)))
-        at += len(piece)
-    return "".join(pieces), spans
 
 
 def _join(*notes: str | None) -> str | None:

@@ -36,8 +36,8 @@ class GlmTokenizer:
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
-    def stream(self) -> "TextStream":
-        return TextStream(self.tokenizer)
+    def stream(self) -> "DecodeText":
+        return DecodeText(self.tokenizer)
 
     def token_id(self, token: str) -> int:
         tid = self.tokenizer.token_to_id(token)
@@ -58,10 +58,10 @@ def prompt_ids(tokenizer: GlmTokenizer, task: str, num_image_tokens: int, image_
     return tokenizer.encode(PROMPT_PREFIX) + [image_token_id] * num_image_tokens + tokenizer.encode(suffix)
 
 
-class TextStream:
+class DecodeText:
     """Text deltas of a growing token list, from the tokenizers library's streaming decoder
     (DecodeStream): each token is decoded once, and a multi-byte character split across
-    tokens comes out whole with the token that completes it."""
+    tokens comes out whole with the token that completes it (the Output's TokenText)."""
 
     def __init__(self, tokenizer):
         from tokenizers.decoders import DecodeStream
@@ -71,15 +71,16 @@ class TextStream:
         self.ids: list[int] = []
         self.shown = 0  # characters returned so far
 
-    def pieces(self, ids: list[int]) -> list[str]:
-        """The text each token completes ("" while a character is still incomplete)."""
-        self.ids.extend(int(t) for t in ids)
-        out = [self.stream.step(self.tokenizer, int(t)) or "" for t in ids]
-        self.shown += sum(len(s) for s in out)
-        return out
+    def add(self, token: int) -> str:
+        """The text this token completes ("" while a character is still incomplete)."""
+        self.ids.append(int(token))
+        piece = self.stream.step(self.tokenizer, int(token)) or ""
+        self.shown += len(piece)
+        return piece
 
-    def flush(self) -> str:
+    def finish(self) -> str:
         """At the end: what an incomplete last character decodes to (U+FFFD), as a one-shot
         decode of the whole output would show it."""
         full = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        return full[self.shown:]
+        rest, self.shown = full[self.shown:], len(full)
+        return rest

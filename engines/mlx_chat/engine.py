@@ -50,12 +50,27 @@ from engines.mlx_chat.proposers import (
     Proposer,
     ProposerContext,
 )
+from engines.speculative.output import Output
 from engines.speculative.rounds import Round
 from engines.speculative.schedule import DraftSchedule
-from engines.speculative.stops import TextStream
-from engines.speculative.repetition import RepetitionDetector, clip_at_repetition, detector_for
-from engines.speculative.verify import Verdict, accept_flags, clip_emitted, verify_greedy, verify_sampled
+from engines.speculative.repetition import detector_for
+from engines.speculative.verify import Verdict, verify_greedy, verify_sampled
 from engines.validation import validate
+
+
+class DetokenizerText:
+    """mlx-lm's streaming detokenizer as the Output's TokenText."""
+
+    def __init__(self, detokenizer):
+        self.detokenizer = detokenizer
+
+    def add(self, token: int) -> str:
+        self.detokenizer.add_token(token)
+        return self.detokenizer.last_segment
+
+    def finish(self) -> str:
+        self.detokenizer.finalize()
+        return self.detokenizer.last_segment
 
 
 @dataclass
@@ -66,18 +81,15 @@ class Run:
     ctx: ProposerContext  # tokens (prompt + accepted), caches, sampling, hidden state
     proposer: Proposer | None
     schedule: DraftSchedule
-    detokenizer: Any  # mlx-lm's streaming detokenizer
-    text: TextStream  # decoded text, stop strings held back
-    eos: set[int]
-    remaining: int
-    started: float
-    index: int = 0
+    out: Output  # what was emitted, its text (stop strings held back), the Rounds
     last_settled: float = 0.0  # end of the previous round's settle: rounds tile the timeline
-    note: str | None = None  # said once, by the next Round
-    repetition: RepetitionDetector | None = None  # the loop detector (Request.max_repeat)
     drafted_last: int = 0  # drafts asked of the last round that drafted (an anticipated chain's length)
     ahead: int = 0  # drafts the proposer anticipated for the next round (depth-2 overlap), 0 if none
     last_k: int | None = None  # drafts of the last round committed
+
+    @property
+    def remaining(self) -> int:
+        return self.out.remaining
 
     @property
     def cache(self) -> list[Any]:
@@ -92,6 +104,11 @@ class Run:
     @property
     def needs_hidden(self) -> bool:
         return self.proposer is not None and self.proposer.needs_hidden
+
+    def stop_speculating(self, error: BaseException) -> None:
+        """Graceful degradation: the drafter failed; decode plainly from here on, say so once."""
+        self.schedule.disable()
+        self.out.say(f"speculation stopped: {type(error).__name__}: {error}")
 
 
 @dataclass
@@ -144,7 +161,7 @@ class ChatEngine:
             if is_assistant_dir(draft_model):  # a Gemma 4 assistant is an MTP drafter, not an LM
                 preload_drafter(engine, draft_model)
             else:
-                engine._draft(draft_model)
+                engine.draft_model(draft_model)
         return engine
 
     @property
@@ -159,7 +176,7 @@ class ChatEngine:
     def tokenizer(self):
         return self.target.tokenizer
 
-    def _draft(self, path: str) -> LoadedModel:
+    def draft_model(self, path: str) -> LoadedModel:
         """Draft models are loaded once and kept; the tokenizer must be the target's."""
         if path not in self._drafts:
             draft = load_model(path)
@@ -177,7 +194,7 @@ class ChatEngine:
     def count_prompt_tokens(self, request: Request) -> int:
         """The prompt's length in tokens, chat template applied (a server reports it, and
         refuses a prompt that cannot fit)."""
-        return len(self._prompt_ids(request))
+        return len(self.prompt_ids(request))
 
     def model_info(self) -> dict:
         from engines.speculative.session import model_hash
@@ -212,21 +229,21 @@ class ChatEngine:
                 ahead = self._launch(run, after=step)
             else:
                 ahead = None
-            verdict = self._settle(run, step)
-            tokens, finish = self._clip(run, verdict)
+            verdict = settle(run, step)
+            tokens, finish = run.out.clip(verdict)
             self._commit(run, step, verdict, tokens, finish, ahead)
             if finish is None and should_stop():
                 finish = "cancelled"
             if finish is None and ahead is None:
                 ahead = self._launch(run)  # the next round's forward runs while this one is reported
-            rnd = self._round(run, step, verdict, tokens, finish)
+            rnd = round_of(run, step, verdict, tokens, finish)
             yield rnd
             step = None if rnd.finish else ahead
 
     # -- the loop's helpers, in the order they run ------------------------------------------------
     def _start(self, request: Request) -> Run:
         validate(request, self.context_length)
-        prompt_ids = self._prompt_ids(request)
+        prompt_ids = self.prompt_ids(request)
         check_fits(len(prompt_ids), request.max_tokens, self.context_length)  # before any forward
         if request.sampling.seed is not None:
             mx.random.seed(request.sampling.seed)
@@ -241,19 +258,16 @@ class ChatEngine:
         if schedule.auto is not None and hasattr(proposer, "chooser"):  # composed: price widths as auto does
             auto = schedule.auto
             proposer.chooser.latency = lambda width: auto.latency().at(width) if auto.ready() else 1.0
-        return Run(
-            request=request,
-            ctx=ctx,
-            proposer=proposer,
-            schedule=schedule,
-            detokenizer=self.tokenizer.detokenizer,
-            text=TextStream(request.stop),
-            eos=set(self.tokenizer.eos_token_ids),
-            remaining=request.max_tokens,
-            started=time.perf_counter(),
-            note=note or schedule.note,
-            repetition=detector_for(request.max_repeat),
-        )
+        out = self.output(request)
+        for said in (note, schedule.note):
+            if said:
+                out.say(said)
+        return Run(request=request, ctx=ctx, proposer=proposer, schedule=schedule, out=out)
+
+    def output(self, request: Request) -> Output:
+        """What a run of `request` emits: its text through mlx-lm's streaming detokenizer."""
+        return Output(DetokenizerText(self.tokenizer.detokenizer), set(self.tokenizer.eos_token_ids),
+                      request.max_tokens, request.stop, detector_for(request.max_repeat))
 
     def _auto_from_earlier_requests(self, auto, request: Request) -> None:
         """--steps auto starts from what earlier requests with this drafter showed: what its
@@ -276,7 +290,7 @@ class ChatEngine:
         roll back exactly (recurrent / hybrid layers)."""
         if request.spec.enabled:
             try:
-                proposer = self._make_proposer(request)
+                proposer = self.make_proposer(request)
                 return proposer, self._speculative_cache(proposer), None
             except TokenizerMismatch:
                 raise  # a wrong draft model is the user's to fix, not to paper over
@@ -297,7 +311,7 @@ class ChatEngine:
             proposer.launches_ahead = False  # each round launched after the last verdict: say so to it
         return make_rollback_cache(self.model)
 
-    def _make_proposer(self, request: Request) -> Proposer:
+    def make_proposer(self, request: Request) -> Proposer:
         proposer = self._model_or_ngram_proposer(request)
         spec = request.spec
         if spec.compose_ngram and spec.method in ("draft", "mtp"):
@@ -317,14 +331,14 @@ class ChatEngine:
             path = spec.draft_model or self.draft_path
             if not path:
                 raise EngineError("spec method 'draft' needs a draft model (--draft-model PATH)")
-            return DraftModelProposer(self._draft(path).model)
+            return DraftModelProposer(self.draft_model(path).model)
         if spec.method == "mtp":
             from engines.mlx_chat.mtp import make_mtp_proposer
 
             return make_mtp_proposer(self, request)
         raise EngineError(f"unknown spec method {spec.method!r}")
 
-    def _prompt_ids(self, request: Request) -> list[int]:
+    def prompt_ids(self, request: Request) -> list[int]:
         tok = self.tokenizer
         if request.ignore_chat_template or not getattr(tok, "has_chat_template", False):
             return list(tok.encode(request.prompt))
@@ -352,22 +366,21 @@ class ChatEngine:
         # all but the last prompt token, in chunks (progress, cancel); the last gives the logits
         if not feed_prompt(self.model, run.cache, prompt[:-1], should_stop, on_prefill):
             stopped = Step(0, EMPTY, 0.0, verify_s=time.perf_counter() - t0, wall_s=time.perf_counter() - t0)
-            return self._round(run, stopped, Verdict(0, []), [], "cancelled", prefill=True)
+            return round_of(run, stopped, Verdict(0, []), [], "cancelled", prefill=True)
         logits, hidden = self._forward(run, prompt[-1:])
         step = Step(0, EMPTY, 0.0, token=mxs.pick(logits[-1:], run.ctx.sampling), hidden=hidden)
-        verdict = self._settle(run, step)
-        tokens, finish = self._clip(run, verdict)
+        verdict = settle(run, step)
+        tokens, finish = run.out.clip(verdict)
         run.ctx.tokens += tokens
-        run.remaining -= len(tokens)
         run.ctx.hidden = hidden[-1] if hidden is not None else None
         if run.proposer is not None:
             try:
                 run.proposer.start(run.ctx)
             except Exception as e:  # graceful degradation: plain decoding from here on
-                self._stop_speculating(run, e)
+                run.stop_speculating(e)
         step.verify_s = step.wall_s = time.perf_counter() - t0
         run.last_settled = time.perf_counter()
-        return self._round(run, step, verdict, tokens, finish, prefill=True)
+        return round_of(run, step, verdict, tokens, finish, prefill=True)
 
     def _launches_before_verdict(self, run: Run, step: Step) -> bool:
         """Whether the next round can be launched now, before `step` is settled: slot caches,
@@ -449,7 +462,7 @@ class ChatEngine:
                 mx.eval(draft.tokens)  # drafting time is its own telemetry
             return draft
         except Exception as e:
-            self._stop_speculating(run, e)
+            run.stop_speculating(e)
             return EMPTY
 
     def _anticipate(self, run: Run, step: Step, chain: bool = True) -> None:
@@ -461,31 +474,8 @@ class ChatEngine:
             run.proposer.anticipate(run.ctx, step.lazy if chain else replace(step.lazy, hidden=None))
         except Exception as e:
             # this step's drafts are verified as usual; its Round says speculation stopped
-            self._stop_speculating(run, e)
-            step.note, run.note = run.note, None
-
-    def _settle(self, run: Run, step: Step) -> Verdict:
-        """Wait for the few ints of the verify results: the accepted drafts + one target token."""
-        t0 = time.perf_counter()
-        drafts = step.draft.tokens.tolist() if step.k else []
-        if step.sampled is None:
-            verdict = verify_greedy(drafts, (step.argmax if step.argmax is not None else step.token).tolist())
-        else:
-            s = step.sampled
-            verdict = verify_sampled(drafts, s.accept.tolist(), s.residual.tolist(), s.bonus.item())
-        t1 = time.perf_counter()
-        step.verify_s, step.wall_s = step.build_s + (t1 - t0), t1 - run.last_settled
-        run.last_settled = t1
-        return verdict
-
-    def _clip(self, run: Run, verdict: Verdict) -> tuple[list[int], str | None]:
-        """The verdict's tokens cut at EOS, max_tokens and a repetition loop (fed token by
-        token to the detector, so plain and speculative runs stop at the same token)."""
-        tokens, finish = clip_emitted(verdict.tokens, run.eos, run.remaining)
-        tokens, loop = clip_at_repetition(run.repetition, tokens)
-        if loop is not None:
-            finish, run.note = "repetition", loop
-        return tokens, finish
+            run.stop_speculating(e)
+            step.note, run.out.note = run.out.note, None
 
     def _commit(self, run: Run, step: Step, verdict: Verdict, tokens: list[int], finish: str | None,
                 next_step: Step | None = None) -> None:
@@ -495,7 +485,6 @@ class ChatEngine:
         if run.holes is None:
             rollback(run.cache, step.k - verdict.accepted)
         run.ctx.tokens += tokens
-        run.remaining -= len(tokens)
         # None when this forward did not return it: composed drafting asks for it only before
         # a round that may chain (engines/mlx_chat/composed.py), and a chain must not start from
         # an older round's
@@ -512,7 +501,7 @@ class ChatEngine:
             try:
                 run.proposer.commit(run.ctx)
             except Exception as e:
-                self._stop_speculating(run, e)
+                run.stop_speculating(e)
 
     @staticmethod
     def _priced(run: Run, step: Step, next_step: Step | None) -> bool:
@@ -535,53 +524,36 @@ class ChatEngine:
             return step.launched_early and next_early and run.last_k == step.k == next_step.k
         return True
 
-    def _round(self, run: Run, step: Step, verdict: Verdict, tokens: list[int], finish: str | None,
-               prefill: bool = False) -> Round:
-        """Detokenize, hold back what could still become a stop string, and build the Round
-        (while the next round's forward runs)."""
-        from_draft = [i < verdict.accepted for i in range(len(tokens))]
-        for i, token in enumerate(tokens):
-            if token in run.eos:
-                continue
-            run.detokenizer.add_token(token)
-            if run.text.add(run.detokenizer.last_segment, from_draft[i]):
-                tokens, finish = tokens[: i + 1], "stop"  # drop the tokens after the one completing it
-                break
-        else:
-            if finish:
-                run.detokenizer.finalize()
-                if run.text.add(run.detokenizer.last_segment, False):
-                    finish = "stop"
-        text, spans = run.text.release(final=finish is not None)
-        rnd = Round(
-            index=run.index,
-            proposed=step.k,
-            accepted=verdict.accepted,  # the verdict, before clipping (see Round)
-            tokens=tokens,
-            from_draft=from_draft[: len(tokens)],
-            text=text,
-            accept_flags=accept_flags(step.k, verdict.accepted),
-            draft_s=step.draft_s,
-            verify_s=step.verify_s,
-            wall_s=step.wall_s,
-            t_s=time.perf_counter() - run.started,
-            prefill=prefill,
-            steps=step.steps,
-            finish=finish,
-            note=run.note or step.note,
-            draft_spans=spans,
-            draft_source=step.draft.source if step.k else None,
-            expected_tok_s=step.expected[0] if step.expected and not prefill else None,
-            expected_tokens=step.expected[1] if step.expected and not prefill else None,
-            launched_early=step.launched_early,
-        )
-        run.note = None
-        run.index += 1
-        if (run.index % 256) == 0:
-            mx.clear_cache()
-        return rnd
 
-    def _stop_speculating(self, run: Run, error: BaseException) -> None:
-        """Graceful degradation: the drafter failed; decode plainly from here on, say so once."""
-        run.schedule.disable()
-        run.note = f"speculation stopped: {type(error).__name__}: {error}"
+# -- a step's verdict and Round: the lone loop's and the batch's rows' -------------------------
+def settle(run: Run, step: Step) -> Verdict:
+    """Wait for the few ints of the verify results: the accepted drafts + one target token."""
+    t0 = time.perf_counter()
+    drafts = step.draft.tokens.tolist() if step.k else []
+    if step.sampled is None:
+        verdict = verify_greedy(drafts, (step.argmax if step.argmax is not None else step.token).tolist())
+    else:
+        s = step.sampled
+        verdict = verify_sampled(drafts, s.accept.tolist(), s.residual.tolist(), s.bonus.item())
+    t1 = time.perf_counter()
+    step.verify_s, step.wall_s = step.build_s + (t1 - t0), t1 - run.last_settled
+    run.last_settled = t1
+    return verdict
+
+
+
+def round_of(run: Run, step: Step, verdict: Verdict, tokens: list[int], finish: str | None,
+           prefill: bool = False) -> Round:
+    """The step's Round (detokenized, stop strings held back: Output.round), built while the
+    next round's forward runs."""
+    rnd = run.out.round(
+        verdict, tokens, finish, proposed=step.k, draft_s=step.draft_s, verify_s=step.verify_s,
+        wall_s=step.wall_s, steps=step.steps, prefill=prefill, note=step.note,
+        draft_source=step.draft.source if step.k else None,
+        expected_tok_s=step.expected[0] if step.expected and not prefill else None,
+        expected_tokens=step.expected[1] if step.expected and not prefill else None,
+        launched_early=step.launched_early,
+    )
+    if (run.out.index % 256) == 0:
+        mx.clear_cache()
+    return rnd

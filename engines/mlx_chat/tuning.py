@@ -105,7 +105,7 @@ def calibrate(engine, prompts: list[str], spec: SpecConfig, max_tokens: int,
                 else:
                     break
         if replayed is not None:  # what each fixed k would have done on this output (the lookup is the text's)
-            prompt_ids = engine._prompt_ids(request)
+            prompt_ids = engine.prompt_ids(request)
             replayed.merge(replay_text(prompt_ids + output, len(prompt_ids) + 1, MAX_STEPS, spec.ngram_min, spec.ngram_max))
     acceptance = [(a + 0.5) / (r + 1) for a, r in zip(accepted, reached)]  # half a round of prior: no 0/0
     return Calibration(acceptance, reached, draft_s / drafted if drafted else 0.0, rounds,

@@ -105,3 +105,42 @@ def test_importing_engine_types_loads_no_qt_mlx_or_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def private_names_by_module() -> dict[Path, set[str]]:
+    """The underscore names each of the product's modules defines: functions, methods, classes."""
+    import ast
+
+    names = {}
+    for package in ("app", "engines"):
+        for path in (ROOT / package).rglob("*.py"):
+            tree = ast.parse(path.read_text())
+            names[path] = {n.name for n in ast.walk(tree)
+                           if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                           and n.name.startswith("_") and not n.name.startswith("__")}
+    return names
+
+
+def test_no_module_calls_another_modules_underscore_names():
+    """What a module keeps to itself (a leading underscore) stays there: `x._name(...)` where
+    `_name` is another of the product's modules' and not this one's (self, cls and super() are
+    the class's own). The batch once made 14 such calls into the chat engine."""
+    import ast
+
+    defined = private_names_by_module()
+    elsewhere: dict[str, set[Path]] = {}
+    for path, names in defined.items():
+        for name in names:
+            elsewhere.setdefault(name, set()).add(path)
+    crossings = []
+    for path, own in defined.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Attribute) and node.attr in elsewhere and node.attr not in own):
+                continue
+            owner = node.value
+            if isinstance(owner, ast.Name) and owner.id in ("self", "cls"):
+                continue
+            if isinstance(owner, ast.Call) and isinstance(owner.func, ast.Name) and owner.func.id == "super":
+                continue
+            crossings.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
+    assert crossings == []

@@ -180,7 +180,7 @@ def test_choices_of_one_request_share_its_prefill(engines, monkeypatch):
     monkeypatch.undo()
     alone = lone(engine, request)[0]
     assert all(tokens == alone for tokens in got.values())
-    prompt = len(engine._prompt_ids(request))
+    prompt = len(engine.prompt_ids(request))
     assert sum(prefilled) == prompt - 1 + 3  # the body read once, then each choice's last token
 
     sampled = [Request(prompt=COPY, max_tokens=24, sampling=Sampling(temperature=1.0, seed=s)) for s in (1, 2)]
@@ -222,7 +222,7 @@ def test_short_prompts_join_together_and_a_long_one_a_chunk_per_step(engines):
     short = [Request(prompt=p, max_tokens=12) for p in ("big red", "the old moon", "a red bird")]
     long = Request(prompt=" ".join([COPY] * 3), max_tokens=12)
     chunk = 24
-    assert chunk < len(engine._prompt_ids(long)) - 1 <= 3 * chunk
+    assert chunk < len(engine.prompt_ids(long)) - 1 <= 3 * chunk
     batch = BatchEngine(engine, max_batch=4, prefill_chunk=chunk, budget=None)
     seqs = [batch.submit(r) for r in short]
     first = batch.step()
@@ -269,3 +269,20 @@ def test_a_shared_drafter_fault_stops_its_rows_and_says_why(engines, llama_draft
         assert notes and all("shared drafter broke" in n for n in notes), notes
         broke_at = next(j for j, rnd in enumerate(got[i]) if rnd.note)
         assert all(rnd.proposed == 0 for rnd in got[i][broke_at:]), i
+
+
+def test_steps_auto_in_a_batch_row_learns_its_rounds_costs(engines):
+    """A row's --steps auto prices widths from its own rounds -- the step's verify, its drafting
+    -- as a lone run's does; without them it never learned a cost in a batch."""
+    engine = engines["llama"]
+    batch = BatchEngine(engine, max_batch=2)
+    reqs = [Request(prompt=p, max_tokens=40, spec=SpecConfig("ngram", 3, auto=True))
+            for p in ("the cat and the dog see the cat and the dog see the", "a red bird and a red bird and a")]
+    seqs = [batch.submit(r) for r in reqs]
+    while batch.busy:
+        batch.step()
+    for seq in seqs:
+        auto = seq.run.schedule.auto
+        assert auto is not None
+        measured = auto.costs.seconds
+        assert measured and all(s > 0 for s in measured.values()), measured

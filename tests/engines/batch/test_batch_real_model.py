@@ -61,7 +61,7 @@ def test_every_request_equals_its_lone_run_on_smollm2(smollm2):
         if got[i] == alone[i]:
             continue
         j = next(k for k, (a, b) in enumerate(zip(got[i], alone[i])) if a != b)
-        prompt = smollm2._prompt_ids(q)
+        prompt = smollm2.prompt_ids(q)
         gap = top_gap(smollm2, prompt + alone[i][:j])
         differing.append((i, j, gap))
         assert gap < NEAR_TIE, f"request {i} differs at token {j}, where the target's top two logits are {gap:.4g} apart"

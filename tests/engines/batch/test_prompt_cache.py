@@ -49,7 +49,7 @@ def test_prompts_read_before_are_not_read_again(engines, model, monkeypatch):
     shorter = Request(prompt=COPY + " a red", max_tokens=16, ignore_chat_template=True)
     alone = {id(r): lone(engine, r)[0] for r in (first, same, longer, shorter)}
     batch, read = batch_reading(engine, monkeypatch)
-    body = lambda r: len(engine._prompt_ids(r)) - 1  # noqa: E731
+    body = lambda r: len(engine.prompt_ids(r)) - 1  # noqa: E731
     common = lambda a, b: next(i for i, (x, y) in enumerate(zip(a + [-1], b + [-2])) if x != y)  # noqa: E731
 
     assert run_one(batch, first) == alone[id(first)] and sum(read) == body(first)
@@ -59,7 +59,7 @@ def test_prompts_read_before_are_not_read_again(engines, model, monkeypatch):
     assert run_one(batch, longer) == alone[id(longer)]
     assert sum(read) == body(longer) - body(first) // CHUNK * CHUNK  # whole chunks of the common prefix reused
     read.clear()
-    shared = common(engine._prompt_ids(shorter)[:-1], engine._prompt_ids(first)[:-1])
+    shared = common(engine.prompt_ids(shorter)[:-1], engine.prompt_ids(first)[:-1])
     assert shared >= CHUNK
     assert run_one(batch, shorter) == alone[id(shorter)]  # a kept prompt cut back to whole chunks
     assert sum(read) == body(shorter) - shared // CHUNK * CHUNK
@@ -78,4 +78,4 @@ def test_the_least_recently_used_prompt_goes_first(engines, monkeypatch):
     run_one(batch, reqs[0])  # a hit: COPY is now the most recently used
     run_one(batch, reqs[2])  # a third prompt: FRESH (least recently used) goes
     kept = {len(k) for k in batch.prompt_cache.entries}
-    assert len(engine._prompt_ids(reqs[1])) - 1 not in kept and len(engine._prompt_ids(reqs[0])) - 1 in kept
+    assert len(engine.prompt_ids(reqs[1])) - 1 not in kept and len(engine.prompt_ids(reqs[0])) - 1 in kept

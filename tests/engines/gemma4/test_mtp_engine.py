@@ -57,7 +57,7 @@ def mtp(pair, steps, **kw):
 
 def test_generation_passes_the_sliding_window_and_varies(engine_and_pair):
     engine, _ = engine_and_pair
-    ids = engine._prompt_ids(Request(prompt=PROMPT))
+    ids = engine.prompt_ids(Request(prompt=PROMPT))
     plain = tokens_of(run(engine))
     assert len(plain) == MAX_TOKENS and len(ids) + MAX_TOKENS > 6 * SLIDING_WINDOW
     assert len(set(plain[-2 * SLIDING_WINDOW:])) > SLIDING_WINDOW // 2  # not a one-token loop
@@ -97,7 +97,7 @@ def test_mtp_equals_plain_greedy_and_transformers_steps_1_to_7(engine_and_pair):
     Our MTP output equals our plain greedy and transformers' greedy output (assisted where it
     can, see transformers_generate) for every draft length."""
     engine, pair = engine_and_pair
-    ids = engine._prompt_ids(Request(prompt=PROMPT))
+    ids = engine.prompt_ids(Request(prompt=PROMPT))
     plain = tokens_of(run(engine))
     for steps in range(1, 8):
         rounds = run(engine, mtp(pair, steps))
@@ -116,7 +116,7 @@ def test_replayed_drafts_lossless_and_accepted_often(engine_and_pair, adaptive):
     still equals plain greedy, both verification branches run, and every chain started from
     the target's hidden state at the last accepted position and K/V equal to plain decoding's."""
     engine, pair = engine_and_pair
-    ids = engine._prompt_ids(Request(prompt=PROMPT))
+    ids = engine.prompt_ids(Request(prompt=PROMPT))
     plain = tokens_of(run(engine))
     reference = ids + plain
     target = Gemma4Target.of(engine.model)
@@ -168,7 +168,7 @@ def test_replayed_drafts_lossless_and_accepted_often(engine_and_pair, adaptive):
 
 
 def test_depth2_overlap_on_and_off_agree(edge_engine, edge_pair):
-    ids = edge_engine._prompt_ids(Request(prompt=PROMPT))
+    ids = edge_engine.prompt_ids(Request(prompt=PROMPT))
     plain = tokens_of(run(edge_engine))
     made = []
 
@@ -312,7 +312,7 @@ def test_mtp_output_is_mlx_lm_greedy(engine_and_pair):
     from mlx_lm.generate import generate_step
 
     engine, pair = engine_and_pair
-    ids = engine._prompt_ids(Request(prompt=PROMPT))
+    ids = engine.prompt_ids(Request(prompt=PROMPT))
     want = [t for t, _ in generate_step(mx.array(ids), engine.model, max_tokens=MAX_TOKENS)]
     engine.mtp_proposer = replay_factory(reference=ids + want, error_rate=0.25, seed=1)
     rounds = run(engine, mtp(pair, 3))

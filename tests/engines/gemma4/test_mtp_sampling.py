@@ -31,7 +31,7 @@ N_SLOW = 1000
 @pytest.fixture(scope="module")
 def setup(edge_pair):
     engine = ChatEngine.load(str(edge_pair.target))
-    ids = engine._prompt_ids(Request(prompt=PROMPT))
+    ids = engine.prompt_ids(Request(prompt=PROMPT))
     memo: dict[tuple[int, ...], np.ndarray] = {}
 
     def oracle(context: tuple[int, ...]) -> np.ndarray:

@@ -20,7 +20,7 @@ def test_stop_strings_across_rounds(dense_pair):
         return lambda stop: list(engine.generate(Request(prompt=PROMPT, max_tokens=30, stop=stop, spec=spec)))
 
     plain = runner(SpecConfig())
-    reference = engine._prompt_ids(Request(prompt=PROMPT)) + tokens_of(plain([]))
+    reference = engine.prompt_ids(Request(prompt=PROMPT)) + tokens_of(plain([]))
     engine.mtp_proposer = replay_factory(reference=reference, error_rate=0.25, seed=1)
     mtp = SpecConfig(method="mtp", steps=3, draft_model=str(dense_pair.assistant))
     check_stop_strings(plain, {"mtp": runner(mtp)})

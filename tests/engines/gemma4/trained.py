@@ -41,7 +41,7 @@ def examples(engine) -> list[tuple]:
     target = Gemma4Target.of(engine.model)
     out = []
     for prompt in TRAIN_PROMPTS:
-        ids = engine._prompt_ids(Request(prompt=prompt))
+        ids = engine.prompt_ids(Request(prompt=prompt))
         rounds = engine.generate(Request(prompt=prompt, max_tokens=TOKENS_PER_PROMPT))
         seq = ids + [t for r in rounds for t in r.tokens]
         cache = make_rollback_cache(engine.model)

@@ -21,7 +21,7 @@ def ours(engine, spec, max_tokens):
 
 
 def mlx_lm_greedy(engine, max_tokens):
-    ids = engine._prompt_ids(Request(prompt=PROMPT))
+    ids = engine.prompt_ids(Request(prompt=PROMPT))
     return [t for t, _ in generate_step(mx.array(ids), engine.model, max_tokens=max_tokens)]
 
 

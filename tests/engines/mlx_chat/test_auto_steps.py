@@ -179,7 +179,7 @@ def test_ngram_auto_replays_every_fixed_k_round_for_round(engines, monkeypatch):
         drafted += sum(n * (w - 1) for w, n in widths[k].items())
     assert drafted > 0  # the lookup found continuations: widths past 1 were compared
     # the run's replay last scored the output before its final round (no commit after it)
-    prompt_ids = engine._prompt_ids(request)
+    prompt_ids = engine.prompt_ids(request)
     offline = replay_text(prompt_ids + auto[: len(auto) - len(rounds[-1].tokens)], len(prompt_ids) + 1, MAX_STEPS)
     assert (offline.tokens, offline.widths) == (runs[0].replay.rounds.tokens, runs[0].replay.rounds.widths)
 

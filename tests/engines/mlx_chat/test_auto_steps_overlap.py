@@ -38,7 +38,7 @@ def edge(tmp_path_factory):
 
 def test_auto_is_told_which_rounds_paid_for_drafts_they_did_not_verify(edge, monkeypatch):
     engine, assistant = edge
-    ids = engine._prompt_ids(Request(prompt=PROMPT))
+    ids = engine.prompt_ids(Request(prompt=PROMPT))
     plain = [t for r in engine.generate(Request(prompt=PROMPT, max_tokens=60)) for t in r.tokens]
     made = []
 

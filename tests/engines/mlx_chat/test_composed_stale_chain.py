@@ -24,7 +24,7 @@ def test_a_chain_after_a_round_without_one_is_drafted_from_its_own_state(tmp_pat
     target = build_target(tmp_path / "target", EDGE_TARGET)
     assistant = build_assistant(tmp_path / "assistant", target, AssistantSpec(centroid=True))
     engine = ChatEngine.load(str(target))
-    ids = engine._prompt_ids(Request(prompt=PROMPT))
+    ids = engine.prompt_ids(Request(prompt=PROMPT))
     plain = [t for r in engine.generate(Request(prompt=PROMPT, max_tokens=40)) for t in r.tokens]
     engine.mtp_proposer = replay_factory(reference=ids + plain, error_rate=0.0, seed=0)
     monkeypatch.setattr(composed, "MEASURED", False)  # no probes: the script's choices only

@@ -116,7 +116,7 @@ class FailingProposer(NGramProposer):
 
 
 class EngineWithFailingDrafter(ChatEngine):
-    def _make_proposer(self, request):
+    def make_proposer(self, request):
         return FailingProposer()
 
 

@@ -47,7 +47,7 @@ def test_speculative_equals_plain_greedy(engines, model, method, adaptive):
 
 def test_generations_run_past_the_window(engines):
     engine = engines["gemma3"]
-    prompt_len = len(engine._prompt_ids(Request(prompt=COPY_PROMPT)))
+    prompt_len = len(engine.prompt_ids(Request(prompt=COPY_PROMPT)))
     assert prompt_len + MAX_TOKENS > 8 * WINDOW
     out = tokens_of(run(engine, COPY_PROMPT))
     assert len(set(out[-3 * WINDOW:])) > 3  # not a one-token loop: the window contents matter
@@ -72,6 +72,6 @@ def test_plain_equals_mlx_lm_greedy(engines):
     import mlx.core as mx
 
     engine = engines["gemma3"]
-    ids = engine._prompt_ids(Request(prompt=FRESH_PROMPT))
+    ids = engine.prompt_ids(Request(prompt=FRESH_PROMPT))
     ref = [t for t, _ in generate_step(mx.array(ids), engine.model, max_tokens=40)]
     assert tokens_of(run(engine, FRESH_PROMPT, max_tokens=40)) == ref

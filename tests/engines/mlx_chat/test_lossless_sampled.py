@@ -41,7 +41,7 @@ def tiny(tmp_path_factory):
 
 def exact_distribution(engine, n_tokens=3):
     """P(t1..tn) = prod target_probs(logits | prefix), by enumerating prefixes."""
-    prompt = engine._prompt_ids(Request(prompt=PROMPT, ignore_chat_template=True))
+    prompt = engine.prompt_ids(Request(prompt=PROMPT, ignore_chat_template=True))
     dist = {(): 1.0}
     for _ in range(n_tokens):
         nxt = {}

@@ -21,7 +21,7 @@ FLAGS = [
 @pytest.mark.parametrize("flags", FLAGS, ids=str)
 def test_plain_sampling_draws_what_mlx_lm_draws(engines, flags):
     engine = engines["llama"]
-    ids = engine._prompt_ids(Request(prompt=PROMPT))
+    ids = engine.prompt_ids(Request(prompt=PROMPT))
     sampler = make_sampler(temp=flags["temperature"], top_p=flags.get("top_p", 0.0),
                            min_p=flags.get("min_p", 0.0), top_k=flags.get("top_k", 0))
     for seed in range(4):

@@ -82,7 +82,7 @@ def test_mtp_with_a_trained_drafter_equals_plain_greedy(targets, model, overlap,
 
 def test_generations_run_past_the_window(targets):
     engine, _, _ = targets["gemma3"]
-    prompt_len = len(engine._prompt_ids(Request(prompt=FRESH[0])))
+    prompt_len = len(engine.prompt_ids(Request(prompt=FRESH[0])))
     assert prompt_len + 56 > 6 * 8
 
 
