@@ -158,8 +158,8 @@ def serve(conn, stop, loader_pickle: bytes) -> None:
 
 
 class EngineHost:
-    """The child's side: the engine it keeps loaded (what the window's cache was) and the
-    jobs on it. Every job ends with one Ended or Failed."""
+    """The child's side: the engine it keeps loaded between jobs (the same model and options
+    are not loaded again), and the jobs on it. Every job ends with one Ended or Failed."""
 
     def __init__(self, loader: EngineLoader | None, send: Callable[[object], None],
                  should_stop: Callable[[], bool]):

@@ -4,11 +4,19 @@ model that the target accepts often but not always (a perturbed copy of it)."""
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
 
 from tests.engines.mlx_chat.checkpoints import make_tiny_llama, perturbed_copy
+
+# The window's engine process (app/gui/engine_process.py) is a fresh interpreter: it inherits
+# the environment, not tests/conftest.py's torch.set_num_threads(1) (torch's threads make the
+# tiny models' ops many times slower on 2 cores: a tiny GLM-OCR page 4-25x). OMP_NUM_THREADS
+# sets torch's threads there; OpenBLAS would read it too, so its own count is given as its default.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", str(os.cpu_count() or 1))
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(scope="session")
