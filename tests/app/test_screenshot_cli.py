@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,6 +24,7 @@ PROMPT = (
 )
 
 
+@pytest.mark.slow  # 23 s of SmolLM2; the bundle test (--bundle) runs a screenshot too, in CI
 def test_screenshot_of_an_ab_compare_exits_cleanly(specscope_home):
     """On the embedded SmolLM2. With PySide6 6.12.0 on Python 3.11 this run crashed at teardown
     ("none_dealloc"; see test_qt_refcounts.py)."""

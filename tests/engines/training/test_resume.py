@@ -63,6 +63,7 @@ def same(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(mx.array_equal(a[k], b[k]).item() for k in a)
 
 
+@pytest.mark.slow  # 16 s: two training processes, one killed (CI runs --slow)
 def test_kill_9_mid_training_resumes_to_the_uninterrupted_weights(setup, tmp_path):
     target, prompts, uninterrupted = setup
     out = tmp_path / "killed"
@@ -80,6 +81,7 @@ def test_kill_9_mid_training_resumes_to_the_uninterrupted_weights(setup, tmp_pat
     assert not same(killed, uninterrupted)
 
 
+@pytest.mark.slow  # 12 s (CI runs --slow)
 def test_ctrl_c_leaves_a_resumable_checkpoint(setup, tmp_path):
     target, prompts, uninterrupted = setup
     out = tmp_path / "cancelled"
