@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
@@ -107,39 +106,97 @@ class SessionStats:
         return asdict(self)
 
 
+@dataclass
+class RunningStats:
+    """The sums SessionStats is made of, kept round by round: `session_stats` adds a list's
+    rounds to one, the window's telemetry adds each round as it arrives (the same figures,
+    without rescanning every round)."""
+
+    rounds: int = 0
+    decode_rounds: int = 0
+    tokens: int = 0
+    decode_tokens: int = 0
+    proposed: int = 0
+    accepted: int = 0
+    decode_wall: float = 0.0
+    prefill_wall: float = 0.0  # the time to the first token
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    wall_s: float = 0.0
+    offered_at: list[int] = field(default_factory=list)  # per draft position: rounds that offered it
+    accepted_at: list[int] = field(default_factory=list)  # and that accepted it
+    fallbacks: list[str] = field(default_factory=list)  # the drafter fallbacks the rounds reported
+
+    def add(self, r: Round) -> None:
+        self.rounds += 1
+        self.tokens += len(r.tokens)
+        self.proposed += r.proposed
+        self.accepted += r.accepted
+        self.draft_s += r.draft_s
+        self.verify_s += r.verify_s
+        self.wall_s += r.wall_s
+        if r.prefill:
+            self.prefill_wall += r.wall_s
+        else:
+            self.decode_rounds += 1
+            self.decode_tokens += len(r.tokens)
+            self.decode_wall += r.wall_s
+        grow = len(r.accept_flags) - len(self.offered_at)
+        if grow > 0:
+            self.offered_at += [0] * grow
+            self.accepted_at += [0] * grow
+        for j, flag in enumerate(r.accept_flags):
+            self.offered_at[j] += 1
+            self.accepted_at[j] += bool(flag)
+        note = fallback_note(r)
+        if note:
+            self.fallbacks.append(note)
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens emitted per decode round, counting the target's own token."""
+        return self.decode_tokens / self.decode_rounds if self.decode_rounds else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+    @property
+    def decode_tok_s(self) -> float:
+        return self.decode_tokens / self.decode_wall if self.decode_wall > 0 else 0.0
+
+    @property
+    def mean_round_s(self) -> float:
+        return self.decode_wall / self.decode_rounds if self.decode_rounds else 0.0
+
+    def per_position(self) -> list[float]:
+        return [a / o for a, o in zip(self.accepted_at, self.offered_at)]
+
+    def stats(self) -> SessionStats:
+        mean_round = self.mean_round_s
+        return SessionStats(
+            rounds=self.rounds,
+            decode_rounds=self.decode_rounds,
+            tokens=self.tokens,
+            proposed=self.proposed,
+            accepted=self.accepted,
+            acceptance_rate=self.acceptance_rate,
+            tau=self.tau,
+            decode_tok_s=self.decode_tok_s,
+            ttft_s=self.prefill_wall,
+            mean_round_s=mean_round,
+            mtpc_throughput=self.tau / mean_round if mean_round > 0 else 0.0,
+            per_position_acceptance=self.per_position(),
+            draft_s=self.draft_s,
+            verify_s=self.verify_s,
+            wall_s=self.wall_s,
+            fallbacks=len(self.fallbacks),
+            fallback=self.fallbacks[0] if self.fallbacks else None,
+        )
+
+
 def session_stats(rounds: list[Round]) -> SessionStats:
-    decode = [r for r in rounds if not r.prefill]
-    prefill = [r for r in rounds if r.prefill]
-    proposed = sum(r.proposed for r in rounds)
-    accepted = sum(r.accepted for r in rounds)
-    decode_tokens = sum(len(r.tokens) for r in decode)
-    decode_wall = sum(r.wall_s for r in decode)
-    mean_round = statistics.fmean(r.wall_s for r in decode) if decode else 0.0
-    tau = decode_tokens / len(decode) if decode else 0.0
-
-    depth = max((len(r.accept_flags) for r in rounds), default=0)
-    per_position = []
-    for j in range(depth):
-        offered = [r.accept_flags[j] for r in rounds if len(r.accept_flags) > j]
-        per_position.append(sum(offered) / len(offered))
-
-    fallbacks = [note for note in map(fallback_note, rounds) if note]
-    return SessionStats(
-        rounds=len(rounds),
-        decode_rounds=len(decode),
-        tokens=sum(len(r.tokens) for r in rounds),
-        proposed=proposed,
-        accepted=accepted,
-        acceptance_rate=accepted / proposed if proposed else 0.0,
-        tau=tau,
-        decode_tok_s=decode_tokens / decode_wall if decode_wall > 0 else 0.0,
-        ttft_s=sum(r.wall_s for r in prefill),
-        mean_round_s=mean_round,
-        mtpc_throughput=tau / mean_round if mean_round > 0 else 0.0,
-        per_position_acceptance=per_position,
-        draft_s=sum(r.draft_s for r in rounds),
-        verify_s=sum(r.verify_s for r in rounds),
-        wall_s=sum(r.wall_s for r in rounds),
-        fallbacks=len(fallbacks),
-        fallback=fallbacks[0] if fallbacks else None,
-    )
+    totals = RunningStats()
+    for r in rounds:
+        totals.add(r)
+    return totals.stats()

@@ -24,7 +24,8 @@ def test_running_figures_equal_session_stats(recorded_rounds):
     assert series.tau == pytest.approx(stats.tau)
     assert series.acceptance_rate == pytest.approx(stats.acceptance_rate)
     assert series.decode_tok_s == pytest.approx(stats.decode_tok_s)
-    assert series.prefill_wall == pytest.approx(stats.ttft_s)
+    assert series.totals.prefill_wall == pytest.approx(stats.ttft_s)
+    assert series.totals.stats() == stats  # one sum for the window and the session
     assert list(series.per_position()) == pytest.approx(stats.per_position_acceptance)
     assert 0 < stats.accepted < stats.proposed  # a drafter accepted often but not always
     rate = series.tok_s()

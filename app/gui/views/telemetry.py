@@ -31,7 +31,7 @@ from PySide6.QtGui import QBrush, QColor, QFont
 from PySide6.QtWidgets import QBoxLayout, QFrame, QGridLayout, QHBoxLayout, QLabel, QScrollArea, QVBoxLayout, QWidget
 
 from app.gui.views.elided_label import ElidedLabel
-from engines.speculative.rounds import Round
+from engines.speculative.rounds import Round, RunningStats
 from engines.speculative.tuning import Profile, best_k, break_even
 
 REDRAW_HZ = 20  # timer ticks per second; each tick redraws one plot (see refresh)
@@ -67,8 +67,8 @@ def finite_rolling_mean(values: np.ndarray, window: int) -> np.ndarray:
 
 
 class RoundSeries:
-    """The per-round numbers the plots need, plus running sums that give the same figures as
-    engines.speculative.rounds.session_stats without rescanning all rounds."""
+    """The per-round numbers the plots need, plus the session's running sums (`totals`: the very
+    RunningStats engines.speculative.rounds.session_stats adds rounds to)."""
 
     def __init__(self, capacity: int = 1024):
         self.n = 0
@@ -76,11 +76,7 @@ class RoundSeries:
                       "expected_tok_s", "expected_tokens")  # the expected ones NaN where Auto did not choose
         for c in self._cols:
             setattr(self, "_" + c, np.zeros(capacity))
-        self.decode_rounds = self.decode_tokens = 0
-        self.decode_wall = self.prefill_wall = 0.0
-        self.proposed = self.accepted = self.tokens_total = 0
-        self.offered_at = np.zeros(0)  # per draft position: how often it was proposed
-        self.accepted_at = np.zeros(0)  # and accepted
+        self.totals = RunningStats()
         self.by_source: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # the same per Round.draft_source
         self.auto_rounds = 0  # rounds whose k Auto chose (they carry what it expected)
 
@@ -103,21 +99,8 @@ class RoundSeries:
         self._expected_tokens[i] = r.expected_tokens[r.steps] if chosen else np.nan
         self.auto_rounds += chosen
         self.n += 1
-        self.proposed += r.proposed
-        self.accepted += r.accepted
-        self.tokens_total += len(r.tokens)
-        if r.prefill:
-            self.prefill_wall += r.wall_s
-        else:
-            self.decode_rounds += 1
-            self.decode_tokens += len(r.tokens)
-            self.decode_wall += r.wall_s
+        self.totals.add(r)
         depth = len(r.accept_flags)
-        if depth > len(self.offered_at):
-            self.offered_at = np.pad(self.offered_at, (0, depth - len(self.offered_at)))
-            self.accepted_at = np.pad(self.accepted_at, (0, depth - len(self.accepted_at)))
-        self.offered_at[:depth] += 1
-        self.accepted_at[:depth] += np.asarray(r.accept_flags, dtype=float)
         if r.draft_source and depth:
             # a chain with n-gram tokens after it ("mtp+ngram"): its first `steps` positions are
             # the model drafter's, the rest n-gram's, each counted under its own source
@@ -166,21 +149,24 @@ class RoundSeries:
 
     def per_position(self, source: str | None = None) -> np.ndarray:
         """Acceptance by draft position: of all rounds, or of those `source` drafted."""
-        offered, accepted = (self.offered_at, self.accepted_at) if source is None else self.by_source[source]
+        if source is None:
+            offered, accepted = np.asarray(self.totals.offered_at, float), np.asarray(self.totals.accepted_at, float)
+        else:
+            offered, accepted = self.by_source[source]
         with np.errstate(divide="ignore", invalid="ignore"):
             return np.where(offered > 0, accepted / offered, 0.0)
 
     @property
     def tau(self) -> float:
-        return self.decode_tokens / self.decode_rounds if self.decode_rounds else 0.0
+        return self.totals.tau
 
     @property
     def acceptance_rate(self) -> float:
-        return self.accepted / self.proposed if self.proposed else 0.0
+        return self.totals.acceptance_rate
 
     @property
     def decode_tok_s(self) -> float:
-        return self.decode_tokens / self.decode_wall if self.decode_wall > 0 else 0.0
+        return self.totals.decode_tok_s
 
     def nearest_round(self, x: float, by_time: bool = False) -> int | None:
         """The row of the round nearest to x (a round index, or seconds when by_time)."""
@@ -668,11 +654,11 @@ class TelemetryView(QWidget):
             for key in ("tau", "acceptance", "tok_s", "ttft", "rounds"):
                 c[key].setText("\u2013")
             return
-        decoded = s.decode_rounds > 0  # a run stopped in its first round has no decode figures
+        decoded = s.totals.decode_rounds > 0  # a run stopped in its first round has no decode figures
         c["tau"].setText(f"{s.tau:.2f}" if decoded else "\u2013")
-        c["acceptance"].setText(f"{s.acceptance_rate * 100:.1f}%" if s.proposed else "\u2013")
+        c["acceptance"].setText(f"{s.acceptance_rate * 100:.1f}%" if s.totals.proposed else "\u2013")
         c["tok_s"].setText(f"{s.decode_tok_s:.1f}" if decoded else "\u2013")
-        ttft = s.prefill_wall
+        ttft = s.totals.prefill_wall
         c["ttft"].setText("\u2013" if not ttft else f"{ttft * 1000:.0f} ms" if ttft < 1 else f"{ttft:.1f} s")
         c["rounds"].setText(f"{s.n:,}")
 
