@@ -1,0 +1,60 @@
+"""docs/cli.md is what scripts/cli_docs.py makes of the command line's parsers now, so `--help`
+and the reference never drift apart."""
+
+import importlib.util
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def cli_docs():
+    spec = importlib.util.spec_from_file_location("cli_docs", ROOT / "scripts" / "cli_docs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_docs_cli_md_is_what_the_parsers_say_now():
+    assert (ROOT / "docs" / "cli.md").read_text() == cli_docs().render(), \
+        "docs/cli.md is out of date: run python scripts/cli_docs.py"
+
+
+def test_every_command_and_option_is_in_the_reference():
+    from app.cli.main import COMMANDS
+
+    module = cli_docs()
+    text = module.render()
+    parsers = dict(module.command_parsers())
+    assert list(parsers) == list(COMMANDS)
+    for name, parser in list(parsers.items()):
+        assert f"## `{parser.prog}`" in text
+        for sub_name, _, sub in module.subcommands(parser):
+            assert f"### `{sub.prog}`" in text
+            parsers[f"{name} {sub_name}"] = sub
+    for parser in parsers.values():
+        for action in parser._actions:
+            if action.dest == "help":
+                continue
+            for option in action.option_strings:
+                assert f"`{option}" in text or f", {option}" in text, (parser.prog, option)
+
+
+def test_the_reference_sees_a_new_option():
+    """The check has teeth: an option added to a parser changes what the script writes."""
+    module = cli_docs()
+    from app.cli import chat
+
+    before = module.render()
+    original = chat.chat_parser
+
+    def with_one_more():
+        p = original()
+        p.add_argument("--an-option-nobody-wrote", help="new")
+        return p
+
+    chat.chat_parser = with_one_more
+    try:
+        after = module.render()
+    finally:
+        chat.chat_parser = original
+    assert before != after and "`--an-option-nobody-wrote`" in after
