@@ -106,9 +106,9 @@ OWN_CACHE = {"no compiler, empty cache", "no compiler, no OpenBLAS", "fresh HOME
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, subprocess.CompletedProcess]:
-    """Every environment's chat, three processes at a time (each is mostly loading). The default
-    runs first, in a cache of its own that the environments not about the cache then share (the
-    BLAS copy and the GGUF's converted tokenizer made once)."""
+    """Every environment's chat, four processes at a time (each is mostly loading and waiting on
+    the disk). The default runs first, in a cache of its own that the environments not about the
+    cache then share (the BLAS copy and the GGUF's converted tokenizer made once)."""
     shared = tmp_path_factory.mktemp("shared-cache")
 
     def run(name: str) -> subprocess.CompletedProcess:
@@ -119,7 +119,7 @@ def runs(tmp_path_factory) -> dict[str, subprocess.CompletedProcess]:
 
     done = {"default": run("default")}
     others = [name for name in ENVIRONMENTS if name != "default"]
-    with ThreadPoolExecutor(max_workers=3) as pool:
+    with ThreadPoolExecutor(max_workers=4) as pool:
         return done | dict(zip(others, pool.map(run, others)))
 
 

@@ -162,6 +162,7 @@ print(json.dumps({"excess": status("VmHWM") - before - params}))
 """
 
 
+@pytest.mark.slow  # 10 s: a model made and loaded in a process of its own (CI runs --slow)
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the peak RSS from /proc")
 def test_a_float32_load_of_bfloat16_shards_peaks_at_the_model_plus_one_tensor(tmp_path):
     """The memory goal in small: loading float32 from bfloat16 shards must not hold the shards
