@@ -1,10 +1,14 @@
 """docs/cli.md is what scripts/cli_docs.py makes of the command line's parsers now, so `--help`
-and the reference never drift apart."""
+and the reference never drift apart; and the README and docs/ keep the shape issue 49 gave
+them: a README read in five minutes, benchmarks as current tables, no session diaries, links
+that lead somewhere."""
 
 import importlib.util
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+DOCS = [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
 def cli_docs():
@@ -58,3 +62,44 @@ def test_the_reference_sees_a_new_option():
     finally:
         chat.chat_parser = original
     assert before != after and "`--an-option-nobody-wrote`" in after
+
+
+def test_readme_and_benchmarks_stay_short():
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 300
+    assert len((ROOT / "docs" / "benchmarks.md").read_text().splitlines()) <= 600
+
+
+def test_no_session_diaries_in_the_docs():
+    found = [f"{path.relative_to(ROOT)}:{n}" for path in DOCS
+             for n, line in enumerate(path.read_text().splitlines(), 1) if re.search(r"\bsession [0-9]", line, re.I)]
+    assert found == []
+
+
+def anchors(path: Path) -> set[str]:
+    """GitHub's anchors for a Markdown file's headings."""
+    found = set()
+    for line in path.read_text().splitlines():
+        if m := re.match(r"#{1,6} (.*)", line):
+            slug = re.sub(r"[^\w\- ]", "", m.group(1).strip().lower()).replace(" ", "-")
+            n = 1
+            base = slug
+            while slug in found:
+                slug = f"{base}-{n}"
+                n += 1
+            found.add(slug)
+    return found
+
+
+def test_links_between_the_docs_lead_somewhere():
+    broken = []
+    for path in DOCS:
+        for target in re.findall(r"\]\(([^)\s]+)\)", path.read_text()):
+            if re.match(r"[a-z]+:", target):
+                continue  # a web address
+            file, _, anchor = target.partition("#")
+            linked = (path.parent / file).resolve() if file else path
+            if not linked.exists():
+                broken.append(f"{path.relative_to(ROOT)}: {target}")
+            elif anchor and linked.suffix == ".md" and anchor not in anchors(linked):
+                broken.append(f"{path.relative_to(ROOT)}: {target} (no such heading)")
+    assert broken == []
