@@ -142,18 +142,29 @@ def help_of(parser: argparse.ArgumentParser, action: argparse.Action, together: 
 
 
 def option_table(parser: argparse.ArgumentParser) -> list[str]:
+    """The options as --help lists them: those a user needs in one table, then each named group
+    of the parser (`advanced`: app.cli.common.advanced) in a table of its own under its name."""
     together = {id(a): g for g in parser._mutually_exclusive_groups for a in g._group_actions}
+    named = [g for g in parser._action_groups if g.title not in ("positional arguments", "options", "optional arguments")]
+    in_named = {id(a) for g in named for a in g._group_actions}
+    lines = table(parser, [a for a in parser._actions if id(a) not in in_named], together)
+    for group in named:
+        rows = table(parser, group._group_actions, together)
+        if rows:  # a parser whose options are all in one named group: one table, unnamed
+            lines += (["", f"{group.title.capitalize()}:", ""] if lines else []) + rows
+    return lines
+
+
+def table(parser: argparse.ArgumentParser, actions: list[argparse.Action], together: dict) -> list[str]:
     rows = []
-    for action in parser._actions:
+    for action in actions:
         if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)) or action.help == argparse.SUPPRESS:
             continue
         name = ", ".join(action.option_strings) if action.option_strings else value_of(parser, action)
         value = value_of(parser, action) if action.option_strings else ""
         rows.append(f"| {cell(code(name))} | {cell(code(value))} | {cell(default_of(action))} | "
                     f"{cell(help_of(parser, action, together))} |")
-    if not rows:
-        return []
-    return ["| option | value | default | what it does |", "|---|---|---|---|", *rows]
+    return ["| option | value | default | what it does |", "|---|---|---|---|", *rows] if rows else []
 
 
 def subcommands(parser: argparse.ArgumentParser) -> list[tuple[str, str, argparse.ArgumentParser]]:

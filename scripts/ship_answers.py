@@ -25,7 +25,7 @@ def main() -> int:
         return 2
     out = Path(sys.argv[1])
     card = json.loads((out / "card.json").read_text())
-    config = TrainConfig(**card["training"]["config"])
+    config = TrainConfig.from_record(card["training"]["config"])
     path = ship_answers(card["target"]["path"], config, shipped_answers_folder())
     print(f"wrote {path.relative_to(ROOT)} ({path.stat().st_size // 1024} KB)")
     return 0

@@ -42,6 +42,12 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
+def advanced(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+    """The group every command's --help lists last: the options a run seldom needs (tuning knobs,
+    the ones the defaults were measured against), after those a user needs."""
+    return p.add_argument_group("advanced")
+
+
 def steps_value(text: str) -> int | str:
     if text == "auto":
         return text

@@ -9,11 +9,10 @@ once (the last checkpoint is kept). Bad input is one line and exit 2 (app.cli.ma
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
-from app.cli.common import DEFAULT_CHAT_ID, EXIT_BAD_INPUT, Parser, UsageError
+from app.cli.common import DEFAULT_CHAT_ID, EXIT_BAD_INPUT, Parser, UsageError, advanced
 from app.cli.io import EXIT_INTERRUPTED, Interrupt
 
 DEFAULT_MODEL = DEFAULT_CHAT_ID  # the embedded default (engines/mlx_chat/models.py)
@@ -22,67 +21,35 @@ DEFAULT_MINUTES = 15.0
 
 def parser() -> Parser:
     p = Parser(prog="specscope drafter train", description="Train an MTP drafter for a chat model, on this machine.")
-    p.add_argument("--model", default=None, help=f"the target: catalog id, hub repo id or path (default {DEFAULT_MODEL})")
+    p.add_argument("--out", required=True, metavar="DIR", help="the drafter's directory (resumes from its last checkpoint)")
+    p.add_argument("--model", default=None, metavar="ID|PATH", help=f"the target: catalog id, hub repo id or path (default {DEFAULT_MODEL})")
+    p.add_argument("--minutes", type=float, default=None, metavar="M",
+                   help=f"training time (default {DEFAULT_MINUTES:g} unless --steps)")
+    p.add_argument("--steps", type=int, default=None, metavar="N", help="training steps")
     p.add_argument("--data", nargs="+", default=[], metavar="FILE", help="your own text files to learn from (UTF-8)")
     p.add_argument("--sessions", action="store_true",
                    help="learn from your saved chat sessions too (their prompts and answers; they stay on this machine)")
     p.add_argument("--prompts", default=None, metavar="FILE",
                    help="prompts the target answers to make training data (JSON list or {\"prompts\": [...]}; "
                         "default: the shipped set; 'none' = only --data)")
-    p.add_argument("--own-prompts", type=int, default=0, metavar="N",
-                   help="prompts the target writes itself, answered like the others: more distinct prompts "
-                        "than the shipped set (default 0)")
-    p.add_argument("--answer-tokens", type=int, default=200, help="tokens per generated answer (default 200)")
-    p.add_argument("--answers-per-prompt", type=int, default=4,
-                   help="answers the target writes per prompt: the first greedy, the others sampled (default 4)")
-    p.add_argument("--answer-temperature", type=float, default=0.8,
-                   help="temperature of the sampled answers (default 0.8)")
-    p.add_argument("--minutes", type=float, default=None, help=f"training time (default {DEFAULT_MINUTES:g} unless --steps)")
-    p.add_argument("--steps", type=int, default=None, help="training steps")
-    p.add_argument("--out", required=True, help="the drafter's directory (resumes from its last checkpoint)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--depth", type=int, default=1, help="chained depths trained (default 1)")
-    p.add_argument("--batch", type=int, default=4, help="sequences per step (default 4)")
-    p.add_argument("--seq-len", type=int, default=256, help="tokens per sequence (default 256)")
-    p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate (default 1e-3)")
-    p.add_argument("--decay", action=argparse.BooleanOptionalAction, default=True,
-                   help="the learning rate falls linearly to 0 at the end of the run (default; --no-decay: constant "
-                        "after the warm-up)")
-    p.add_argument("--draft-vocab", type=int, default=4096, help="tokens the drafter can propose (default 4096)")
-    p.add_argument("--noise", type=float, default=0.0,
-                   help="uniform noise on the target's hidden state in training (default 0; EAGLE uses 0.1)")
-    p.add_argument("--feature-weight", type=float, default=0.0,
-                   help="weight of a feature regression beside the token loss (default 0 = off; EAGLE uses 10)")
-    p.add_argument("--soft-labels", action=argparse.BooleanOptionalAction, default=True,
-                   help="learn the target's distribution over the draft vocabulary (default; EAGLE); "
-                        "--no-soft-labels: only its greedy token")
-    p.add_argument("--teacher-k", type=int, default=128, metavar="K",
-                   help="soft labels as the target's K most likely draft tokens per position, computed once "
-                        "(default 128; 0: the whole distribution over the draft vocabulary, every step)")
-    p.add_argument("--confidence-weighting", action=argparse.BooleanOptionalAction, default=True,
-                   help="weight each position's soft-label loss by the target's probability of its greedy token "
-                        "there (default; --no-confidence-weighting: every position alike)")
-    p.add_argument("--feature-layers", type=feature_layers, default=None, metavar="I,J|auto|none",
-                   help="target layers the drafter reads beside the final state (EAGLE-3's fused features; "
-                        "default auto: layers 1, n/2-1 and n-4 of n)")
-    p.add_argument("--dropout", type=float, default=0.0, help="dropout in the drafter's layer while training (default 0)")
-    p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay (default 0: Adam)")
-    p.add_argument("--save-every", type=int, default=50, help="checkpoint every N steps (default 50)")
-    p.add_argument("--eval-every", type=int, default=200, help="held-out acceptance every N steps (default 200)")
     p.add_argument("--no-register", action="store_true", help="do not pair the drafter with the model in the catalog")
+    more = advanced(p)
+    more.add_argument("--answers-per-prompt", type=int, default=4, metavar="N",
+                      help="answers the target writes per prompt: the first greedy, the others sampled (default 4)")
+    more.add_argument("--answer-tokens", type=int, default=200, metavar="N", help="tokens per answer (default 200)")
+    more.add_argument("--answer-temperature", type=float, default=0.8, metavar="T",
+                      help="temperature of the sampled answers (default 0.8)")
+    more.add_argument("--depth", type=int, default=1, metavar="D", help="chained depths trained (default 1)")
+    more.add_argument("--draft-vocab", type=int, default=4096, metavar="N",
+                      help="tokens the drafter can propose (default 4096)")
+    more.add_argument("--batch", type=int, default=4, metavar="N", help="sequences per step (default 4)")
+    more.add_argument("--seq-len", type=int, default=256, metavar="N", help="tokens per sequence (default 256)")
+    more.add_argument("--lr", type=float, default=1e-3, help="Adam's learning rate (default 1e-3)")
+    more.add_argument("--seed", type=int, default=0, metavar="N", help="initial weights, batches and sampled answers (default 0)")
+    more.add_argument("--save-every", type=int, default=50, metavar="N", help="checkpoint every N steps (default 50)")
+    more.add_argument("--eval-every", type=int, default=200, metavar="N",
+                      help="held-out acceptance every N steps (default 200)")
     return p
-
-
-def feature_layers(value: str) -> list[int] | None:
-    """--feature-layers: 'auto' (None: the trainer's default), 'none' ([]), or I,J,..."""
-    if value == "auto":
-        return None
-    if value == "none":
-        return []
-    try:
-        return [int(x) for x in value.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected auto, none or layer numbers like 1,14: {value!r}") from None
 
 
 def cmd_drafter(argv: list[str]) -> int:
@@ -103,10 +70,6 @@ def train(args) -> int:
         value = getattr(args, name)
         if value is not None and value <= 0:
             raise UsageError(f"--{name.replace('_', '-')} must be positive")
-    if args.teacher_k < 0:
-        raise UsageError("--teacher-k must be 0 or more")
-    if args.own_prompts < 0:
-        raise UsageError("--own-prompts must be 0 or more")
     read_text_files(args.data)  # an empty or unreadable file is said now, before the model loads
     out = Path(args.out).expanduser()
     if out.exists() and not out.is_dir():
@@ -118,12 +81,9 @@ def train(args) -> int:
     minutes = args.minutes if args.minutes is not None or args.steps is not None else DEFAULT_MINUTES
     config = TrainConfig(out=out, data_files=args.data, prompts_file="" if args.prompts == "none" else args.prompts,
                          answer_tokens=args.answer_tokens, answers_per_prompt=args.answers_per_prompt,
-                         answer_temperature=args.answer_temperature, own_prompts=args.own_prompts, steps=args.steps, minutes=minutes, seed=args.seed,
+                         answer_temperature=args.answer_temperature, steps=args.steps, minutes=minutes, seed=args.seed,
                          depth=args.depth, seq_len=args.seq_len, batch=args.batch, learning_rate=args.lr,
-                         draft_vocab=args.draft_vocab, save_every=args.save_every, eval_every=args.eval_every,
-                         noise=args.noise, feature_weight=args.feature_weight, soft_labels=args.soft_labels,
-                         feature_layers=args.feature_layers, dropout=args.dropout, weight_decay=args.weight_decay,
-                         decay=args.decay, teacher_k=args.teacher_k, confidence_weighting=args.confidence_weighting)
+                         draft_vocab=args.draft_vocab, save_every=args.save_every, eval_every=args.eval_every)
     model_id = args.model or DEFAULT_MODEL
     target = target_path(model_id)
     from engines.mlx_chat.loading import load_model

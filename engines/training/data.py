@@ -139,8 +139,8 @@ def own_prompts(model, tokenizer, count: int, seed: int = 0, temperature: float 
     the target samples what a user would say (Magpie, Xu et al. 2024: an aligned model prompted
     with only its pre-query template writes diverse user queries). The drafter then learns
     from the target's answers to many more distinct prompts than any shipped set holds, in the
-    target's own notion of what users ask -- on SmolLM2 the shipped 384 prompts were learned by
-    heart (83% accepted on them, 48% on new ones; docs/benchmarks.md). Kept: a finished turn
+    target's own notion of what users ask (on SmolLM2 they measure below the shipped prompts:
+    docs/drafter.md, How it is trained). Kept: a finished turn
     (the target ended it) of 12..400 characters, not a repeat. A batch is seeded by (seed, the
     samples drawn before it): a run stopped after `done` prompts and `attempts` samples goes on
     with what one that never stopped would have written; on_batch(prompts, attempts) after
@@ -183,8 +183,7 @@ def own_answers(model, tokenizer, prompts: list[str], max_tokens: int, seq_len: 
     target's greedy tokens: teacher forcing computes them). Row r answers prompt r % len(prompts).
     `done` holds the first rows, answered by an earlier, stopped run; on_batch(rows so far)
     after each batch (the caller keeps them, so a stop loses at most one batch). 32 at a time:
-    batch_generate's tokens/s here rise up to 32 rows and fall past it (SmolLM2 on 2 cores,
-    measured). A sampled batch is seeded by (seed, its first row), so a resumed run writes
+    on a 2-core CPU batch_generate's tokens/s rise up to 32 rows and fall past it. A sampled batch is seeded by (seed, its first row), so a resumed run writes
     the same rows as one that never stopped."""
     from mlx_lm.generate import batch_generate
     from mlx_lm.sample_utils import make_sampler
@@ -212,9 +211,8 @@ def features(target: TargetView, sequences: list[list[int]], seq_len: int, batch
              should_stop: Callable[[], bool] = lambda: False,
              on_batch: Callable[[int], None] = lambda done: None) -> Features:
     """Teacher-force the target over the sequences (right-padded to seq_len, `batch` at a time:
-    4 x 256 tokens is the fastest shape measured here, ~330 tokens/s for SmolLM2 on 2 cores;
-    longer rows or bigger batches are slower). Hidden states and K/V are kept in float16: half
-    the memory (500k tokens of SmolLM2: 1 GB instead of 2), and EAGLE's own training adds
+    4 x 256 tokens is the fastest shape on a 2-core CPU; longer rows or bigger batches are
+    slower). Hidden states and K/V are kept in float16: half the memory, and EAGLE's own training adds
     noise of U(-0.1, 0.1) to these states, far above float16's rounding."""
     from mlx_lm.models.cache import make_prompt_cache
 
@@ -306,9 +304,9 @@ def shipped_answers(folder: Path, model_path: str | Path, prompts: list[str], an
                     sampling: list, greedy: int) -> list[list[int]]:
     """The answers shipped in `folder` (*.json.gz, `answers_record`) for this model and these
     prompts and settings, or none: every row when they were sampled as asked, else the greedy
-    round only (as `load_answers`). Why ship them: answering is most of a first run's hour for
-    the embedded default (~60 answers a minute for SmolLM2 on 2 cores), the same text on every
-    machine; the labels are still the target's own, from teacher forcing here. The model is
+    round only (as `load_answers`). Why ship them: answering costs a first run on the embedded
+    default more than twice what teacher forcing does (docs/drafter.md, Data), for the same text
+    on every machine; the labels are still the target's own, from teacher forcing here. The model is
     hashed only when a shipped file names its size."""
     files = model_files(model_path)
     size = sum(f.stat().st_size for f in files)

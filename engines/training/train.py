@@ -17,18 +17,14 @@ The chained loss (training-time test, EAGLE-3, Li et al. 2025): depth 1 reads th
 hidden state h_{t-1} and embeds token t; depth d reads the drafter's own depth d-1 output
 instead, so the drafter learns from the states it will really be fed when it drafts several
 tokens in a row. Every depth learns the target's distribution over the draft vocabulary at
-its position (soft labels, EAGLE; TrainConfig.soft_labels: on SmolLM2 they beat the target's
-greedy token as a hard label, 51% against 49% at depth 1 in real decoding); the rest of EAGLE's
-recipe -- the target's hidden state there (feature regression, Li et al. 2024) and noise on the
-hidden state read -- is there as options (TrainConfig), not the default: it did not measure
-better here (see TrainConfig.noise) -- see chained_loss; depth d weighted 0.8^(d-1)
-(our choice: later depths matter only if the earlier ones were accepted). The K/V a depth-d
-query reads stop at position t-d, where the chain's first token sits -- exactly what the
-drafter sees in the chat engine (mtp.MTPProposer: fixed query position, the target cache
-before the chain). Adam, a linear warm-up, then a rate that decays linearly to 0 at the run's
-end (TrainConfig.decay; without it, constant: one run's checkpoints are then the points "what
-5, 15, 45 minutes buy"). No row is computed for chains that start in a prompt (depth_outputs'
-`first`): the same loss, ~0.8 of the step's time on SmolLM2.
+its position (soft labels, EAGLE), depth d weighted 0.8^(d-1) (later depths matter only if the
+earlier ones were accepted). The rest of EAGLE's recipe -- regressing the target's hidden state
+and noise on the state read -- is left out: it measures no better here (docs/drafter.md, "How
+it is trained"). The K/V a depth-d query reads stop at position t-d, where the chain's first
+token sits -- exactly what the drafter sees in the chat engine (mtp.MTPProposer: fixed query
+position, the target cache before the chain). Adam, a linear warm-up, then a rate that decays
+linearly to 0 at the run's end (TrainConfig.decay). No row is computed for chains that start in
+a prompt (depth_outputs' `first`): the loss counts none of them.
 
 Resume: a checkpoint holds the drafter, Adam's state and the step; batches depend on
 (seed, step) only and the initial weights on the seed, so a run killed and resumed ends with
@@ -42,7 +38,7 @@ import gzip
 import json
 import shutil
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from functools import partial
 from pathlib import Path
 from typing import Callable
@@ -59,9 +55,8 @@ from engines.training import data as D
 from engines import cpu
 
 EVAL_DEPTH = 5  # acceptance is reported for depths 1..5
-# held-out sequences the progress's acceptance is measured on (the card's: all of them). All 69
-# of SmolLM2's took 14 s here, as long as ~40 steps: every 50 steps, they would have added ~13
-# minutes to a 15-minute run (and were not counted in its minutes)
+# held-out sequences the progress's acceptance is measured on (the card's: all of them): few
+# enough that measuring every eval_every steps costs a few percent of the run, which it counts
 PROGRESS_HELD_OUT = 16
 LENGTH_GROUP = 64  # sequences per group of about one length that a batch is drawn from (length_groups)
 DEPTH_DECAY = 0.8
@@ -73,97 +68,57 @@ class CheckpointError(EngineError):
 
 @dataclass
 class TrainConfig:
+    """One run's settings (`specscope drafter train`'s options and the few the command line leaves
+    out). A default chosen by measurement names where the measurement is: docs/drafter.md's
+    table "How it is trained" (each default against its alternative on SmolLM2) or docs/
+    benchmarks.md's "A drafter trained here for SmolLM2"."""
+
     out: Path
     data_files: list[str] = field(default_factory=list)
     prompts_file: str | None = None  # None: the shipped prompt sets (SHIPPED_PROMPTS); "" = none
     answer_tokens: int = 200  # per generated answer
-    # answers per prompt: the first greedy, the others sampled at answer_temperature (more of
-    # the target's own text from the same prompts; see data.own_answers). On SmolLM2 the drafter
-    # learns one answer per prompt (80k tokens) by heart within minutes (held-out depth 1 flat at
-    # 36-37.5% from step 600, training rows 84%); three (236k tokens) gave 44-45%, eight 51%; four
-    # to each of the 690 shipped prompts (585k tokens, ~45 quiet minutes of answering) are what the
-    # figures of docs/benchmarks.md (session 16) were trained on
+    # the first greedy, the others sampled at answer_temperature (drafter.md: four to each prompt)
     answers_per_prompt: int = 4
     answer_temperature: float = 0.8
-    # prompts the target writes itself (data.own_prompts, Magpie), added to the prompt set and
-    # answered like the others: many more distinct prompts than a shipped set holds
-    own_prompts: int = 0
+    own_prompts: int = 0  # prompts the target writes itself (data.own_prompts); drafter.md: fewer accepted
     steps: int | None = None
     minutes: float | None = None  # training-loop time (resumed runs count the time before)
     seed: int = 0
-    # chained depths trained. 1: one draft a round is what pays on a CPU (docs/benchmarks.md),
-    # and a depth-1 step costs ~0.4 of a depth-3 one for the same depth-1 acceptance per step
-    # (SmolLM2, 150 steps: 27.6% against 26.4%); depths 2+ still draft (chained from their own
-    # outputs), only less well (d2 9% against 12%)
+    # chained depths trained: one draft a round is what pays on a CPU (benchmarks.md, A drafter
+    # trained here), and a depth-1 step costs ~0.4 of a depth-3 one (drafter.md)
     depth: int = 1
     seq_len: int = 256
     batch: int = 4  # sequences per step
     learning_rate: float = 1e-3
-    # Adam as Kingma & Ba define it, bias-corrected, with beta2 = 0.95 (EAGLE trains with PyTorch's
-    # AdamW, betas (0.9, 0.95)). mlx.optimizers.Adam does not correct the bias by default: with
-    # beta2 = 0.999 its steps then move 2-6x the rate for the first few hundred (m and v start at
-    # 0, and v forgets that over ~1,000 steps). On SmolLM2 (690 prompts x 4 answers) 5 minutes
-    # gave 48.4% at depth 1 teacher-forced on the bench's answers against 40.6% (docs/benchmarks.md)
-    adam_beta2: float = 0.95
-    # after the warm-up the rate falls linearly to 0 at the run's end (by step with --steps, by
-    # training time with --minutes) instead of staying constant: on SmolLM2 (one answer per
-    # prompt, fused features) held-out depth 1 39.5% at step 800 against 37.7% (docs/benchmarks.md).
-    # A run's checkpoints before its end are then not "what fewer minutes buy": a shorter run decays sooner
-    decay: bool = True
+    adam_beta2: float = 0.95  # bias-corrected, as EAGLE's AdamW (drafter.md: against mlx's uncorrected 0.999)
+    decay: bool = True  # the rate falls linearly to 0 at the run's end (drafter.md: against constant)
     warmup: int = 20
-    # EAGLE (Li et al. 2024, sec. 4): uniform noise U(-noise, noise) on the target's hidden
-    # state the drafter reads, so it learns to draft from states a little off the target's --
-    # which is what it reads at depths 2+ (its own outputs). Off by default, like the feature
-    # regression below: with both and soft labels the tiny llama's drafter was accepted 0.17
-    # against 0.27 without (tests/engines/training/test_trained_drafter.py), and on SmolLM2 real
-    # decoding at depth 1 was 24% either way (docs/benchmarks.md, session 9).
-    noise: float = 0.0
-    # the loss at each depth (see chained_loss): cross-entropy against the target's own
-    # distribution over the draft vocabulary (soft labels; EAGLE, DistillSpec) + feature_weight x
-    # SmoothL1 between the drafter's state and the target's (EAGLE's L_reg + 0.1 L_cls is this
-    # with weight 10); soft_labels=False: the target's greedy token as a hard label. Soft by
-    # default: alone (session 9 measured them only with the other two), on SmolLM2's 690 x 4
-    # answers in 15 minutes, real decoding accepted 51.0% at depth 1 against 49.0% with hard
-    # labels, 52.4% against 51.5% teacher-forced on the bench's answers -- in 2,447 steps against
-    # 2,811 (the target's distribution costs a product over the draft vocabulary per row)
-    soft_labels: bool = True
-    # the soft labels as the target's k most likely draft tokens per position, renormalised,
-    # computed once per run (teacher_top_k) instead of the whole distribution over the draft
-    # vocabulary every step (a product and a softmax over it per row, where MLX's CPU exp is
-    # scalar); 0 = the whole distribution every step. On SmolLM2, 800 steps with the same seed
-    # and batches: a step 0.81x the time, held-out depth 1 46.4% against 46.6%, teacher-forced
-    # on the bench's answers 48.3% against 48.4% (docs/benchmarks.md, session 20). In 15 minutes
-    # (~2,750 steps) the top 128 (99.5% of the probability on average) did better than the top 32
-    # (97.6%): teacher-forced 55.1% against 53.7%, real decoding 54.0% against 52.2% (session 21)
+    soft_labels: bool = True  # the target's distribution, not its greedy token alone (drafter.md)
+    # soft labels as the target's k most likely draft tokens a position, computed once; 0: the
+    # whole distribution every step (drafter.md: 128 against 32 and against the whole)
     teacher_k: int = 128
-    # each position's soft-label loss weighted by the target's probability of its own greedy token
-    # there (the largest of its soft labels): at T=0 a draft is accepted when it is the target's
-    # argmax, which the drafter can rarely hit where the target itself is torn between tokens, so
-    # the weight moves the drafter's capacity to the positions it can win. Our own trial, not from
-    # the literature. On SmolLM2 in 15 minutes: real decoding at depth 1 56.2% against 54.8%,
-    # teacher-forced on the bench's answers 56.8% against 55.7%, held out 55.7% against 55.9%
-    # (docs/benchmarks.md, session 25)
+    # each position's loss weighted by the target's probability of its greedy token there: at
+    # T=0 a draft is accepted when it is the target's argmax, which the drafter rarely hits where
+    # the target itself is torn (our own trial; drafter.md: against every position alike)
     confidence_weighting: bool = True
-    feature_weight: float = 0.0
-    draft_vocab: int = 4096  # the head over the 4096 most frequent labels (92% of SmolLM2's
-    # held-out labels; 8192: 95%) costs half of 8192's, in training and in drafting; on SmolLM2
-    # in 15 minutes 8192 took 14% fewer steps for the same acceptance (docs/benchmarks.md, session 23)
-    # target layers the drafter reads beside the final state (EAGLE-3's fused low / mid / high
-    # features, Li et al. 2025, sec. 3.2); None = drafter.default_feature_layers, [] = the final
-    # state only. On SmolLM2 (one answer per prompt) layers 1, 14, 26 gave held-out depth 1
-    # 38.7% against 36.7% at step 600 (docs/benchmarks.md)
+    draft_vocab: int = 4096  # the most frequent labels (drafter.md: against 8192)
+    # target layers read beside the final state (EAGLE-3's fused features); None: drafter.
+    # default_feature_layers, []: the final state only (drafter.md: against the final state only)
     feature_layers: list[int] | None = None
-    dropout: float = 0.0  # on the drafter layer's two residual branches, in training only; 0.1 on
-    # SmolLM2 in 15 minutes: real decoding at depth 1 53.3% against 53.4% without (session 23)
-    weight_decay: float = 0.0  # AdamW's decoupled decay (0: Adam)
     held_out: float = 0.1  # fraction of sequences kept for acceptance
     save_every: int = 50
-    eval_every: int = 200  # SmolLM2 here: ~5% of the run's time on PROGRESS_HELD_OUT sequences
+    eval_every: int = 200  # each measure is PROGRESS_HELD_OUT sequences, counted in the run's time
 
     def record(self) -> dict:
         d = asdict(self)
         d["out"] = str(self.out)
         return d
+
+    @classmethod
+    def from_record(cls, record: dict) -> "TrainConfig":
+        """The settings a card recorded (`record`), less any this trainer no longer has."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in record.items() if k in names})
 
 
 @dataclass
@@ -209,7 +164,7 @@ def train(target_model, tokenizer, target_path: str, config: TrainConfig,
     train_rows, held = split(feats.size, answers, sources["prompt_count"], config.held_out, config.seed)
 
     drafter, opt, state = init_or_resume(target, feats, config, out)
-    if mx.default_device() == mx.cpu and cpu.enabled():  # a step's value and gradient 0.80x the time on SmolLM2
+    if mx.default_device() == mx.cpu and cpu.enabled():  # MLX's CPU exp is scalar (engines/cpu/numpy_ops.py)
         from engines.cpu import numpy_ops
 
         drafter.silu, drafter.attention = numpy_ops.silu, numpy_ops.attention
@@ -222,7 +177,7 @@ def train(target_model, tokenizer, target_path: str, config: TrainConfig,
         prepare_s += time.perf_counter() - t
     groups = length_groups(train_rows, np.array(feats.lengths))
     per_batch = answer_rows_per_batch(feats, train_rows, config.batch)
-    loss_and_grad = nn.value_and_grad(drafter, lambda b, key: chained_loss(drafter, b, config, key, per_batch))
+    loss_and_grad = nn.value_and_grad(drafter, lambda b: chained_loss(drafter, b, config, per_batch))
     update = compiled_update(drafter, opt)
     acceptance = state.get("acceptance") or []
     loss_avg = state.get("loss")
@@ -232,10 +187,9 @@ def train(target_model, tokenizer, target_path: str, config: TrainConfig,
             break
         t = time.perf_counter()
         batch = feats.rows(batch_rows(groups, config.batch, config.seed, step))
-        mx.random.seed(config.seed * 1_000_003 + step)  # dropout's masks: (seed, step), exact resume
         if config.decay:
             opt.rate.left = 1.0 - share_done(config, step, train_s)
-        loss, grads = loss_and_grad(batch, mx.random.key(config.seed * 1_000_003 + step))  # (seed, step): exact resume
+        loss, grads = loss_and_grad(batch)
         update(grads)
         mx.eval(loss, drafter.parameters(), opt.state)
         step += 1
@@ -276,9 +230,8 @@ def eta(config: TrainConfig, step: int, train_s: float) -> float | None:
 # -- data ---------------------------------------------------------------------------------------------
 
 
-# resources/prompts/. drafter_kinds.json (poems, stories, recipes, how-tos, advice, messages...: the
-# kinds open chat asks) beside the two older sets: on SmolLM2, 690 prompts x 4 answers gave 49.0%
-# at depth 1 in real decoding against 47.4% for 384 x 8 (about as many tokens; docs/benchmarks.md)
+# resources/prompts/: open chat, explain / how-to / compare over topics, and the kinds open chat
+# asks (poems, stories, recipes, advice...); drafter.md: four answers to these 690 against 8 to 384
 SHIPPED_PROMPTS = ("drafter_train.json", "drafter_topics.json", "drafter_kinds.json")
 
 
@@ -471,9 +424,9 @@ def split(n: int, answers: int, prompts: int, held_out: float, seed: int) -> tup
 def length_groups(rows: list[int], lengths: np.ndarray, size: int = LENGTH_GROUP) -> list[list[int]]:
     """The rows sorted by length and cut into groups of `size` (a short last group joins the one
     before), which batch_rows draws a batch from: its rows then have about one length, and the
-    batch's rectangle little padding. The shorter answers end early (a quarter of SmolLM2's under
-    ~175 of 200 tokens): drawn at random, 4 rows computed ~816 positions a step for ~696 that count;
-    drawn from a group of 64, ~703 (HF Trainer's `group_by_length` does the same)."""
+    batch's rectangle little padding: the shorter answers end early, and a batch drawn at random
+    computes their padding (HF Trainer's `group_by_length` does the same; docs/benchmarks.md, A
+    drafter trained here: what a step costs)."""
     order = sorted(rows, key=lambda r: (int(lengths[r]), r))
     groups = [order[i:i + size] for i in range(0, len(order), size)]
     if len(groups) > 1 and len(groups[-1]) < size // 2:
@@ -538,9 +491,8 @@ class Rate:
 
 def compiled_update(drafter: Drafter, opt: optim.Optimizer) -> Callable[[dict], None]:
     """Adam's update of the drafter from its gradients, compiled: MLX runs each element-wise op
-    of an uncompiled update as its own pass over the ~5M parameters -- on SmolLM2's drafter here
-    33 ms a step, compiled 13.5 (docs/benchmarks.md, session 22). The optimizer's state must
-    exist first (init_or_resume)."""
+    of an uncompiled update as its own pass over the ~5M parameters (docs/benchmarks.md, A drafter
+    trained here: what a step costs). The optimizer's state must exist first (init_or_resume)."""
     state = [drafter.state, opt.state, opt.rate.state]
     if mx.default_device() == mx.cpu:
         spread_over_two_streams(opt)
@@ -557,8 +509,7 @@ def spread_over_two_streams(opt: optim.Optimizer) -> None:
     MLX runs a CPU stream's work on its own thread, and an update's element-wise work on one thread
     leaves the other core idle. The gradient made contiguous first: a Linear weight's comes out of
     the backward pass transposed, which sends the compiled update down its strided path. Same
-    operations, same values. SmolLM2's drafter here: 26.5 -> 13.9 ms a step (docs/benchmarks.md,
-    session 25)."""
+    operations, same values (docs/benchmarks.md, A drafter trained here: what a step costs)."""
     streams = (mx.new_stream(mx.cpu), mx.new_stream(mx.cpu))
     single = opt.apply_single
     load = [0, 0]
@@ -583,13 +534,12 @@ def share_done(config: TrainConfig, step: int, train_s: float) -> float:
 
 def init_or_resume(target: TargetView, feats: D.Features, config: TrainConfig, out: Path):
     mx.random.seed(config.seed)
-    drafter = Drafter(DrafterArgs.for_target(target, config.draft_vocab), dropout=config.dropout)
+    drafter = Drafter(DrafterArgs.for_target(target, config.draft_vocab))
     drafter.vocab_ids = draft_vocabulary(feats, drafter.args.draft_vocab)
     drafter.freeze(keys=["vocab_ids"])
     rate = Rate(config)
     betas = [0.9, config.adam_beta2]
-    opt = optim.AdamW(learning_rate=rate, betas=betas, weight_decay=config.weight_decay, bias_correction=True) \
-        if config.weight_decay else optim.Adam(learning_rate=rate, betas=betas, bias_correction=True)
+    opt = optim.Adam(learning_rate=rate, betas=betas, bias_correction=True)
     opt.rate = rate  # the loop sets rate.left
     state = {"step": 0, "train_s": 0.0}
     ckpt = latest_checkpoint(out)
@@ -613,8 +563,7 @@ def teacher_top_k(drafter: Drafter, feats: D.Features, k: int, batch: int) -> tu
     are the labels chained_loss would compute each step, less the tail past the k-th token.
     Keeping a teacher's top-k probabilities is the usual way to distil from a cache; Anshumann et
     al. 2025 ("Sparse Logit Sampling") show it biased (the tail's mass goes to the top k) and
-    sample the labels instead -- on SmolLM2 the top 32 measured level with the whole
-    distribution at 800 steps and fell behind the top 128 at ~2,750 (TrainConfig.teacher_k)."""
+    sample the labels instead; the k here is measured (TrainConfig.teacher_k)."""
     ids, probs = [], []
     d = drafter.args.hidden_size
     index_type = mx.uint16 if drafter.args.draft_vocab <= 1 << 16 else mx.uint32
@@ -629,16 +578,15 @@ def teacher_top_k(drafter: Drafter, feats: D.Features, k: int, batch: int) -> tu
     return mx.concatenate(ids), mx.concatenate(probs)
 
 
-def depth_outputs(drafter: Drafter, batch: D.Features, depth: int, hidden: mx.array | None = None, first: int = 0):
+def depth_outputs(drafter: Drafter, batch: D.Features, depth: int, first: int = 0):
     """The chain over a batch, all positions at once: yields (d, states [B, L-d-first, D]) where
-    row j is position t = first + j + d, whose label is batch.labels[:, t]. `hidden`: the target's
-    states depth 1 reads (default batch.hidden; training passes them with noise). `first`: the
+    row j is position t = first + j + d, whose label is batch.labels[:, t]. `first`: the
     first chain start computed, less one -- a row's query reads only its own input and the
     target's fixed K/V, so rows no loss counts (chains that start in the prompts) can be left
     out without changing any other row."""
     L = batch.tokens.shape[1]
     emb = drafter.target.embed(batch.tokens)
-    h = (batch.hidden if hidden is None else hidden)[:, first:]  # depth 0: the target's own states, by position
+    h = batch.hidden[:, first:]  # depth 0: the target's own states, by position
     for d in range(1, depth + 1):
         if L - d - first < 1:
             break
@@ -652,29 +600,23 @@ def depth_outputs(drafter: Drafter, batch: D.Features, depth: int, hidden: mx.ar
         # next depth's row j (position first + j + d + 1) reads position first + j + d: this depth's row j
 
 
-def chained_loss(drafter: Drafter, batch: D.Features, config: TrainConfig, key: mx.array,
-                 per_batch: float | None = None) -> mx.array:
+def chained_loss(drafter: Drafter, batch: D.Features, config: TrainConfig, per_batch: float | None = None) -> mx.array:
     """The depths' losses, depth d weighted DEPTH_DECAY^(d-1), padding left out. At position t
-    the target's state h_t is both the feature the drafter should predict (EAGLE's regression
-    target) and, through the target's head, the distribution it should draft from (EAGLE's
-    classification target: soft labels, which carry the target's whole ranking per token where
-    a hard label carries one id -- more signal from the same teacher-forced data; DistillSpec,
-    Zhou et al. 2024, also distils the target's distribution). Hard labels outside the draft
-    vocabulary are left out, and so are chains that start in a prompt (batch.starts): the
-    drafter only ever drafts answers, and on SmolLM2 leaving the prompts out lifted held-out
-    depth-1 acceptance at 150 steps from 19.8% to 22.8% (docs/benchmarks.md). Each depth's sum
+    the target's state h_t gives, through the target's head, the distribution the drafter should
+    draft from (EAGLE's classification target: soft labels, which carry the target's whole
+    ranking per token where a hard label carries one id -- more signal from the same
+    teacher-forced data; DistillSpec, Zhou et al. 2024, also distils the target's distribution).
+    Hard labels outside the draft vocabulary are left out, and so are chains that start in a
+    prompt (batch.starts): the drafter only ever drafts answers. Each depth's sum
     is divided by `per_batch` (training: answer_rows_per_batch, the same for every batch) or, when
     None, by the rows it counts."""
     batch = batch.columns(int(batch.lengths.max()))  # padding past the longest row: no loss reads it
     L = batch.tokens.shape[1]
     real = mx.arange(L)[None, :] < batch.lengths[:, None]
-    # the first row computed: no chain starts in a prompt (below), and prompts are ~20% of an
-    # answer's row on SmolLM2 (its system prompt), which depth_outputs then leaves out
+    # the first row computed: no chain starts in a prompt (below), so depth_outputs leaves
+    # the rows before the earliest answer out
     first = max(0, int(batch.starts.min()) - 1) if batch.starts is not None else 0
-    hidden = batch.hidden
     final = batch.hidden[..., -drafter.args.hidden_size:]  # the final-norm state (the features end with it)
-    if config.noise:
-        hidden = hidden + mx.random.uniform(-config.noise, config.noise, hidden.shape, key=key)
     kept = config.soft_labels and batch.teacher_ids is not None  # the top-k soft labels, computed once
     if config.soft_labels and not kept:
         teacher = mx.softmax(drafter.sub_logits(final), axis=-1)  # over the draft vocabulary, renormalised
@@ -683,7 +625,7 @@ def chained_loss(drafter: Drafter, batch: D.Features, config: TrainConfig, key: 
         lookup = lookup.at[drafter.vocab_ids].add(mx.arange(drafter.vocab_ids.size, dtype=mx.int32) + 1)
         sub = lookup[batch.labels]
     total, weights = mx.array(0.0), 0.0
-    for d, h in depth_outputs(drafter, batch, config.depth, hidden, first):
+    for d, h in depth_outputs(drafter, batch, config.depth, first):
         at = slice(first + d, None)  # the positions of this depth's rows
         logits = drafter.sub_logits(h)
         real_d = real[:, at]
@@ -703,8 +645,6 @@ def chained_loss(drafter: Drafter, batch: D.Features, config: TrainConfig, key: 
         else:
             keep = real_d & (sub[:, at] >= 0)
             loss = nn.losses.cross_entropy(logits, mx.maximum(sub[:, at], 0), reduction="none")
-        if config.feature_weight:
-            loss = loss + config.feature_weight * nn.losses.smooth_l1_loss(h, final[:, at], reduction="none").mean(-1)
         w = DEPTH_DECAY ** (d - 1)
         total = total + w * (loss * keep).sum() / (per_batch or mx.maximum(keep.sum(), 1))
         weights += w
@@ -728,12 +668,10 @@ def evaluate(drafter: Drafter, held: D.Features, batch: int) -> list[float]:
     whose drafts 1..d all equal the target's greedy tokens (on the target's own answers this
     is what the chat engine's rounds accept at T=0). Chains start at a row's first answer
     position (held.starts) or later, as in chat, where the drafter never drafts the
-    prompt (counting the prompt's positions flattered it: every answer opens with the same
+    prompt (counting the prompt's positions would flatter it: every answer opens with the same
     system prompt, which the drafter learns by heart)."""
     hits = np.zeros(EVAL_DEPTH)
     starts = 0
-    was_training = drafter.training
-    drafter.eval()  # no dropout
     for i in range(0, held.size, batch):
         b = held.rows(list(range(i, min(i + batch, held.size))))
         L = b.tokens.shape[1]
@@ -755,7 +693,6 @@ def evaluate(drafter: Drafter, held: D.Features, batch: int) -> list[float]:
                 for d in range(1, EVAL_DEPTH + 1):
                     ok = ok and d in correct and bool(correct[d][n, p + d - 1])
                     hits[d - 1] += ok
-    drafter.train(was_training)
     return [float(x) for x in hits / max(starts, 1)]
 
 

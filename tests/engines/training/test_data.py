@@ -213,16 +213,15 @@ def test_the_loss_leaves_out_chains_that_start_in_a_prompt(llama, tmp_path):
     drafter = Drafter(DrafterArgs.for_target(target, 64))
     drafter.vocab_ids = mx.arange(64, dtype=mx.int32)
     drafter.attach(target)
-    key = mx.random.key(0)
-    before = chained_loss(drafter, batch, config, key).item()
+    before = chained_loss(drafter, batch, config).item()
     L = batch.tokens.shape[1]
     in_prompt = mx.arange(L)[None, :] < batch.starts[:, None]
     batch.labels = mx.where(in_prompt, (batch.labels + 1) % 64, batch.labels)
-    assert chained_loss(drafter, batch, config, key).item() == before
+    assert chained_loss(drafter, batch, config).item() == before
     batch.starts = None  # every chain counted: the same change moves the loss
-    rigged = chained_loss(drafter, batch, config, key).item()
+    rigged = chained_loss(drafter, batch, config).item()
     batch.labels = mx.where(in_prompt, (batch.labels + 63) % 64, batch.labels)
-    assert chained_loss(drafter, batch, config, key).item() != rigged
+    assert chained_loss(drafter, batch, config).item() != rigged
 
 
 def test_rows_left_out_change_no_other_row(llama, tmp_path):
@@ -295,7 +294,7 @@ def test_the_soft_label_loss_and_its_gradient_are_the_cross_entropy_to_the_targe
     drafter.freeze(keys=["vocab_ids"])
     drafter.attach(target)
 
-    def written_out(_, key):
+    def written_out(_):
         L = batch.tokens.shape[1]
         teacher = mx.softmax(drafter.sub_logits(batch.hidden[..., -drafter.args.hidden_size:]), axis=-1)
         total = 0.0
@@ -307,9 +306,8 @@ def test_the_soft_label_loss_and_its_gradient_are_the_cross_entropy_to_the_targe
             total = total + train.DEPTH_DECAY ** (d - 1) * (loss * keep).sum() / keep.sum()
         return total / sum(train.DEPTH_DECAY ** (d - 1) for d in range(1, config.depth + 1))
 
-    key = mx.random.key(0)
-    loss, grads = nn.value_and_grad(drafter, lambda b, k: chained_loss(drafter, b, config, k))(batch, key)
-    want, want_grads = nn.value_and_grad(drafter, written_out)(batch, key)
+    loss, grads = nn.value_and_grad(drafter, lambda b: chained_loss(drafter, b, config))(batch)
+    want, want_grads = nn.value_and_grad(drafter, written_out)(batch)
     assert abs(loss.item() - want.item()) < 1e-4 * abs(want.item())
     flat, want_flat = dict(tree_flatten(grads)), dict(tree_flatten(want_grads))
     assert flat.keys() == want_flat.keys() and flat
@@ -374,8 +372,8 @@ def test_the_layers_silu_and_attention_through_numpy_are_mlx_s_in_value_and_grad
     drafter.freeze(keys=["vocab_ids"])
     drafter.attach(target)
     config = TrainConfig(out=tmp_path, depth=2, soft_labels=False)
-    batch, key = feats.rows(list(range(4))), mx.random.key(0)
-    loss_grad = lambda: nn.value_and_grad(drafter, lambda b, k: chained_loss(drafter, b, config, k))(batch, key)  # noqa: E731
+    batch = feats.rows(list(range(4)))
+    loss_grad = lambda: nn.value_and_grad(drafter, lambda b: chained_loss(drafter, b, config))(batch)  # noqa: E731
     want, want_grads = loss_grad()
     drafter.silu, drafter.attention = numpy_ops.silu, numpy_ops.attention
     value, grads = loss_grad()
@@ -400,8 +398,7 @@ def test_soft_labels_kept_once_are_the_targets_top_k_and_give_the_every_step_los
     drafter.freeze(keys=["vocab_ids"])
     drafter.attach(target)
     config = TrainConfig(out=tmp_path, depth=2, soft_labels=True)
-    key = mx.random.key(0)
-    grad = lambda b: nn.value_and_grad(drafter, lambda bb, k: chained_loss(drafter, bb, config, k))(b, key)
+    grad = lambda b: nn.value_and_grad(drafter, lambda bb: chained_loss(drafter, bb, config))(b)  # noqa: E731
     every_step = grad(feats.rows(list(range(4))))
 
     feats.teacher_ids, feats.teacher_probs = train.teacher_top_k(drafter, feats, 64, batch=3)

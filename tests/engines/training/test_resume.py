@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 import mlx.core as mx
 import pytest
@@ -29,7 +30,8 @@ def setup(tmp_path_factory):
     target = checkpoints.make_tiny_llama(d / "llama")
     prompts = write_prompts(d / "prompts.json", checkpoints.WORDS)
     engine = ChatEngine.load(str(target))
-    train(engine.model, engine.tokenizer, str(target), config(d / "uninterrupted", prompts, STEPS))
+    as_the_cli = replace(config(d / "uninterrupted", prompts, STEPS), feature_layers=None, decay=True, soft_labels=True)
+    train(engine.model, engine.tokenizer, str(target), as_the_cli)
     return target, prompts, mx.load(str(d / "uninterrupted" / "model.safetensors"))
 
 
@@ -37,8 +39,8 @@ def command(target, prompts, out):
     return [sys.executable, "-c", CLI, "drafter", "train", "--model", str(target), "--prompts", str(prompts),
             "--answer-tokens", "40", "--seq-len", "64", "--steps", str(STEPS), "--lr", "3e-3",
             "--save-every", "10", "--eval-every", str(STEPS), "--depth", "3", "--draft-vocab", "8192",
-            "--answers-per-prompt", "1", "--feature-layers", "none", "--no-decay", "--no-soft-labels", "--no-register",
-            "--out", str(out)]  # as trained.config
+            "--answers-per-prompt", "1", "--no-register",
+            "--out", str(out)]  # as trained.config, with the trainer's defaults the command line leaves out
 
 
 def checkpoint_step(out) -> int:
@@ -100,7 +102,6 @@ def test_a_decaying_run_stopped_and_resumed_ends_as_one_that_never_stopped(setup
     """--decay lowers the rate by the share of the run done, a function of the step under
     --steps: a run cancelled at step 25 and resumed ends with the weights of one never stopped,
     and those differ from a constant rate's."""
-    from dataclasses import replace
 
     target, prompts, _ = setup
     engine = ChatEngine.load(str(target))
