@@ -24,8 +24,10 @@ def parser() -> Parser:
     p.add_argument("--out", required=True, metavar="DIR", help="the drafter's directory (resumes from its last checkpoint)")
     p.add_argument("--model", default=None, metavar="ID|PATH", help=f"the target: catalog id, hub repo id or path (default {DEFAULT_MODEL})")
     p.add_argument("--minutes", type=float, default=None, metavar="M",
-                   help=f"training time (default {DEFAULT_MINUTES:g} unless --steps)")
-    p.add_argument("--steps", type=int, default=None, metavar="N", help="training steps")
+                   help=f"the whole run's time: preparing the data (at most half of it: as much data as fits), "
+                        f"training, the final measure (default {DEFAULT_MINUTES:g} unless --steps)")
+    p.add_argument("--steps", type=int, default=None, metavar="N",
+                   help="training steps (alone: all the data is prepared first, however long that takes)")
     p.add_argument("--data", nargs="+", default=[], metavar="FILE", help="your own text files to learn from (UTF-8)")
     p.add_argument("--sessions", action="store_true",
                    help="learn from your saved chat sessions too (their prompts and answers; they stay on this machine)")
@@ -63,7 +65,7 @@ def cmd_drafter(argv: list[str]) -> int:
 
 def train(args) -> int:
     from engines.training.data import read_text_files
-    from engines.training.train import TrainConfig
+    from engines.training.train import TrainConfig, span
 
     for name in ("minutes", "steps", "batch", "seq_len", "depth", "save_every", "eval_every", "draft_vocab", "answer_tokens",
                  "answers_per_prompt", "answer_temperature"):
@@ -96,13 +98,14 @@ def train(args) -> int:
         try:
             result = run_training(loaded.model, loaded.tokenizer, target, config, meter, interrupt)
         except KeyboardInterrupt:
+            meter.finish()
             print(f"\nspecscope: stopped; the last checkpoint in {out} is kept (run the same command to resume)",
                   file=sys.stderr)
             return EXIT_INTERRUPTED
     meter.finish()
     acc = " ".join(f"d{i + 1} {a:.0%}" for i, a in enumerate(result.acceptance))
-    print(f"specscope: drafter in {out}: {result.step} steps, {result.train_s / 60:.1f} min training "
-          f"+ {result.prepare_s / 60:.1f} min data, held-out acceptance {acc}", file=sys.stderr)
+    print(f"specscope: drafter in {out}: {result.step} steps in {span(result.run_s)} ({span(result.prepare_s)} "
+          f"preparing the data, the rest training and measuring), held-out acceptance {acc}", file=sys.stderr)
     if not result.finished:
         print(f"specscope: stopped at step {result.step}; run the same command to resume", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -139,35 +142,43 @@ def target_path(model_id: str) -> str:
 
 
 class Meter:
-    """The progress line: rewritten in place on a terminal, one line per evaluation otherwise."""
+    """The progress: what the run will do on lines of their own; how far it is rewritten in place
+    on a terminal, otherwise a line per preparation update and per evaluation."""
 
     def __init__(self, stream=None):
         self.stream = stream or sys.stderr
         self.tty = self.stream.isatty()
         self.last_acc = None
+        self.open = False  # a line being rewritten in place
 
     def __call__(self, p) -> None:
-        if p.phase in ("prompts", "answers", "features"):
-            self.stream.write(f"specscope: {p.note}\n")
-            self.stream.flush()
-            return
         if p.phase == "done":
+            return
+        if p.phase in ("prompts", "answers", "features"):
+            self.write(f"specscope: {p.note}", lasting=p.headline)
             return
         acc = " ".join(f"d{i + 1} {a:.0%}" for i, a in enumerate(p.acceptance)) if p.acceptance else "-"
         total = f"/{p.steps}" if p.steps else ""
         eta = f"ETA {int(p.eta_s // 60)}m{int(p.eta_s % 60):02d}s" if p.eta_s is not None else ""
         line = (f"specscope: step {p.step}{total}  {p.elapsed_s / 60:.1f} min  loss {p.loss:.3f}  "
                 f"held-out acceptance {acc}  {eta}")
-        if self.tty:
-            self.stream.write("\r\033[K" + line)
-        elif p.acceptance != self.last_acc:
-            self.stream.write(line + "\n")
+        if self.tty or p.acceptance != self.last_acc:
+            self.write(line)
         self.last_acc = p.acceptance
+
+    def write(self, line: str, lasting: bool = False) -> None:
+        if self.tty and not lasting:
+            self.stream.write("\r\033[K" + line)
+            self.open = True
+        else:
+            self.finish()
+            self.stream.write(line + "\n")
         self.stream.flush()
 
     def finish(self) -> None:
-        if self.tty:
+        if self.open:
             self.stream.write("\n")
+            self.open = False
 
 
 __all__ = ["cmd_drafter", "EXIT_BAD_INPUT"]

@@ -79,8 +79,10 @@ class Features:
                         self.keys[:, :, :stop], self.values[:, :, :stop], self.starts,
                         cut(self.teacher_ids), cut(self.teacher_probs))
 
+    STORED = ("tokens", "lengths", "hidden", "labels", "keys", "values")  # what save_features keeps
+
     def arrays(self) -> dict[str, mx.array]:
-        return {k: getattr(self, k) for k in ("tokens", "lengths", "hidden", "labels", "keys", "values")}
+        return {k: getattr(self, k) for k in self.STORED}
 
 
 def read_text_files(paths: list[str]) -> list[tuple[str, str]]:
@@ -339,17 +341,20 @@ def load_answers(path: Path, key: str, sampling: list, greedy: int) -> list[list
     return data["sequences"] if data.get("sampling") == sampling else data["sequences"][:greedy]
 
 
-def save_features(path: Path, f: Features, key: str, answers: int) -> None:
-    """The features and how many of their first rows are the target's answers (the rest: text)."""
+def save_features(path: Path, f: Features, key: str, answers: int, available: int = 0) -> None:
+    """The features, how many of their first rows are the target's answers (the rest: text),
+    and of how many sequences the data held they are (a run short of time forces fewer)."""
     tmp = path.with_suffix(".partial.safetensors")
-    mx.save_safetensors(str(tmp), f.arrays(), metadata={"fingerprint": key, "answers": str(answers)})
+    meta = {"fingerprint": key, "answers": str(answers), "available": str(available or f.size)}
+    mx.save_safetensors(str(tmp), f.arrays(), metadata=meta)
     tmp.replace(path)
 
 
-def load_features(path: Path, key: str) -> tuple[Features, int] | None:
+def load_features(path: Path, key: str) -> tuple[Features, int, int] | None:
+    """(features, answer rows, sequences the data held) for this key, or None."""
     if not path.is_file():
         return None
     arrays, meta = mx.load(str(path), return_metadata=True)
     if meta.get("fingerprint") != key:
         return None
-    return Features(**arrays), int(meta.get("answers", 0))
+    return Features(**arrays), int(meta.get("answers", 0)), int(meta.get("available", 0))

@@ -2,7 +2,8 @@
 
     prepare    the target's own answers to the prompt sets + the user's text -> sequences;
                one teacher-forced target forward per batch -> Features (data.py), kept in
-               OUT/features.safetensors so a resumed run does not redo them
+               OUT/features.safetensors so a resumed run does not redo them; with --minutes,
+               as many as fit in its preparation share (Clock)
     init       the drafter (seeded), its vocabulary = the K most frequent labels; the soft
                labels, the target's top 128 draft tokens per position (teacher_top_k), once
     loop       a batch of sequences of about one length (length_groups; chosen by (seed, step)
@@ -25,6 +26,12 @@ token sits -- exactly what the drafter sees in the chat engine (mtp.MTPProposer:
 position, the target cache before the chain). Adam, a linear warm-up, then a rate that decays
 linearly to 0 at the run's end (TrainConfig.decay). No row is computed for chains that start in
 a prompt (depth_outputs' `first`): the loss counts none of them.
+
+--minutes bounds the whole run (Clock): preparing the data takes at most TrainConfig.
+prepare_share of it -- answering, then teacher forcing as many sequences as fit, measured as
+it goes -- training takes what is left less what the final measure and the files are measured
+to need. A run ends within its minutes plus about one training step or one batch of teacher
+forcing, whichever it was doing, and the error of that estimate.
 
 Resume: a checkpoint holds the drafter, Adam's state and the step; batches depend on
 (seed, step) only and the initial weights on the seed, so a run killed and resumed ends with
@@ -55,6 +62,11 @@ from engines.training import data as D
 from engines import cpu
 
 EVAL_DEPTH = 5  # acceptance is reported for depths 1..5
+FORCE_BATCH = 4  # sequences per teacher-forced forward (data.features)
+MIN_FORCED = 2  # batches teacher-forced whatever the budget: a held-out row and one to train on
+# of the preparation's share, what answering may take: teacher forcing a token costs under half
+# what answering it does (docs/drafter.md, Data), so what was answered then fits
+ANSWERING_SHARE = 2 / 3
 # held-out sequences the progress's acceptance is measured on (the card's: all of them): few
 # enough that measuring every eval_every steps costs a few percent of the run, which it counts
 PROGRESS_HELD_OUT = 16
@@ -82,7 +94,12 @@ class TrainConfig:
     answer_temperature: float = 0.8
     own_prompts: int = 0  # prompts the target writes itself (data.own_prompts); drafter.md: fewer accepted
     steps: int | None = None
-    minutes: float | None = None  # training-loop time (resumed runs count the time before)
+    # the whole run's time: preparing the data, training, the final measure (Clock); a resumed
+    # run counts what the runs before it spent
+    minutes: float | None = None
+    # the share of `minutes` preparing the data may take at most (the rest trains): our choice,
+    # trading data for steps evenly, not a measurement
+    prepare_share: float = 0.5
     seed: int = 0
     # chained depths trained: one draft a round is what pays on a CPU (benchmarks.md, A drafter
     # trained here), and a depth-1 step costs ~0.4 of a depth-3 one (drafter.md)
@@ -131,6 +148,7 @@ class Progress:
     eta_s: float | None
     phase: str = "train"  # "prompts" | "answers" | "features" | "train" | "done"
     note: str = ""
+    headline: bool = False  # the note says what the run will do (a line of its own), not how far it is
 
 
 @dataclass
@@ -140,14 +158,50 @@ class Result:
     finished: bool  # reached --steps / --minutes (False: cancelled, resumable)
     acceptance: list[float]
     train_s: float
-    prepare_s: float
+    prepare_s: float  # this run's
     tokens: int
+    run_s: float = 0.0  # this run's whole time, from train() to the files written
 
 
 OnProgress = Callable[[Progress], None]
 
 
 # -- the run -----------------------------------------------------------------------------------------
+
+
+class Clock:
+    """The run's time against TrainConfig.minutes, which bounds the whole run: preparing the
+    data (at most prepare_share of it), training, and the final measure and files, whose cost
+    (`reserve`) is measured as the run goes. `before_s`: what earlier runs of the same output
+    spent (their checkpoint). Without minutes, nothing runs out."""
+
+    def __init__(self, config: TrainConfig, before_s: float = 0.0):
+        self.total_s = None if config.minutes is None else 60 * config.minutes
+        self.prepare_s = None if self.total_s is None else config.prepare_share * self.total_s
+        self.before_s = before_s
+        self.start = time.perf_counter()
+        self.eval_row_s = 0.0  # the final measure's cost per held-out sequence
+        self.save_s = 0.5  # a checkpoint's, until one is timed
+
+    def used(self) -> float:
+        return self.before_s + time.perf_counter() - self.start
+
+    def preparing_left(self, share: float = 1.0) -> float:
+        return float("inf") if self.prepare_s is None else share * self.prepare_s - self.used()
+
+    def training_limit(self, train_s: float, held: int) -> float | None:
+        """The training time (train_s, counted over resumes) at which training stops, leaving
+        the final measure over `held` sequences and the files their time, with a margin."""
+        if self.total_s is None:
+            return None
+        reserve = 1.5 * self.eval_row_s * held + 2 * self.save_s
+        return train_s + self.total_s - self.used() - reserve
+
+
+def checkpoint_state(out: Path) -> dict:
+    ckpt = latest_checkpoint(out)
+    return json.loads((ckpt / "state.json").read_text()) if ckpt is not None else {}
+
 
 
 def train(target_model, tokenizer, target_path: str, config: TrainConfig,
@@ -158,9 +212,10 @@ def train(target_model, tokenizer, target_path: str, config: TrainConfig,
     target = TargetView.of(target_model, config.feature_layers)
     out = Path(config.out).expanduser()
     out.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
-    feats, answers, sources = prepare(target, tokenizer, target_path, config, on_progress, should_stop)
-    prepare_s = time.perf_counter() - t0
+    before = checkpoint_state(out)
+    clock = Clock(config, before.get("prepare_s", 0.0) + before.get("train_s", 0.0))
+    on_progress(plan(config, clock))
+    feats, answers, sources = prepare(target, tokenizer, target_path, config, on_progress, should_stop, clock)
     train_rows, held = split(feats.size, answers, sources["prompt_count"], config.held_out, config.seed)
 
     drafter, opt, state = init_or_resume(target, feats, config, out)
@@ -169,12 +224,13 @@ def train(target_model, tokenizer, target_path: str, config: TrainConfig,
 
         drafter.silu, drafter.attention = numpy_ops.silu, numpy_ops.attention
     if config.soft_labels and config.teacher_k:
-        t = time.perf_counter()
         k = min(config.teacher_k, drafter.args.draft_vocab)
-        on_progress(Progress(state["step"], config.steps, 0.0, None, 0.0, None, "features",
+        on_progress(Progress(state["step"], config.steps, 0.0, None, clock.used(), None, "features",
                              f"the target's {k} most likely draft tokens at each of {feats.size} sequences' positions"))
         feats.teacher_ids, feats.teacher_probs = teacher_top_k(drafter, feats, k, config.batch)
-        prepare_s += time.perf_counter() - t
+    if clock.total_s is not None:  # what the final measure will cost, per held-out sequence
+        timed_evaluate(drafter, feats.rows(held[:config.batch]), config.batch, clock)
+    prepare_s = clock.used() - clock.before_s  # this run's, the soft labels and that measure included
     groups = length_groups(train_rows, np.array(feats.lengths))
     per_batch = answer_rows_per_batch(feats, train_rows, config.batch)
     loss_and_grad = nn.value_and_grad(drafter, lambda b: chained_loss(drafter, b, config, per_batch))
@@ -182,49 +238,81 @@ def train(target_model, tokenizer, target_path: str, config: TrainConfig,
     acceptance = state.get("acceptance") or []
     loss_avg = state.get("loss")
     step, train_s = state["step"], state["train_s"]
-    while not done(config, step, train_s):
+    prepared_s = state.get("prepare_s", 0.0) + prepare_s  # over resumes, as train_s
+    save = partial(save_checkpoint, out, drafter, opt, prepare_s=prepared_s)
+    limit = clock.training_limit(train_s, len(held))
+    while not done(config, step, train_s, limit):
         if should_stop():
             break
         t = time.perf_counter()
         batch = feats.rows(batch_rows(groups, config.batch, config.seed, step))
         if config.decay:
-            opt.rate.left = 1.0 - share_done(config, step, train_s)
+            opt.rate.left = 1.0 - share_done(config, step, train_s, limit)
         loss, grads = loss_and_grad(batch)
         update(grads)
         mx.eval(loss, drafter.parameters(), opt.state)
         step += 1
         loss_avg = float(loss) if loss_avg is None else 0.9 * loss_avg + 0.1 * float(loss)
-        if step % config.eval_every == 0 and not done(config, step, train_s + time.perf_counter() - t):
-            acceptance = evaluate(drafter, feats.rows(held[:PROGRESS_HELD_OUT]), config.batch)
+        if step % config.eval_every == 0 and not done(config, step, train_s + time.perf_counter() - t, limit):
+            acceptance = timed_evaluate(drafter, feats.rows(held[:PROGRESS_HELD_OUT]), config.batch, clock)
         train_s += time.perf_counter() - t  # the progress's measure counted: --minutes is the user's wait
-        if done(config, step, train_s):
+        limit = clock.training_limit(train_s, len(held))
+        if done(config, step, train_s, limit):
             acceptance = evaluate(drafter, feats.rows(held), config.batch)  # the card's: the whole held-out set
         if step % config.save_every == 0:
-            save_checkpoint(out, drafter, opt, step, train_s, loss_avg, acceptance)
-        on_progress(Progress(step, config.steps, loss_avg, acceptance or None, train_s, eta(config, step, train_s)))
-    finished = done(config, step, train_s)
+            t = time.perf_counter()
+            save(step, train_s, loss_avg, acceptance)
+            clock.save_s = time.perf_counter() - t
+        on_progress(Progress(step, config.steps, loss_avg, acceptance or None, clock.used(),
+                             eta(config, step, train_s, limit)))
+    finished = done(config, step, train_s, limit)
     if not acceptance and step:
         acceptance = evaluate(drafter, feats.rows(held), config.batch)
-    save_checkpoint(out, drafter, opt, step, train_s, loss_avg, acceptance)
-    card = model_card(target, target_path, config, sources, feats, held, step, train_s, prepare_s, acceptance, finished)
+    save(step, train_s, loss_avg, acceptance)
+    card = model_card(target, target_path, config, sources, feats, held, step, train_s, prepared_s, acceptance, finished)
     publish(out, drafter, card)
-    on_progress(Progress(step, config.steps, loss_avg or 0.0, acceptance or None, train_s, 0.0, "done"))
-    return Result(out, step, finished, acceptance, train_s, prepare_s, int(np.array(feats.lengths).sum()))
+    on_progress(Progress(step, config.steps, loss_avg or 0.0, acceptance or None, clock.used(), 0.0, "done"))
+    return Result(out, step, finished, acceptance, train_s, prepare_s, int(np.array(feats.lengths).sum()),
+                  clock.used() - clock.before_s)
 
 
-def done(config: TrainConfig, step: int, train_s: float) -> bool:
+def done(config: TrainConfig, step: int, train_s: float, limit_s: float | None = None) -> bool:
+    """`limit_s`: the training time the run's clock allows (Clock.training_limit); default all of
+    --minutes."""
     if config.steps is not None and step >= config.steps:
         return True
-    return config.minutes is not None and train_s >= 60 * config.minutes
+    limit_s = limit_s if limit_s is not None or config.minutes is None else 60 * config.minutes
+    return limit_s is not None and train_s >= limit_s
 
 
-def eta(config: TrainConfig, step: int, train_s: float) -> float | None:
+def eta(config: TrainConfig, step: int, train_s: float, limit_s: float | None = None) -> float | None:
     left = []
     if config.steps is not None and step:
         left.append((config.steps - step) * train_s / step)
-    if config.minutes is not None:
-        left.append(60 * config.minutes - train_s)
+    limit_s = limit_s if limit_s is not None or config.minutes is None else 60 * config.minutes
+    if limit_s is not None:
+        left.append(limit_s - train_s)
     return max(0.0, min(left)) if left else None
+
+
+def timed_evaluate(drafter: Drafter, held: D.Features, batch: int, clock: Clock) -> list[float]:
+    """evaluate, its time per sequence kept as the clock's estimate of the final measure's."""
+    t = time.perf_counter()
+    acceptance = evaluate(drafter, held, batch)
+    clock.eval_row_s = (time.perf_counter() - t) / max(held.size, 1)
+    return acceptance
+
+
+def plan(config: TrainConfig, clock: Clock) -> Progress:
+    """What the run will do, said before it starts."""
+    if clock.total_s is None:
+        what = f"{config.steps} training steps, after preparing the data (--minutes would bound both)"
+    else:
+        what = (f"at most {config.minutes:g} min in all: preparing the data up to {span(clock.prepare_s)} "
+                f"(as much of it as fits), then training, then the final measure")
+        if clock.before_s:
+            what += f"; {span(clock.before_s)} of it spent by the runs before"
+    return Progress(0, config.steps, 0.0, None, clock.before_s, None, "features", what, headline=True)
 
 
 # -- data ---------------------------------------------------------------------------------------------
@@ -254,12 +342,15 @@ def prompt_set(config: TrainConfig) -> tuple[list, list[str]]:
     return files, [p for f in files for p in D.load_prompts(f)]
 
 
-def prepare(target: TargetView, tokenizer, target_path: str, config: TrainConfig, on_progress, should_stop):
+def prepare(target: TargetView, tokenizer, target_path: str, config: TrainConfig, on_progress, should_stop,
+            clock: Clock | None = None):
     """(Features, answers, sources): the target's answers to the prompts first (`answers` rows),
     then the text files' segments. From OUT/features.safetensors when the same target, data
     and settings made them before (a resumed run), else computed and kept; the answers are
     kept batch by batch in OUT/data/answers.json, so a run stopped while the target answers
-    resumes where it stopped."""
+    resumes where it stopped. With the clock's preparation share, answering stops at
+    ANSWERING_SHARE of it and teacher forcing at the whole (teacher_force)."""
+    clock = clock or Clock(config)
     texts = D.read_text_files(config.data_files)  # bad files fail now, before any work
     files, prompts = prompt_set(config)
     stamp = [target_path, _file_stamp(target_path)]
@@ -278,10 +369,30 @@ def prepare(target: TargetView, tokenizer, target_path: str, config: TrainConfig
                         *([list(target.feature_layers)] if target.feature_layers else []))
     cached = D.load_features(out / "features.safetensors", key)
     if cached is not None:
-        feats, answers = cached
-        feats.starts = answer_starts(tokenizer, prompts * rounds, config.seq_len, feats.size)
-        return feats, answers, sources
-    t0 = time.perf_counter()
+        feats, answers, available = cached
+        on_progress(Progress(0, config.steps, 0.0, None, clock.used(), None, "features",
+                             f"the target's states over {feats.size} of {available or feats.size} sequences, "
+                             f"teacher-forced before, read from {out}", headline=True))
+    else:
+        sequences, answers = answered(target, tokenizer, target_path, prompts, rounds, config, clock, on_progress,
+                                      should_stop)
+        sequences += D.text_segments(tokenizer, texts, config.seq_len)
+        available = len(sequences)
+        feats, answers = teacher_force(target, sequences, answers, config, clock, on_progress, should_stop)
+        D.save_features(out / "features.safetensors", feats, key, answers, available)
+    sources["answer_sequences"], sources["sequences_available"] = answers, available or feats.size
+    feats.starts = answer_starts(tokenizer, (prompts * rounds)[:answers], config.seq_len, feats.size)
+    return feats, answers, sources
+
+
+def answered(target: TargetView, tokenizer, target_path: str, prompts: list[str], rounds: int, config: TrainConfig,
+             clock: Clock, on_progress, should_stop) -> tuple[list[list[int]], int]:
+    """The target's answers (prompt + answer ids, round-major: the greedy round first): kept
+    ones, shipped ones, then the target writes the rest -- as many as ANSWERING_SHARE of the
+    preparation allows -- kept batch by batch."""
+    out = Path(config.out)
+    answers_key = answers_cache_key([target_path, _file_stamp(target_path)], prompts, config)
+    sampling = answer_sampling(config)
     answers_file = out / "data" / "answers.json"
     sequences = D.load_answers(answers_file, answers_key, sampling, greedy=len(prompts))[: len(prompts) * rounds]
     asked = len(prompts) * rounds
@@ -291,43 +402,98 @@ def prepare(target: TargetView, tokenizer, target_path: str, config: TrainConfig
         if len(shipped) > len(sequences):
             sequences = shipped
             D.save_answers(answers_file, sequences, answers_key, sampling)
-            on_progress(Progress(0, config.steps, 0.0, None, 0.0, None, "answers",
-                                 f"{len(shipped)} of the {asked} answers ship with Specscope"))
+            on_progress(Progress(0, config.steps, 0.0, None, clock.used(), None, "answers",
+                                 f"{len(shipped)} of the {asked} answers ship with Specscope", headline=True))
     if len(sequences) < asked:
-        start = len(sequences)
-        on_progress(Progress(0, config.steps, 0.0, None, 0.0, None, "answers",
-                             f"the target writes {asked - start} of {asked} answers ({rounds} per prompt)"))
+        start, t0 = len(sequences), time.perf_counter()
+        fits = f", as many as fit in {span(clock.preparing_left(ANSWERING_SHARE))}" \
+            if clock.prepare_s is not None else ""
+        on_progress(Progress(0, config.steps, 0.0, None, clock.used(), None, "answers",
+                             f"the target writes {asked - start} of {asked} answers ({rounds} per prompt){fits}",
+                             headline=True))
 
-        def answered(done: list[list[int]]) -> None:
+        def kept(done: list[list[int]]) -> None:
             D.save_answers(answers_file, done, answers_key, sampling)
             n, elapsed = len(done), time.perf_counter() - t0
-            on_progress(Progress(0, config.steps, 0.0, None, elapsed, elapsed * (asked - n) / (n - start), "answers",
-                                 f"the target wrote {n} of {asked} answers ({elapsed / 60:.1f} min)"))
+            on_progress(Progress(0, config.steps, 0.0, None, clock.used(), elapsed * (asked - n) / (n - start), "answers",
+                                 f"the target wrote {n} of {asked} answers ({span(elapsed)})"))
 
+        out_of_time = lambda: clock.preparing_left(ANSWERING_SHARE) <= 0  # noqa: E731
         sequences = D.own_answers(target.model, tokenizer, prompts, config.answer_tokens, config.seq_len, rounds,
-                                  config.answer_temperature, config.seed, done=sequences, should_stop=should_stop,
-                                  on_batch=answered)
-    answers = len(sequences)
-    sequences += D.text_segments(tokenizer, texts, config.seq_len)
-    if should_stop():
-        raise KeyboardInterrupt  # the answers so far are kept; nothing else to resume yet
-    t1 = time.perf_counter()
-    tokens = sum(len(s) for s in sequences)
-    on_progress(Progress(0, config.steps, 0.0, None, t1 - t0, None, "features",
-                         f"teacher-forcing the target over {len(sequences)} sequences ({tokens} tokens)"))
+                                  config.answer_temperature, config.seed, done=sequences,
+                                  should_stop=lambda: should_stop() or out_of_time(), on_batch=kept)
+        if should_stop():
+            raise KeyboardInterrupt  # the answers so far are kept; nothing else to resume yet
+    return sequences, len(sequences)
 
-    def forced(n: int) -> None:
-        if n % 100 < 4 or n == len(sequences):
-            elapsed = time.perf_counter() - t1
-            on_progress(Progress(0, config.steps, 0.0, None, elapsed, elapsed * (len(sequences) - n) / n, "features",
-                                 f"teacher-forced {n} of {len(sequences)} sequences ({elapsed / 60:.1f} min)"))
 
-    feats = D.features(target, sequences, config.seq_len, should_stop=should_stop, on_batch=forced)
-    if should_stop():
-        raise KeyboardInterrupt
-    D.save_features(out / "features.safetensors", feats, key, answers)
-    feats.starts = answer_starts(tokenizer, prompts * rounds, config.seq_len, feats.size)
-    return feats, answers, sources
+def teacher_force(target: TargetView, sequences: list[list[int]], answers: int, config: TrainConfig, clock: Clock,
+                  on_progress, should_stop) -> tuple[D.Features, int]:
+    """(Features, answer rows): the target over the sequences (the first `answers` of them the
+    target's answers, the rest text segments), FORCE_BATCH at a time, until all are forced or the
+    clock's preparation share is spent (at least MIN_FORCED batches). Answers and text go in
+    proportion to their counts (forcing_order), so a cut run learns from both; the answers in
+    order, the greedy round first. Says how many and, once the speed is measured, how many fit."""
+    if not sequences:
+        raise D.DataError("no training text: the data gave no sequence of 8 tokens or more")
+    total = sum(len(s) for s in sequences)
+    fits = f", as many as fit in {span(clock.preparing_left())}" if clock.prepare_s is not None else ""
+    on_progress(Progress(0, config.steps, 0.0, None, clock.used(), None, "features",
+                         f"teacher forcing the target over {len(sequences)} sequences ({total:,} tokens){fits}",
+                         headline=True))
+    parts: tuple[list, list] = ([], [])  # answers', text's
+    rows = tokens = 0
+    t0 = time.perf_counter()
+    said = False
+    for i, batch in enumerate(forcing_order(answers, len(sequences) - answers, FORCE_BATCH)):
+        if should_stop():
+            raise KeyboardInterrupt
+        if i >= MIN_FORCED and clock.preparing_left() <= 0:
+            break
+        parts[batch[0] >= answers].append(D.features(target, [sequences[r] for r in batch], config.seq_len,
+                                                     batch=FORCE_BATCH))
+        rows, tokens = rows + len(batch), tokens + sum(len(sequences[r]) for r in batch)
+        elapsed = time.perf_counter() - t0
+        rate = tokens / max(elapsed, 1e-9)
+        if not said and elapsed >= min(5.0, (clock.prepare_s or 20.0) / 4) and rows < len(sequences):
+            said = True
+            left = clock.preparing_left()
+            fit = f"; about {min(len(sequences), rows + int(left * rate * len(sequences) / total))} fit" \
+                if clock.prepare_s is not None and left < (total - tokens) / rate else ""
+            on_progress(Progress(0, config.steps, 0.0, None, clock.used(), None, "features",
+                                 f"{rate:,.0f} tokens/s here: all {len(sequences)} sequences would take "
+                                 f"{span(total / rate)}{fit}", headline=True))
+        if rows % 100 < FORCE_BATCH or rows == len(sequences):
+            eta_s = min((total - tokens) / rate, max(clock.preparing_left(), 0))
+            on_progress(Progress(0, config.steps, 0.0, None, clock.used(), eta_s, "features",
+                                 f"teacher-forced {rows} of {len(sequences)} sequences ({span(elapsed)})"))
+    kept = parts[0] + parts[1]
+    feats = D.Features(**{k: mx.concatenate([getattr(f, k) for f in kept]) for k in D.Features.STORED})
+    if rows < len(sequences):
+        on_progress(Progress(0, config.steps, 0.0, None, clock.used(), None, "features",
+                             f"teacher-forced {rows} of {len(sequences)} sequences ({tokens:,} of {total:,} tokens) "
+                             f"in the {span(clock.prepare_s)} for preparing", headline=True))
+    return feats, sum(f.size for f in parts[0])
+
+
+def span(seconds: float) -> str:
+    """`2.4 s`, `7.5 min`: a time as the progress says it."""
+    seconds = max(seconds, 0.0)
+    return f"{seconds:.1f} s" if seconds < 60 else f"{seconds / 60:.1f} min"
+
+
+def forcing_order(answers: int, text: int, batch: int) -> list[list[int]]:
+    """Batches of row numbers, answers (0..answers-1) and text segments (answers..) each in order,
+    taken in proportion to their counts: any first batches hold about the same share of each."""
+    order, a, t = [], 0, 0
+    while a < answers or t < text:
+        if t >= text or (a < answers and a * text <= t * answers):
+            order.append(list(range(a, min(a + batch, answers))))
+            a = min(a + batch, answers)
+        else:
+            order.append(list(range(answers + t, answers + min(t + batch, text))))
+            t = min(t + batch, text)
+    return order
 
 
 def answers_cache_key(stamp: list, prompts: list[str], config: TrainConfig) -> str:
@@ -399,7 +565,7 @@ def _file_stamp(path: str) -> list:
 def answer_starts(tokenizer, prompts: list[str], seq_len: int, rows: int) -> mx.array:
     """[rows] int32, each row's first answer position: the prompt's length for the target's
     answers (rows 0..len(prompts)-1, as data.own_answers cut them; `prompts` repeated once per
-    round of answers), 0 for text segments.
+    round of answers, as many as are rows), 0 for text segments.
     Recomputed from the prompts, so the features file needs no field for it."""
     starts = [len(D.chat_ids(tokenizer, p)[: seq_len - 8]) for p in prompts]
     return mx.array((starts + [0] * rows)[:rows], dtype=mx.int32)
@@ -523,12 +689,14 @@ def spread_over_two_streams(opt: optim.Optimizer) -> None:
     opt.apply_single = apply_single
 
 
-def share_done(config: TrainConfig, step: int, train_s: float) -> float:
+def share_done(config: TrainConfig, step: int, train_s: float, limit_s: float | None = None) -> float:
+    """The share of the run's training done, by step or by time (`limit_s` as in `done`)."""
     shares = []
     if config.steps is not None:
         shares.append(step / config.steps)
-    if config.minutes is not None:
-        shares.append(train_s / (60 * config.minutes))
+    limit_s = limit_s if limit_s is not None or config.minutes is None else 60 * config.minutes
+    if limit_s is not None:
+        shares.append(train_s / limit_s if limit_s > 0 else 1.0)
     return min(1.0, max(shares, default=0.0))
 
 
@@ -707,7 +875,8 @@ def latest_checkpoint(out: Path) -> Path | None:
     return None
 
 
-def save_checkpoint(out: Path, drafter: Drafter, opt, step: int, train_s: float, loss, acceptance) -> None:
+def save_checkpoint(out: Path, drafter: Drafter, opt, step: int, train_s: float, loss, acceptance,
+                    prepare_s: float = 0.0) -> None:
     """Write OUT/checkpoint.partial whole, then swap it in: a kill or a full disk at any
     moment leaves the previous checkpoint readable."""
     partial, current, old = out / "checkpoint.partial", out / "checkpoint", out / "checkpoint.old"
@@ -716,7 +885,7 @@ def save_checkpoint(out: Path, drafter: Drafter, opt, step: int, train_s: float,
         partial.mkdir()
         drafter.save_weights(str(partial / "model.safetensors"))
         mx.save_safetensors(str(partial / "optimizer.safetensors"), dict(tree_flatten(opt.state)))
-        state = {"step": step, "train_s": train_s, "loss": loss, "acceptance": acceptance}
+        state = {"step": step, "train_s": train_s, "prepare_s": prepare_s, "loss": loss, "acceptance": acceptance}
         (partial / "state.json").write_text(json.dumps(state))
     except OSError as e:
         shutil.rmtree(partial, ignore_errors=True)

@@ -2,16 +2,13 @@
 for a few minutes on the shipped prompts, then --spec mtp on the held-out open chat prompts
 (resources/prompts/open_chat.json, none of them trained on), measured as the goal's bench
 measures it (one draft a round, 64 tokens): plain greedy token for token on every prompt, and
-drafts accepted far above what an untrained drafter gets (~1%). The issue's goal (>= 55% at
-depth 1 after 15 minutes on four answers a prompt, >= 1.3x) is measured by
-bench/drafter_smollm2.py; docs/benchmarks.md has the figures.
+drafts accepted far above what an untrained drafter gets (~1%). The goal's bench (>= 55% at
+depth 1, >= 1.3x) is bench/drafter_smollm2.py; docs/benchmarks.md has its figures.
 
 To fit CI, the run reads only the greedy round of the answers that ship with Specscope (690
 answers, no answering) and trains for a fixed number of steps, so what it learns does not
-depend on the machine's speed, only how long it takes. On a quiet 2-core machine (2026-11-28)
-the whole test took 15.2 minutes: teacher forcing 6.9, the 1,300 steps 4.8, decoding the 24
-prompts twice 3.2; 47.9% accepted at depth 1 (479 of 1,000 drafts), 47.4% held out. (1,296
-steps in 5 minutes an hour before: 48.5% and 47.4%.)"""
+depend on the machine's speed, only how long it takes: about 15 minutes on a quiet 2-core
+machine (docs/benchmarks.md, A drafter trained here for SmolLM2: the slow test)."""
 
 import json
 import subprocess

@@ -1,0 +1,64 @@
+"""--minutes bounds the whole run: preparing the data (answering, teacher forcing), training and
+the final measure. On the tiny llama with more text than its preparation share can teacher-force,
+`specscope drafter train --minutes M` says up front what it will do, forces only what fits,
+trains, and ends within M minutes plus TOLERANCE_S -- the clock is checked between steps and
+between batches, so a run overshoots by about one of them, the final measure's estimate's error
+and the model's loading, each well under a second here; the rest is room for a loaded machine.
+Not a test of speed: a slower machine forces and trains less in the same time."""
+
+import json
+import random
+import time
+
+import pytest
+
+from app.cli.main import main
+from engines.training.train import forcing_order
+from tests.engines.mlx_chat import checkpoints
+from tests.engines.training.trained import write_prompts
+
+MINUTES = 0.08  # 4.8 s
+TOLERANCE_S = 4.0
+WORDS = 400_000  # ~6,000 segments of 64 tokens: on the tiny llama several times what 2.4 s can force
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    d = tmp_path_factory.mktemp("budget")
+    text = d / "notes.txt"
+    rng = random.Random(0)
+    text.write_text(" ".join(rng.choice(checkpoints.WORDS) for _ in range(WORDS)))
+    return checkpoints.make_tiny_llama(d / "llama"), write_prompts(d / "prompts.json", checkpoints.WORDS), text
+
+
+def test_minutes_bound_preparation_and_training_together(llama, tmp_path, capsys):
+    target, prompts, text = llama
+    out = tmp_path / "drafter"
+    started = time.perf_counter()
+    code = main(["drafter", "train", "--model", str(target), "--prompts", str(prompts), "--data", str(text),
+                 "--answer-tokens", "20", "--seq-len", "64", "--minutes", str(MINUTES), "--eval-every", "50",
+                 "--no-register", "--out", str(out)])
+    took = time.perf_counter() - started
+    err = capsys.readouterr().err
+    assert code == 0, err[-2000:]
+    assert took <= 60 * MINUTES + TOLERANCE_S, (took, err[-2000:])
+    assert f"at most {MINUTES:g} min in all" in err  # said up front
+    card = json.loads((out / "card.json").read_text())
+    data, training = card["data"], card["training"]
+    assert 0 < data["sequences"] < data["sequences_available"], data  # forced what fit, not all
+    assert f"teacher-forced {data['sequences']} of {data['sequences_available']} sequences" in err
+    assert training["steps"] > 0 and training["finished"]
+    assert training["prepare_minutes"] <= MINUTES / 2 + TOLERANCE_S / 60, training
+    assert f"drafter in {out}: {training['steps']} steps in" in err  # the last line says what the run did
+    answers, segments = data["answer_sequences"], data["sequences"] - data["answer_sequences"]
+    assert answers > 0 and segments > 0  # both kinds of data, in proportion (forcing_order)
+
+
+def test_answers_and_text_are_forced_in_proportion():
+    order = forcing_order(answers=10, text=30, batch=2)
+    assert sorted(r for batch in order for r in batch) == list(range(40))
+    assert all(len({r < 10 for r in batch}) == 1 for batch in order)  # a batch is all answers or all text
+    first = [r for batch in order[:8] for r in batch]  # 16 rows: about a quarter answers
+    assert sum(r < 10 for r in first) in (4, 5) and first[:2] == [0, 1]
+    assert [r for batch in forcing_order(5, 0, 4) for r in batch] == list(range(5))
+    assert [r for batch in forcing_order(0, 3, 4) for r in batch] == [0, 1, 2]
