@@ -13,8 +13,8 @@ CASES = {
     "draft without model": (["chat", "--prompt", "hi", "--spec", "draft"], "needs --draft-model"),
     "missing prompt": (["chat"], "required"),
     "bad temperature": (["chat", "--prompt", "hi", "--temp", "-1"], "--temp"),
-    # issue 16 item 5: these were accepted (garbage output, a traceback in mx.random.seed, an
-    # output cut to one character); engines.validation now turns each away before loading
+    # engines.validation turns these away before loading (taken, they would give garbage output,
+    # a traceback in mx.random.seed, an output cut to one character)
     "temperature nan": (["chat", "--prompt", "hi", "--temp", "nan"], "--temp must be a finite number"),
     "temperature inf": (["chat", "--prompt", "hi", "--temp", "inf"], "--temp must be a finite number"),
     "top-p nan": (["chat", "--prompt", "hi", "--top-p", "nan"], "--top-p must be in (0, 1]"),
@@ -27,8 +27,7 @@ CASES = {
     "unwritable trace": (["chat", "--prompt", "hi", "--trace", "/nonexistent-dir/t.ndjson"], "cannot write trace file"),
     "missing image": (["ocr", "/nonexistent.png", "--model", "/nonexistent"], "no such file"),
     "missing model dir": (["chat", "--prompt", "hi", "--model", "/nonexistent-model"], "/nonexistent-model"),
-    # issue 14: flags that were accepted and ignored are gone; new ones are checked
-    # issue 26: OCR has n-gram lookup (--spec ngram, --with-ngram) and its bounds are checked
+    # every flag is checked or refused, never ignored; OCR's n-gram lookup bounds too
     "ocr n-gram bounds": (["ocr", "/etc/hostname", "--model", "/nonexistent", "--spec", "ngram", "--ngram-min", "5",
                            "--ngram-max", "2"], "--ngram-min"),
     "bench writes no trace": (["bench", "chat", "--trace", "t.ndjson"], "unrecognized arguments"),

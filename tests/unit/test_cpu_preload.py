@@ -84,7 +84,7 @@ def test_torch_keeps_its_own_blas_when_the_system_openblas_is_preloaded(tmp_path
     # as the app runs: the import hook, then torch; its matrix products stay in libtorch_cpu (MKL)
     hooked = blas_calls_taken_by(system, "from engines.cpu.torch_blas import keep_torch_on_its_own_blas; "
                                          "keep_torch_on_its_own_blas(); " + TORCH_LINEAR, tmp_path / "a")
-    # without it the preload takes them (what made float32 OCR decode 2.8x slower): the check sees it
+    # without it the preload takes them (float32 OCR then decodes ~2.8x slower): the check sees it
     plain = blas_calls_taken_by(system, TORCH_LINEAR, tmp_path / "b")
     assert hooked == []
     assert "sgemm_" in plain and "sgemv_" in plain

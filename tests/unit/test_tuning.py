@@ -290,7 +290,7 @@ def held_by_text(kind: str, n: int) -> list[int]:
     return [0] * n
 
 
-CPU_FEW_ROWS = {1: 1.0, 2: 1.0, 3: 1.36, 4: 1.36, 5: 1.6, 6: 1.7, 7: 1.8, 8: 1.8}  # this CPU's shape (session 17)
+CPU_FEW_ROWS = {1: 1.0, 2: 1.0, 3: 1.36, 4: 1.36, 5: 1.6, 6: 1.7, 7: 1.8, 8: 1.8}  # a 2-core CPU's forward by width
 
 
 @pytest.mark.parametrize("kind", ["deep drafts fail", "copies, then not", "long copies", "nothing"])
@@ -373,12 +373,12 @@ def test_without_a_profile_n_gram_auto_starts_from_earlier_requests_replayed_rou
     assert kept.tokens[7] == 20 * 4 + 8 and auto.kept_before.tokens[7] == 20 * 4  # counted in; the prior as it was
 
 
-# -- a drafter with depth-2 overlap on a CPU (issue 26: auto drafted 2.4 a round for a drafter
-# trained here for SmolLM2, whose second draft was accepted 9% of the time: 0.92x --steps 1) --
+# -- a drafter with depth-2 overlap on a CPU (issue 26: a drafter trained here for SmolLM2, whose
+# second draft is accepted 9% of the time: auto must keep to about one draft a round) --
 
 SMOLLM2 = {1: 0.080, 2: 0.088, 3: 0.093, 4: 0.098, 5: 0.104, 6: 0.110, 7: 0.112, 8: 0.114}  # forward by width here
 CHAIN_TOKEN = 0.005  # one step of its drafter: on a CPU it runs on the same cores as the forward
-SMOLLM2_DRAFTER = [0.41, 0.22, 0.22, 0.2]  # accepted at position i given 1..i-1 were (bench, session 11)
+SMOLLM2_DRAFTER = [0.41, 0.22, 0.22, 0.2]  # accepted at position i given 1..i-1 were (a drafter trained here)
 
 
 def fixed_rate(verify, chain_s, acc, k):
@@ -435,7 +435,7 @@ def test_an_overlapped_drafter_on_a_cpu_is_not_over_drafted():
 
 # The same drafter on a steeper CPU cost curve: rounds by width as the chat loop timed them on a
 # CPU where 1 and 2 rows cost about the same and 3 rows ~1.35x 2 (plain 34 ms, one draft 41, two
-# 60), and an earlier drafter's acceptance by position
+# 60), and a weaker drafter's acceptance by position
 SMOLLM2_STEEP = {1: 0.034, 2: 0.038, 3: 0.052, 4: 0.054, 5: 0.058, 6: 0.062, 7: 0.075, 8: 0.090}
 STEEP_CHAIN = 0.003
 SMOLLM2_DRAFTER_12 = [0.47, 0.24, 0.25, 0.2]
@@ -443,9 +443,9 @@ SMOLLM2_DRAFTER_12 = [0.47, 0.24, 0.25, 0.2]
 
 def test_where_a_deeper_verify_costs_more_the_probes_back_off():
     """One probe one draft deeper every nine rounds, each a 3-row verify that is dear and finds
-    a second draft accepted a quarter of the time, cost --steps auto 5-6% on this model (0.94x
-    --steps 1; 0.90x in the real benchmark). Probes whose draft fails now wait longer, and the
-    pace is kept across requests: >= 0.97x."""
+    a second draft accepted a quarter of the time, would cost --steps auto 5-6% on this model.
+    Probes whose draft fails wait longer each time, and the pace is kept across requests:
+    >= 0.97x --steps 1."""
     best = max(range(MAX_STEPS + 1), key=lambda k: fixed_rate(SMOLLM2_STEEP, STEEP_CHAIN, SMOLLM2_DRAFTER_12, k))
     assert best == 1
     ratios = [statistics.mean(overlapped(SMOLLM2_STEEP, STEEP_CHAIN, SMOLLM2_DRAFTER_12, seed=seed)[1])
@@ -454,9 +454,9 @@ def test_where_a_deeper_verify_costs_more_the_probes_back_off():
 
 
 # MTP rounds launched before the last verdict (a full-attention target, engines/mlx_chat/cache.py
-# SlotKVCache): whole rounds by k as the chat loop timed them in a row (plain and one draft 34 ms,
-# two 50, three 51; the session-12 drafter), and how a round's time, settle to settle, is shared
-# with the next: a round of two between rounds of one took 38 ms (issue 26, session 15)
+# SlotKVCache): whole rounds by k as the chat loop times them in a row (plain and one draft 34 ms,
+# two 50, three 51; a SmolLM2 drafter trained here), and how a round's time, settle to settle, is
+# shared with the next: a round of two between rounds of one takes 38 ms (issue 26)
 SMOLLM2_EARLY = {1: 0.034, 2: 0.0323, 3: 0.0466, 4: 0.0459, 5: 0.0482, 6: 0.058, 7: 0.068, 8: 0.073}
 EARLY_CHAIN = 0.0017
 EARLY_LAG = 0.75  # the share of a round's time that is the next round's: (38 - 34) / (50 - 34) = 0.25 its own
@@ -504,11 +504,11 @@ def launched_early(verify, chain_s, acc, requests=24, rounds=45, steps=3, seed=0
 
 def test_rounds_launched_early_are_priced_between_rounds_of_their_k():
     """Where one draft pays and two cost 1.45x: priced at every round, a probe of two drafts
-    between rounds of one (its time mostly the next round's) made a second draft look nearly
-    free, and auto drafted it; the first request also drafted two for ~30 rounds, one draft
-    priced from the wider widths the fallback showed (2 and 3 cost alike). --steps auto 0.93x
-    --steps 1 in the benchmark (session 14). Priced only between rounds of its k, with a
-    narrower width tried at once: >= 0.97x, over three seeds."""
+    between rounds of one (its time mostly the next round's) would make a second draft look
+    nearly free, and auto would draft it; and a first request would draft two for ~30 rounds, one
+    draft priced from the wider widths the fallback shows (2 and 3 cost alike). Priced only
+    between rounds of its k, with a narrower width tried at once: >= 0.97x --steps 1, over three
+    seeds."""
     best = max(range(MAX_STEPS + 1), key=lambda k: fixed_rate(SMOLLM2_EARLY, EARLY_CHAIN, SMOLLM2_DRAFTER_12, k))
     assert best == 1
 
@@ -577,7 +577,7 @@ def test_a_profile_prices_drafting_from_the_runs_rounds():
     """`specscope tune` times an overlapped drafter's drafting on the host: ~0. The run's rounds
     cost the forward and k chain steps; fitted as scale x forward + k x drafting they price a
     second draft at what it costs, and auto drafts one (the profile's curve scaled by the
-    median ratio, as before, folded drafting into the level and drafted two)."""
+    median ratio would fold drafting into the level and draft two)."""
     p = Profile(machine=machine_id(), model="/m", method="mtp", drafter="/d", target_s=SMOLLM2, draft_s=0.0001,
                 acceptance=SMOLLM2_DRAFTER)
     auto = AutoSteps(MAX_STEPS, profile=p)
@@ -626,8 +626,8 @@ def test_a_narrower_width_priced_dear_by_a_passing_load_is_measured_again(monkey
     assert run()[-50:].count(1) == 0
 
 
-# -- a machine whose load changes while the kept costs are used (issue 26: a real run whose load
-# rose from 1.4 to 3.8 as a test suite started gave 0.63x --steps 1, drafting up to 7) --
+# -- a machine whose load changes while the kept costs are used (issue 26: a load average that
+# rises from 1.4 to 3.8, as when a test suite starts beside the run) --
 
 def fixed_speeds(verify, chain_s, acc, k, load, requests=24, rounds=45):
     """Each request's tokens per second at a fixed k under `load` (as `overlapped` times it)."""
@@ -655,11 +655,10 @@ def rising(r, width):  # a load rising in steps: each width x1.25 more every 100
 @pytest.mark.parametrize("load", [passing, rising])
 def test_a_load_that_changes_mid_run_does_not_make_deep_drafts_look_free(load):
     """On this CPU one draft pays whatever the load (a load slows every width alike). Kept as
-    measured, the prices mixed loads: widths measured before a load rose, or after one passed,
-    looked cheap beside the one being chosen, and the curve, monotone from above, lifted them
-    to its price -- drafting deep looked free (passing: 2.20 drafts a round, 0.93x the best
-    fixed; rising: 1.40, 0.966). Scaled to the load now, they keep what they cost against the
-    others (1.16, 0.98; 1.18, 0.98)."""
+    measured, the prices would mix loads: widths measured before a load rose, or after one
+    passed, would look cheap beside the one being chosen, and the curve, monotone from above,
+    would lift them to its price -- drafting deep would look free. Scaled to the load now, they
+    keep what they cost against the others."""
     mean_k, ratio = against_best_fixed(SMOLLM2, CHAIN_TOKEN, SMOLLM2_DRAFTER, load)
     assert mean_k < 1.25 and ratio > 0.97, (mean_k, ratio)
 

@@ -121,8 +121,7 @@ def chains_late(engine, drafter, monkeypatch, drafting_costs: float | None) -> t
 def test_a_dear_drafter_is_priced_out_and_a_cheap_one_kept(targets, monkeypatch):
     """The chooser prices drafting from the rounds' own times: a drafter costing 3 verifies a
     token stops being chained (rounds draft n-gram or nothing), one costing nothing is chained
-    about as often as with drafting unpriced (flat prices: what the chooser did before it
-    measured); lossless either way."""
+    about as often as with drafting unpriced (flat prices); lossless either way."""
     engine, _, drafter = targets["llama"]
     unpriced, same_unpriced = chains_late(engine, drafter, monkeypatch, drafting_costs=None)
     dear, same_dear = chains_late(engine, drafter, monkeypatch, drafting_costs=3.0)
@@ -156,8 +155,7 @@ def test_a_dear_drafter_is_probed_ever_more_rarely(targets, monkeypatch):
     """Priced out, the drafter is still re-tried with a one-draft round after 64 rounds without
     a chain, in case drafting got cheaper (a slow first chain, a busy machine): but each probe
     that finds it still dear doubles that wait, so over many requests the probes' cost fades
-    (every 64 rounds they cost a few percent of a tiny model's time: the tiny Gemma 4 pair's
-    composed runs lost about 1.5% to them)."""
+    (every 64 rounds they cost a few percent of a tiny model's time)."""
     engine, _, drafter = targets["llama"]
     chains_late(engine, drafter, monkeypatch, drafting_costs=3.0)  # measures it dear, as the first requests do
     spec = SpecConfig("mtp", 3, draft_model=str(drafter), compose_ngram=True)

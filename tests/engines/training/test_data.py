@@ -341,8 +341,8 @@ def test_the_layers_silu_and_attention_through_numpy_are_mlx_s_in_value_and_grad
     """Training on the CPU swaps the drafter layer's SiLU and attention for numpy_ops' (MLX's CPU
     exp is scalar): each equals MLX's op in value and gradient -- attention with grouped kv
     heads and a boolean mask -- and so does a depth-2 chained loss and its gradient through the
-    drafter. (Shown to fail: a SiLU gradient of the first row only, which one-input custom
-    functions gave when their vjp read primals[0].)"""
+    drafter. (It fails on a SiLU gradient of the first row only, what a one-input custom
+    function gives when its vjp reads primals[0].)"""
     from engines.cpu import numpy_ops
 
     mx.random.seed(0)

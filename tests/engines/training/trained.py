@@ -31,9 +31,9 @@ def config(out: Path, prompts_file: Path, steps: int, seed: int = 0, save_every:
                        depth=3, draft_vocab=8192, answers_per_prompt=1,  # the tests draft chains of 2-3
                        feature_layers=list(feature_layers), decay=False,
                        # hard labels: the tests need a drafter accepted often but not always; a random
-                       # tiny target's distribution is near flat, and learning it (the product's default,
-                       # measured on SmolLM2) left the tiny llama's drafter accepted 0.199 where the
-                       # greedy token gives more -- too rarely for the broken-verifier tests to have power
+                       # tiny target's distribution is near flat, and learning it (the product's default)
+                       # leaves the tiny llama's drafter accepted ~0.2, less than the greedy token gives --
+                       # too rarely for the broken-verifier tests to have power
                        soft_labels=False)
 
 
