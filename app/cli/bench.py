@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from app.cli.common import (Parser, UsageError, add_spec_arguments, check_images, checked, load_chat_engine,
+from app.cli.common import (Parser, UsageError, add_spec_arguments, advanced, check_images, checked, load_chat_engine,
                             load_prompts, pick_drafter, resolve_models, sampling, save_bench, spec_config)
 from app.cli.bench_concurrency import add_serve_parser, cmd_bench_chat_concurrency, cmd_bench_serve
 from app.cli.connect import add_server_arguments, connect
@@ -18,27 +18,32 @@ def bench_parser() -> Parser:
     p = Parser(prog="specscope bench", description="Speculation off vs on: warm-up, N runs each (alternating), medians.")
     sub = p.add_subparsers(dest="engine", required=True)
     chat = sub.add_parser("chat", help="chat models over a prompt set")
-    chat.add_argument("--model", default=None, help="model directory or .gguf (default: the embedded SmolLM2)")
-    chat.add_argument("--draft-model", default=None)
-    chat.add_argument("--prompts", default=None, help="JSON {prompts: [{name, prompt}]} or text, one prompt per line (default: the copy-heavy set)")
-    chat.add_argument("--system", default=None)
+    chat.add_argument("--model", default=None, metavar="ID|PATH",
+                      help="model directory or .gguf (default: the embedded SmolLM2)")
+    chat.add_argument("--draft-model", default=None, metavar="ID|PATH",
+                      help="draft model (--spec draft) or MTP drafter / Gemma 4 assistant (--spec mtp)")
+    chat.add_argument("--prompts", default=None, metavar="FILE",
+                      help="JSON {prompts: [{name, prompt}]} or text, one prompt per line (default: the copy-heavy set)")
     add_spec_arguments(chat, ["ngram", "draft", "mtp"], "ngram")
+    advanced(chat).add_argument("--system", default=None, metavar="TEXT", help="system prompt")
     add_server_arguments(chat, baseline=True)
     chat.add_argument("--concurrency", default=None, metavar="N[,M...]",
                       help="the batch in process: N requests at a time, speculation on vs off (bench serve: over HTTP)")
-    chat.add_argument("--requests", type=int, default=8, help="with --concurrency: requests per level (default 8)")
+    advanced(chat).add_argument("--requests", type=int, default=8, metavar="N",
+                                help="with --concurrency: requests per level (default 8)")
     ocr = sub.add_parser("ocr", help="GLM-OCR over images")
-    ocr.add_argument("images", nargs="+")
-    ocr.add_argument("--model", required=True)
-    ocr.add_argument("--runtime", choices=["torch", "coreml", "coreml-twin"], default=None)
-    ocr.add_argument("--task", choices=["text", "table", "formula"], default="text")
+    ocr.add_argument("images", nargs="+", metavar="IMAGE", help="page images to read")
+    ocr.add_argument("--model", required=True, metavar="ID|PATH", help="GLM-OCR: catalog id, checkpoint or converted directory")
+    ocr.add_argument("--runtime", choices=["torch", "coreml", "coreml-twin"], default=None,
+                     help="default: coreml for a converted directory on macOS, else torch")
+    ocr.add_argument("--task", choices=["text", "table", "formula"], default="text", help="what to read (default text)")
     add_spec_arguments(ocr, ["mtp"], "mtp")
     add_serve_parser(sub)
     for q in (chat, ocr):
-        q.add_argument("--runs", type=int, default=3)
-        q.add_argument("--warmup", type=int, default=1)
-        q.add_argument("--limit", type=int, default=None, help="only the first N prompts / images")
-        q.add_argument("--out", default="bench/results", help="directory for the JSON and CSV reports")
+        q.add_argument("--runs", type=int, default=3, metavar="N", help="runs of each case, alternating (default 3)")
+        q.add_argument("--out", default="bench/results", metavar="DIR", help="directory for the JSON and CSV reports")
+        advanced(q).add_argument("--warmup", type=int, default=1, metavar="N", help="runs not counted first (default 1)")
+        advanced(q).add_argument("--limit", type=int, default=None, metavar="N", help="only the first N prompts / images")
     return p
 
 

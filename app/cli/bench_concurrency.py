@@ -11,7 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from app.cli.common import (UsageError, add_spec_arguments, checked, load_chat_engine, load_prompts, pick_drafter,
+from app.cli.common import (UsageError, add_spec_arguments, advanced, checked, load_chat_engine, load_prompts, pick_drafter,
                             resolve_models, sampling, save_bench, spec_config)
 from app.cli.connect import connect
 from engines.types import Request, SpecConfig
@@ -25,19 +25,23 @@ def add_serve_parser(sub) -> None:
     p = sub.add_parser("serve", help="many clients at once against a server (any OpenAI-compatible one, or ours)")
     p.add_argument("--server", default=None, metavar="URL",
                    help="the server to load (default: `specscope serve` started here on --model)")
-    p.add_argument("--api-key", default=None)
-    p.add_argument("--model", default=None, help="without --server: the model ours serves (default: the embedded SmolLM2)")
-    p.add_argument("--draft-model", default=None)
-    p.add_argument("--max-batch", type=int, default=None, help="without --server: ours batches this many (default: the highest level)")
+    p.add_argument("--api-key", default=None, metavar="KEY", help="the server's key")
+    p.add_argument("--model", default=None, metavar="ID|PATH",
+                   help="without --server: the model ours serves (default: the embedded SmolLM2)")
+    p.add_argument("--draft-model", default=None, metavar="ID|PATH",
+                   help="without --server: its draft model (--spec draft) or MTP drafter (--spec mtp)")
     add_concurrency_arguments(p, "1,2,4,8")
     add_spec_arguments(p, ["off", "ngram", "draft", "mtp"], "ngram")
+    advanced(p).add_argument("--max-batch", type=int, default=None, metavar="N",
+                             help="without --server: ours batches this many (default: the highest level)")
 
 
 def add_concurrency_arguments(p: argparse.ArgumentParser, default: str) -> None:
-    p.add_argument("--concurrency", default=default, help=f"clients at a time, a comma-separated list (default {default})")
-    p.add_argument("--requests", type=int, default=8, help="requests per level: the prompt set cycled (default 8)")
-    p.add_argument("--prompts", default=None, help="as for bench chat (default: the copy-heavy set)")
-    p.add_argument("--out", default="bench/results", help="directory for the JSON and CSV reports")
+    p.add_argument("--concurrency", default=default, metavar="N[,M...]",
+                   help=f"clients at a time, a comma-separated list (default {default})")
+    p.add_argument("--requests", type=int, default=8, metavar="N", help="requests per level: the prompt set cycled (default 8)")
+    p.add_argument("--prompts", default=None, metavar="FILE", help="as for bench chat (default: the copy-heavy set)")
+    p.add_argument("--out", default="bench/results", metavar="DIR", help="directory for the JSON and CSV reports")
 
 
 def levels_of(text: str) -> list[int]:

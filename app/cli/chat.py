@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from app.cli.common import (Parser, UsageError, add_output_arguments, add_spec_arguments, checked, exit_code,
+from app.cli.common import (Parser, UsageError, add_output_arguments, add_spec_arguments, advanced, checked, exit_code,
                             load_chat_engine, open_trace, pick_drafter, resolve_models, run_and_report, sampling,
                             spec_config)
 from app.cli.connect import add_server_arguments, run_on_server
@@ -12,17 +12,17 @@ from engines.types import Request
 
 def chat_parser() -> Parser:
     p = Parser(prog="specscope chat", description="Chat with an mlx-lm model (HF directory or GGUF file).")
-    p.add_argument("--model", default=None, help="catalog id, hub repo id (after `models get`), directory or .gguf (default: the embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--model", default=None, metavar="ID|PATH", help="catalog id, hub repo id (after `models get`), directory or .gguf (default: the embedded SmolLM2-135M-Instruct)")
     prompt = p.add_mutually_exclusive_group(required=True)
     prompt.add_argument("--prompt", "-p", help="the prompt; - reads it from stdin")
     prompt.add_argument("--prompt-file", "-f", metavar="PATH", help="read the prompt from PATH (- for stdin)")
-    p.add_argument("--system", default=None, help="system prompt")
-    p.add_argument("--draft-model", default=None, help="draft model (--spec draft) or Gemma 4 assistant (--spec mtp; default: the target's paired assistant)")
-    p.add_argument("--ignore-chat-template", action="store_true", help="tokenize the raw prompt, no chat template")
+    p.add_argument("--system", default=None, metavar="TEXT", help="system prompt")
+    p.add_argument("--draft-model", default=None, metavar="ID|PATH", help="draft model (--spec draft) or Gemma 4 assistant (--spec mtp; default: the target's paired assistant)")
     p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop before this text (repeatable)")
     add_spec_arguments(p, ["off", "ngram", "draft", "mtp"], "ngram")
     add_output_arguments(p)
     add_server_arguments(p)
+    advanced(p).add_argument("--ignore-chat-template", action="store_true", help="tokenize the raw prompt, no chat template")
     return p
 
 

@@ -43,8 +43,12 @@ class Parser(argparse.ArgumentParser):
 
 
 def advanced(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
-    """The group every command's --help lists last: the options a run seldom needs (tuning knobs,
-    the ones the defaults were measured against), after those a user needs."""
+    """The group every command's --help lists last, under "advanced": the options a run seldom
+    needs (tuning knobs, the alternatives to measured defaults), after those a user needs. One
+    per parser, whoever asks for it first."""
+    for group in p._action_groups:
+        if group.title == "advanced":
+            return group
     return p.add_argument_group("advanced")
 
 
@@ -58,33 +62,41 @@ def steps_value(text: str) -> int | str:
 
 
 def add_spec_arguments(p: argparse.ArgumentParser, methods: list[str], default_method: str) -> None:
+    """The speculation and sampling options: the method, drafts a round, length and temperature
+    for every run; the rest under "advanced"."""
     p.add_argument("--spec", choices=methods, default=default_method, help=f"speculation method (default {default_method})")
-    p.add_argument("--steps", type=steps_value, default=None, help=f"drafts per round, 0..{MAX_STEPS} (0 = plain decoding; "
+    p.add_argument("--steps", type=steps_value, default=None, metavar="K|auto",
+                   help=f"drafts per round, 0..{MAX_STEPS} (0 = plain decoding; "
                    f"default per method: {', '.join(f'{m} {DEFAULT_STEPS[m]}' for m in methods if m != 'off')}), "
                    "or auto: per round, what this machine's measured costs say pays (`specscope tune` measures them)")
-    p.add_argument("--preset", choices=sorted(PRESETS), default=None, help="block-size preset (B counts the target token)")
-    p.add_argument("--adaptive", action="store_true", help="adapt the draft length to acceptance")
-    p.add_argument("--skip-streak", type=int, default=0, help="skip drafting once after N zero-accept rounds (0 = off)")
+    p.add_argument("--max-tokens", "-m", type=int, default=256, metavar="N", help="tokens to write at most (default 256)")
+    p.add_argument("--temp", type=float, default=0.0, metavar="T", help="sampling temperature (default 0 = greedy)")
+    more = advanced(p)
+    more.add_argument("--preset", choices=sorted(PRESETS), default=None, help="block-size preset (B counts the target token)")
+    more.add_argument("--adaptive", action="store_true", help="adapt the draft length to acceptance")
+    more.add_argument("--skip-streak", type=int, default=0, metavar="N",
+                      help="skip drafting once after N zero-accept rounds (default 0 = off)")
     if {"draft", "mtp"} & set(methods):
-        p.add_argument("--with-ngram", action="store_true", help="with --spec draft|mtp: n-gram lookup beside the "
-                       "drafter; each round drafts from whichever this run's costs and acceptance expect to pay more")
+        more.add_argument("--with-ngram", action="store_true", help="with --spec draft|mtp: n-gram lookup beside the "
+                          "drafter; each round drafts from whichever this run's costs and acceptance expect to pay more")
     if "ngram" in methods:  # the n-gram lookup's own settings, only where it can be chosen
-        p.add_argument("--ngram-min", type=int, default=1, help="n-gram lookup: shortest suffix to match")
-        p.add_argument("--ngram-max", type=int, default=4, help="n-gram lookup: longest suffix to match")
-    p.add_argument("--max-tokens", "-m", type=int, default=256)
-    p.add_argument("--temp", type=float, default=0.0, help="sampling temperature (0 = greedy)")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--min-p", type=float, default=0.0, help="mlx-lm's min-p (0 = off)")
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--max-repeat", type=int, default=DEFAULT_MAX_REPEAT, metavar="N",
-                   help=f"stop when the output repeats one block N times in a row (default {DEFAULT_MAX_REPEAT}; 0 = off)")
+        more.add_argument("--ngram-min", type=int, default=1, metavar="N",
+                          help="n-gram lookup: shortest suffix to match (default 1)")
+        more.add_argument("--ngram-max", type=int, default=4, metavar="N",
+                          help="n-gram lookup: longest suffix to match (default 4)")
+    more.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus sampling's p (default 1 = off)")
+    more.add_argument("--min-p", type=float, default=0.0, metavar="P", help="mlx-lm's min-p (default 0 = off)")
+    more.add_argument("--top-k", type=int, default=0, metavar="K",
+                      help="sample from the K most likely tokens only (default 0 = off)")
+    more.add_argument("--seed", type=int, default=None, metavar="N", help="sampling's seed (default: unseeded)")
+    more.add_argument("--max-repeat", type=int, default=DEFAULT_MAX_REPEAT, metavar="N",
+                      help=f"stop when the output repeats one block N times in a row (default {DEFAULT_MAX_REPEAT}; 0 = off)")
 
 
 def add_output_arguments(p: argparse.ArgumentParser) -> None:
     """What a single run writes (bench writes its own reports)."""
-    p.add_argument("--trace", default=None, help="append one NDJSON line per round to this file")
     p.add_argument("--json", action="store_true", help="print one JSON document instead of streaming text")
+    advanced(p).add_argument("--trace", default=None, metavar="FILE", help="append one NDJSON line per round to FILE")
 
 
 def spec_config(args: argparse.Namespace, builtin_drafter: bool = False) -> SpecConfig:

@@ -20,7 +20,7 @@ def add_server_arguments(p: argparse.ArgumentParser, baseline: bool = False) -> 
     p.add_argument("--server", default=None, metavar="URL",
                    help="run on an OpenAI-compatible server (llama.cpp, vLLM, SGLang, specscope serve); "
                         "--model is then its model id")
-    p.add_argument("--api-key", default=None, help=f"the server's key (default: ${API_KEY_ENV})")
+    p.add_argument("--api-key", default=None, metavar="KEY", help=f"the server's key (default: ${API_KEY_ENV})")
     if baseline:
         p.add_argument("--baseline-server", default=None, metavar="URL",
                        help="compare --server with this server (e.g. the same model without speculation) "

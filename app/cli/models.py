@@ -21,15 +21,15 @@ def parser():
     ls = sub.add_parser("list", help="every known model: installed or not, size, where, its pair, what is missing")
     ls.add_argument("--json", action="store_true", help="one JSON document")
     get = sub.add_parser("get", help="download a catalog id or any hub repo id (org/name)")
-    get.add_argument("id")
-    get.add_argument("--revision", default=None, help="branch, tag or commit sha (default: the catalog's pin, else main)")
+    get.add_argument("id", help="catalog id or hub repo id (org/name)")
+    get.add_argument("--revision", default=None, metavar="REF", help="branch, tag or commit sha (default: the catalog's pin, else main)")
     rm = sub.add_parser("rm", help="delete a downloaded model (a local entry is only forgotten)")
-    rm.add_argument("id")
+    rm.add_argument("id", help="catalog id (`models list` shows them)")
     add = sub.add_parser("add", help="add a local mlx-lm / Hugging Face model directory or a .gguf file")
-    add.add_argument("path")
+    add.add_argument("path", help="model directory or .gguf file")
     add.add_argument("--role", choices=catalog.ROLES, default=None, help="default: read from the model's config")
     path = sub.add_parser("path", help="print where an installed model is")
-    path.add_argument("id")
+    path.add_argument("id", help="catalog id")
     return p
 
 

@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from app.cli.common import (Parser, UsageError, add_spec_arguments, load_chat_engine, pick_drafter, resolve_models,
+from app.cli.common import (Parser, UsageError, add_spec_arguments, advanced, load_chat_engine, pick_drafter, resolve_models,
                             spec_config)
 from app.serve.protocol import ServedModel
 from app.serve.server import DEFAULT_MAX_BATCH, ServeConfig, Served, build_app, serve_forever
@@ -20,47 +20,49 @@ def comma_list(text: str) -> tuple[str, ...]:
 def serve_parser(parser_class) -> argparse.ArgumentParser:
     p = parser_class(prog="specscope serve", description="Serve the chat (and GLM-OCR) engines over an "
                      "OpenAI-compatible HTTP API: /v1/chat/completions, /v1/models, /health, /metrics.")
-    p.add_argument("--model", default=None, help="chat model: catalog id, hub repo id, directory or .gguf (default: the embedded SmolLM2)")
-    p.add_argument("--model-name", default=None, help="the id clients ask for (default: the model's file name)")
-    p.add_argument("--draft-model", default=None, help="draft model (--spec draft) or Gemma 4 assistant (--spec mtp)")
-    p.add_argument("--ocr-model", default=None, help="also serve GLM-OCR (catalog id or checkpoint; image content parts)")
-    p.add_argument("--ocr-runtime", choices=["torch", "coreml", "coreml-twin"], default=None)
-    p.add_argument("--no-chat", action="store_true", help="serve only the OCR model")
-    p.add_argument("--host", default="127.0.0.1", help="default loopback; another address needs --api-key or --insecure")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
-    p.add_argument("--insecure", action="store_true", help="allow a non-loopback --host without --api-key")
-    p.add_argument("--queue-size", type=int, default=4, help="requests that may wait for a row of the batch (or behind the running one)")
-    p.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH,
-                   help=f"chat requests decoded together, one target forward per step (default {DEFAULT_MAX_BATCH}; 1 = one at a time)")
-    p.add_argument("--prompt-cache", type=int, default=512, metavar="MB",
-                   help="prompts read before, kept for requests that start the same (default 512 MB; 0 = off)")
-    p.add_argument("--allowed-hosts", type=comma_list, default=(), metavar="NAME,...",
-                   help="Host names served besides localhost, 127.0.0.1 and [::1] (a reverse proxy, a .local name)")
-    p.add_argument("--allowed-origins", type=comma_list, default=(), metavar="ORIGIN,...",
-                   help="browser origins that may call the API (CORS), e.g. http://localhost:3000; others get 403")
-    p.add_argument("--ranks", type=int, default=1, metavar="N",
-                   help="split the chat model over N processes on this machine (mlx.launch, ring backend over "
-                        "loopback); rank 0 serves HTTP and drafts")
-    p.add_argument("--hostfile", default=None, metavar="FILE",
-                   help="split the chat model over several machines: mlx.launch's JSON hostfile, one rank per host "
-                        "(see docs/distributed.md)")
-    p.add_argument("--split", choices=["auto", "tensor", "pipeline"], default="auto",
-                   help="how --ranks / --hostfile split the model: tensor (every layer's heads over the ranks), "
-                        "pipeline (runs of whole layers, rank 0 the last; for Gemma 3 / 4, heads that do not "
-                        "divide, and MTP drafters), auto (tensor where mlx-lm can and no MTP drafter is served)")
-    p.add_argument("--rank-timeout", type=float, default=30.0, metavar="S",
-                   help="longest wait on another rank before it is declared lost (the server answers 503 and exits)")
-    p.add_argument("--memory-limit", type=float, default=None, metavar="GB",
-                   help="the most memory the chat model may take in this process (in each rank with --ranks): "
-                        "MLX's limit (mx.set_memory_limit), checked after loading")
-    p.add_argument("--check-ranks", action="store_true",
-                   help="compare every forward across the ranks: its logits' argmax (tensor parallel) or the mirrored "
-                        "caches' slot tables (pipeline); a divergence check, one more collective per forward")
-    p.add_argument("--drafter-on", choices=["rank0", "every-rank"], default="rank0",
-                   help="with --ranks / --hostfile and a draft model: rank 0 drafts and sends the drafts in each "
-                        "forward's message (default), or every rank loads the draft model and drafts too")
+    p.add_argument("--model", metavar="ID|PATH", default=None, help="chat model: catalog id, hub repo id, directory or .gguf (default: the embedded SmolLM2)")
+    p.add_argument("--model-name", metavar="NAME", default=None, help="the id clients ask for (default: the model's file name)")
+    p.add_argument("--draft-model", metavar="ID|PATH", default=None, help="draft model (--spec draft) or Gemma 4 assistant (--spec mtp)")
+    p.add_argument("--ocr-model", metavar="ID|PATH", default=None, help="also serve GLM-OCR (catalog id or checkpoint; image content parts)")
+    p.add_argument("--host", metavar="ADDRESS", default="127.0.0.1", help="default loopback; another address needs --api-key or --insecure")
+    p.add_argument("--port", metavar="N", type=int, default=8000, help="default 8000")
+    p.add_argument("--api-key", metavar="KEY", default=None, help="require 'Authorization: Bearer KEY'")
     add_spec_arguments(p, ["off", "ngram", "draft", "mtp"], "ngram")
+    more = advanced(p)
+    more.add_argument("--ocr-runtime", choices=["torch", "coreml", "coreml-twin"], default=None,
+                      help="GLM-OCR's runtime (default: coreml for a converted directory on macOS, else torch)")
+    more.add_argument("--no-chat", action="store_true", help="serve only the OCR model")
+    more.add_argument("--insecure", action="store_true", help="allow a non-loopback --host without --api-key")
+    more.add_argument("--queue-size", metavar="N", type=int, default=4, help="requests that may wait for a row of the batch (or behind the running one; default 4)")
+    more.add_argument("--max-batch", metavar="N", type=int, default=DEFAULT_MAX_BATCH,
+                      help=f"chat requests decoded together, one target forward per step (default {DEFAULT_MAX_BATCH}; 1 = one at a time)")
+    more.add_argument("--prompt-cache", type=int, default=512, metavar="MB",
+                      help="prompts read before, kept for requests that start the same (default 512 MB; 0 = off)")
+    more.add_argument("--allowed-hosts", type=comma_list, default=(), metavar="NAME,...",
+                      help="Host names served besides localhost, 127.0.0.1 and [::1] (a reverse proxy, a .local name)")
+    more.add_argument("--allowed-origins", type=comma_list, default=(), metavar="ORIGIN,...",
+                      help="browser origins that may call the API (CORS), e.g. http://localhost:3000; others get 403")
+    more.add_argument("--ranks", type=int, default=1, metavar="N",
+                      help="split the chat model over N processes on this machine (mlx.launch, ring backend over "
+                           "loopback); rank 0 serves HTTP and drafts")
+    more.add_argument("--hostfile", default=None, metavar="FILE",
+                      help="split the chat model over several machines: mlx.launch's JSON hostfile, one rank per host "
+                           "(see docs/distributed.md)")
+    more.add_argument("--split", choices=["auto", "tensor", "pipeline"], default="auto",
+                      help="how --ranks / --hostfile split the model: tensor (every layer's heads over the ranks), "
+                           "pipeline (runs of whole layers, rank 0 the last; for Gemma 3 / 4, heads that do not "
+                           "divide, and MTP drafters), auto (tensor where mlx-lm can and no MTP drafter is served)")
+    more.add_argument("--rank-timeout", type=float, default=30.0, metavar="S",
+                      help="longest wait on another rank before it is declared lost (the server answers 503 and exits)")
+    more.add_argument("--memory-limit", type=float, default=None, metavar="GB",
+                      help="the most memory the chat model may take in this process (in each rank with --ranks): "
+                           "MLX's limit (mx.set_memory_limit), checked after loading")
+    more.add_argument("--check-ranks", action="store_true",
+                      help="compare every forward across the ranks: its logits' argmax (tensor parallel) or the mirrored "
+                           "caches' slot tables (pipeline); a divergence check, one more collective per forward")
+    more.add_argument("--drafter-on", choices=["rank0", "every-rank"], default="rank0",
+                      help="with --ranks / --hostfile and a draft model: rank 0 drafts and sends the drafts in each "
+                           "forward's message (default), or every rank loads the draft model and drafts too")
     return p
 
 

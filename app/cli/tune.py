@@ -9,20 +9,25 @@ import os
 import sys
 from dataclasses import asdict
 
-from app.cli.common import (DEFAULT_CHAT_ID, Parser, UsageError, add_spec_arguments, load_chat_engine, load_prompts,
+from app.cli.common import (DEFAULT_CHAT_ID, Parser, UsageError, add_spec_arguments, advanced, load_chat_engine, load_prompts,
                             pick_drafter, profiles_dir, resolve_models, spec_config)
 
 
 def parser() -> Parser:
     p = Parser(prog="specscope tune", description="Measure this machine's speculation costs for a model "
                "(forward latency by width, drafting cost, acceptance by position) for --steps auto.")
-    p.add_argument("--model", default=None, help="the target: catalog id, hub repo id or path (default: the embedded SmolLM2)")
-    p.add_argument("--draft-model", default=None, help="the draft model (--spec draft) or MTP drafter (--spec mtp)")
-    p.add_argument("--prompts", default=None, help="calibration prompts (JSON or one per line; default: the copy-heavy set)")
-    p.add_argument("--context", type=int, default=256, help="context tokens while the latency curve is measured (default 256)")
-    p.add_argument("--reps", type=int, default=9, help="forwards per width (the fastest kept; default 9)")
+    p.add_argument("--model", default=None, metavar="ID|PATH",
+                   help="the target: catalog id, hub repo id or path (default: the embedded SmolLM2)")
+    p.add_argument("--draft-model", default=None, metavar="ID|PATH",
+                   help="the draft model (--spec draft) or MTP drafter (--spec mtp)")
     p.add_argument("--json", action="store_true", help="print the profile as JSON")
     add_spec_arguments(p, ["ngram", "draft", "mtp"], "ngram")
+    more = advanced(p)
+    more.add_argument("--prompts", default=None, metavar="FILE",
+                      help="calibration prompts (JSON or one per line; default: the copy-heavy set)")
+    more.add_argument("--context", type=int, default=256, metavar="N",
+                      help="context tokens while the latency curve is measured (default 256)")
+    more.add_argument("--reps", type=int, default=9, metavar="N", help="forwards per width (the fastest kept; default 9)")
     return p
 
 
