@@ -121,7 +121,7 @@ def test_ngram_priced_out_by_early_misses_comes_back_once_the_output_copies():
 
 
 def test_kept_prices_follow_every_change_of_counts_and_costs():
-    """Once measured, the chooser keeps its prices between rounds (rebuilding them each round was
+    """Once measured, the chooser keeps its prices between rounds (rebuilding them each round costs
     a share of a tiny model's round), and its plans with them; whatever happens -- a verdict
     recorded, n-gram scored on a round it did not draft, new costs -- they equal prices and plans
     computed afresh."""
