@@ -1,0 +1,316 @@
+"""Document assembly, GLM-OCR's second stage: each region the layout found (layout.py) is cut
+from its page and read with its task's prompt; the texts become Markdown in reading order as
+the official SDK writes it (glmocr/postprocess/result_formatter.py, 0.1.5: titles as headings,
+formulas as $$ blocks with their numbers as \\tag, tables as the model emits them, figures as
+image references, hyphenated lines joined, list items marked).
+
+What is here: `crop_region` (the SDK's crop, padded when thinner than one image token),
+`ReadRegion` (a region and what was read from it), `markdown_pages` (the SDK's formatter).
+The reading itself (one region after another through the OCR engine) is the caller's: the CLI
+streams each region's rounds as it reads them.
+
+Not reproduced from the formatter: its hyphen check through the optional `wordfreq` package (the
+SDK's own fallback, a pattern, is used: the SDK does not install wordfreq either).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from engines.glm_ocr.image import MAX_ASPECT_RATIO, ImageProcessorConfig
+from engines.glm_ocr.layout import Region
+from engines.speculative.session import Session
+
+# The vision encoder reads 14 px patches merged 2 x 2: a crop thinner than one merged patch
+# would be stretched by the image processor; it is padded with white instead.
+MIN_SIDE = ImageProcessorConfig().factor
+
+
+@dataclass
+class ReadRegion:
+    """A region of a page and what was read from it ("" for a skipped region: a figure)."""
+
+    page: int  # the page's number in its source, from 1
+    region: Region
+    text: str = ""
+    session: Session | None = None  # the run that read it (None: skipped)
+    crop: str | None = None  # the region's image file (a figure's Markdown refers to it)
+    note: str | None = None  # padded, or why it was not read
+
+    def record(self) -> dict:
+        """The region's entry in a JSON export."""
+        r = self.region
+        entry = {"index": r.index, "label": r.label, "task": r.task, "bbox": list(r.box), "bbox_2d": list(r.bbox_2d),
+                 "score": round(r.score, 4), "text": self.text}
+        if self.crop and r.task == "skip":
+            entry["image"] = self.crop
+        if self.note:
+            entry["note"] = self.note
+        if self.session is not None:
+            s = self.session.stats()
+            entry["finish"] = self.session.finish
+            entry["rounds"] = {"rounds": s.rounds, "tokens": s.tokens, "proposed": s.proposed, "accepted": s.accepted,
+                               "acceptance_rate": round(s.acceptance_rate, 4), "tau": round(s.tau, 3),
+                               "decode_tok_s": round(s.decode_tok_s, 2), "wall_s": round(s.wall_s, 4)}
+        return entry
+
+
+def crop_region(page, region: Region, out: Path) -> tuple[str | None, str | None]:
+    """Cut `region` from the page image as the SDK does (its bbox_2d back to pixels, truncated)
+    and save it to `out`. Returns (the file, a note): None and why for a region that is empty at
+    this resolution; a note when the crop was padded to MIN_SIDE (and within the processor's
+    aspect ratio)."""
+    from PIL import Image
+
+    b = region.bbox_2d
+    x1, y1 = int(b[0] * page.width / 1000), int(b[1] * page.height / 1000)
+    x2, y2 = int(b[2] * page.width / 1000), int(b[3] * page.height / 1000)
+    if x2 <= x1 or y2 <= y1:
+        return None, f"not read: the region is empty at this page's {page.width}x{page.height} pixels"
+    crop = page.crop((x1, y1, x2, y2))
+    note = None
+    w, h = crop.size
+    short = max(MIN_SIDE, math.ceil(max(w, h) / MAX_ASPECT_RATIO))
+    if min(w, h) < short:
+        width, height = (max(w, short), h) if w < h else (w, max(h, short))
+        padded = Image.new("RGB", (max(width, MIN_SIDE), max(height, MIN_SIDE)), "white")
+        padded.paste(crop, ((padded.width - w) // 2, (padded.height - h) // 2))
+        note = f"padded from {w}x{h} to {padded.width}x{padded.height} px (the vision encoder reads at least {MIN_SIDE} px)"
+        crop = padded
+    out.parent.mkdir(parents=True, exist_ok=True)
+    crop.save(out)
+    return str(out), note
+
+
+# ----------------------------------------------------------------------------- Markdown
+
+
+@dataclass
+class _Block:
+    """One region on its way to Markdown (the formatter's dict: native_label, label, content)."""
+
+    native: str  # the layout's label
+    kind: str  # text | table | formula | image
+    content: str | None
+    bbox_2d: tuple[int, int, int, int]
+    crop: str | None
+
+
+def markdown_pages(pages: list[list[ReadRegion]]) -> list[str]:
+    """Each page's Markdown, as the SDK's ResultFormatter.process writes it; figures are
+    numbered across the document ("![Image {page}-{n}](file)", page from 0)."""
+    figures = 0
+    out = []
+    for page_index, regions in enumerate(pages):
+        blocks = _merge_text_blocks(_merge_formula_numbers(_blocks(regions)))
+        _mark_list_items(blocks)
+        parts = []
+        for block in blocks:
+            if block.kind == "image":
+                if block.crop:
+                    parts.append(f"![Image {page_index}-{figures}]({block.crop})")
+                    figures += 1
+            elif block.content:
+                parts.append(block.content)
+        out.append("\n\n".join(parts))
+    return out
+
+
+def _blocks(regions: list[ReadRegion]) -> list[_Block]:
+    blocks = []
+    for rr in sorted(regions, key=lambda r: r.region.index):
+        kind = "image" if rr.region.task == "skip" else rr.region.task
+        content = None if kind == "image" else format_content(rr.text.strip(), kind, rr.region.label)
+        if kind != "image" and not (content or "").strip():
+            continue  # nothing read: no block
+        blocks.append(_Block(rr.region.label, kind, content, rr.region.bbox_2d, rr.crop))
+    return blocks
+
+
+def format_content(content: str, kind: str, native: str) -> str:
+    """One region's text as the SDK formats it (_format_content)."""
+    if kind == "table" and content.startswith("<table") and content.endswith("</table>"):
+        content = content.strip()
+    elif kind == "formula" and content.startswith("$$") and content.endswith("$$"):
+        content = content.strip()
+    else:
+        content = clean_content(content)
+
+    if native == "doc_title":
+        content = "# " + re.sub(r"^#+\s*", "", content)
+    elif native == "paragraph_title":
+        if content.startswith(("- ", "* ")):
+            content = content[2:].lstrip()
+        content = "## " + re.sub(r"^#+\s*", "", content).lstrip()
+
+    if kind == "formula":
+        if content.startswith(("$$", "\\[", "\\(")):
+            content = content[2:].strip()
+        if content.endswith(("$$", "\\]", "\\)")):
+            content = content[:-2].strip()
+        content = "$$\n" + content + "\n$$"
+
+    if kind == "text":
+        if content.startswith("```") and not content.endswith("```"):
+            content += "\n```"
+        if content.startswith(("·", "•", "* ")):
+            content = "- " + content[1:].lstrip()
+        match = re.match(r"^(\(|\（)(\d+|[A-Za-z])(\)|\）)(.*)$", content)
+        if match:
+            _, symbol, _, rest = match.groups()
+            content = f"({symbol}) {rest.lstrip()}"
+        match = re.match(r"^(\d+|[A-Za-z])(\.|\)|\）)(.*)$", content)
+        if match:
+            symbol, sep, rest = match.groups()
+            content = f"{symbol}{')' if sep == '）' else sep} {rest.lstrip()}"
+        content = re.sub(r"(?<!\n)\n(?!\n)", "\n\n", content)
+    return content
+
+
+def clean_content(content: str) -> str:
+    """The SDK's _clean_content: literal \\t at the ends, runs of dots, middle dots and
+    underscores cut to three, a long text's repeated tail dropped, inline formulas spaced."""
+    content = re.sub(r"^(\\t)+", "", content).lstrip()
+    content = re.sub(r"(\\t)+$", "", content).rstrip()
+    for pattern in (r"(\.)\1{2,}", r"(·)\1{2,}", r"(_)\1{2,}", r"(\\_)\1{2,}"):
+        content = re.sub(pattern, r"\1\1\1", content)
+    if len(content) >= 2048:
+        content = _drop_repeats(content)
+    return _space_inline_formulas(content).strip()
+
+
+def _drop_repeats(content: str, min_len: int = 10, min_repeats: int = 10, line_threshold: int = 10) -> str:
+    """clean_repeated_content: a unit of min_len+ characters repeated min_repeats+ times in a
+    row is kept once; else a line that makes 80% of 10+ lines, three times in a row, ends it."""
+    stripped = content.strip()
+    if not stripped:
+        return content
+    n = len(stripped)
+    if n > min_len * min_repeats and n // min_repeats >= min_len:
+        unit = re.compile(r"(.{" + f"{min_len},{n // min_repeats}" + r"}?)\1{" + str(min_repeats - 1) + ",}", re.DOTALL)
+        match = unit.search(stripped)
+        if match:
+            return stripped[: match.start()] + match.group(1)
+    lines = [line.strip() for line in content.split("\n") if line.strip()]
+    if len(lines) >= line_threshold:
+        common, count = Counter(lines).most_common(1)[0]
+        if count >= line_threshold and count / len(lines) >= 0.8:
+            for i, line in enumerate(lines):
+                if line == common and sum(1 for j in range(i, min(i + 3, len(lines))) if lines[j] == common) >= 3:
+                    kept = 0
+                    original = content.split("\n")
+                    for k, orig in enumerate(original):
+                        if orig.strip():
+                            kept += 1
+                            if kept == i + 1:
+                                return "\n".join(original[: k + 1])
+                    break
+    return content
+
+
+INLINE_FORMULA = re.compile(r"(?<!\$)\$\s*((?:[^$\\]|\\.)+?)\s*\$(?!\$)")
+
+
+def _space_inline_formulas(content: str) -> str:
+    """normalize_inline_formula: `$ x $` -> `$x$`, a space between it and a word beside it."""
+    if "$" not in content:
+        return content
+    parts, last = [], 0
+    for m in INLINE_FORMULA.finditer(content):
+        formula = m.group(1).strip()
+        if not formula:
+            continue
+        before = content[last : m.start()]
+        if before and before[-1].isalnum():
+            before += " "
+        parts += [before, f"${formula}$"]
+        if m.end() < len(content) and content[m.end()].isalnum():
+            parts.append(" ")
+        last = m.end()
+    if not parts:
+        return content
+    return "".join(parts) + content[last:]
+
+
+def _formula_number(text: str) -> str:
+    text = text.strip()
+    if (text.startswith("(") and text.endswith(")")) or (text.startswith("（") and text.endswith("）")):
+        return text[1:-1]
+    return text
+
+
+def _tagged(formula: _Block, number: _Block) -> _Block:
+    """The formula with its number as \\tag{...} (only a formula ending in "\\n$$" takes it)."""
+    content = formula.content or ""
+    if content.endswith("\n$$"):
+        content = content[:-3] + f" \\tag{{{_formula_number(number.content or '')}}}\n$$"
+    return _Block(formula.native, formula.kind, content, formula.bbox_2d, formula.crop)
+
+
+def _merge_formula_numbers(blocks: list[_Block]) -> list[_Block]:
+    """A formula_number beside a formula (before or after it) becomes its \\tag; a number with
+    no formula after it is dropped."""
+    out, skip = [], set()
+    for i, block in enumerate(blocks):
+        if i in skip:
+            continue
+        following = blocks[i + 1] if i + 1 < len(blocks) else None
+        if block.native == "formula_number":
+            if following is not None and following.kind == "formula":
+                out.append(_tagged(following, block))
+                skip.add(i + 1)
+            continue
+        if block.kind == "formula" and following is not None and following.native == "formula_number":
+            out.append(_tagged(block, following))
+            skip.add(i + 1)
+            continue
+        out.append(block)
+    return out
+
+
+def _plausible_word(word: str) -> bool:
+    """The SDK's pattern for a word joined across a hyphen (its fallback without wordfreq)."""
+    token = word.strip().lower()
+    return bool(re.fullmatch(r"[a-z][a-z'\-]{2,30}", token)) and "--" not in token and "''" not in token
+
+
+def _merge_text_blocks(blocks: list[_Block]) -> list[_Block]:
+    """A text block ending in a hyphen joins the next text block when that starts in lower
+    case and the joined word looks like a word."""
+    out, skip = [], set()
+    for i, block in enumerate(blocks):
+        if i in skip:
+            continue
+        text = (block.content or "").rstrip() if block.kind == "text" else ""
+        merged = False
+        if text.endswith("-"):
+            for j in range(i + 1, len(blocks)):
+                after = (blocks[j].content or "").lstrip() if blocks[j].kind == "text" else ""
+                if not (after and after[0].islower()):
+                    continue  # the SDK looks on, to the first text block in lower case
+                before_words, after_words = text[:-1].split(), after.split()
+                if before_words and after_words and _plausible_word(before_words[-1] + after_words[0]):
+                    out.append(_Block(block.native, block.kind, text[:-1] + after, block.bbox_2d, block.crop))
+                    skip.add(j)
+                    merged = True
+                break
+        if not merged:
+            out.append(block)
+    return out
+
+
+def _mark_list_items(blocks: list[_Block], left_align: float = 10.0) -> None:
+    """A text block between two list items ("- ") and aligned with both becomes one too."""
+    for i in range(1, len(blocks) - 1):
+        before, block, after = blocks[i - 1], blocks[i], blocks[i + 1]
+        if not all(b.native == "text" for b in (before, block, after)) or (block.content or "").startswith("- "):
+            continue
+        if not ((before.content or "").startswith("- ") and (after.content or "").startswith("- ")):
+            continue
+        left = block.bbox_2d[0]
+        if abs(left - before.bbox_2d[0]) <= left_align and abs(left - after.bbox_2d[0]) <= left_align:
+            block.content = "- " + (block.content or "")
