@@ -81,6 +81,9 @@ def get(id_or_repo: str, revision: str | None) -> int:
     pair = catalog.pair_of(entry) if entry else None
     if pair is not None and pair.role == "drafter" and not store.status(pair).installed:
         print(f"its drafter {pair.id} is not downloaded: specscope models get {pair.id}", file=sys.stderr)
+    if pair is not None and pair.role == "layout" and not store.status(pair).installed:
+        print(f"its layout model {pair.id} is not downloaded (regions in reading order, `ocr --layout on`): "
+              f"specscope models get {pair.id}", file=sys.stderr)
     print(path)
     return 0
 

@@ -4,16 +4,18 @@ The CLI (`specscope models ...`, `--model ID`) and the GUI's Models dialog both 
 the engines only ever see the local paths it returns.
 
 Catalog (`app.models.catalog`)
-    CatalogEntry        one model: id, title, role ("ocr" | "chat" | "drafter"), source
+    CatalogEntry        one model: id, title, role ("ocr" | "chat" | "drafter" | "layout"), source
                         ("hub" | "pypi" | "local"), repo_id, revision (a verified commit sha,
                         or None with the reason in `note`), size_bytes (approximate), licence,
-                        gated, pairs_with (a target's drafter id / a drafter's target id),
+                        gated, pairs_with (a target's drafter id / a drafter's target id;
+                        GLM-OCR's layout model id and back),
                         allow_patterns, package (pip name), path (local), note, user_added
     load_catalog()      built-in entries (resources/catalog.json) + the user's own
     find(id_or_repo)    by catalog id or hub repo id -> CatalogEntry | None
-    pair_of(entry)      the paired entry (Gemma 4 target <-> its assistant) or None
+    pair_of(entry)      the paired entry (Gemma 4 target <-> its assistant, GLM-OCR <->
+                        PP-DocLayoutV3) or None
     entry_for_path(p)   a user entry for a local model dir / .gguf (EngineError if not a model)
-    role_of_dir(p)      "ocr" | "drafter" | "chat", read from a model folder's config
+    role_of_dir(p)      "ocr" | "drafter" | "layout" | "chat", read from a model folder's config
     add_user_entry(e), remove_user_entry(id)
 
 Install state (`app.models.store`)

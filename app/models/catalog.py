@@ -18,9 +18,9 @@ from typing import Literal
 from app.models.paths import models_dir, write_json_atomic
 from engines.types import EngineError
 
-Role = Literal["ocr", "chat", "drafter"]
+Role = Literal["ocr", "chat", "drafter", "layout"]
 Source = Literal["hub", "pypi", "local"]
-ROLES: tuple[str, ...] = ("ocr", "chat", "drafter")
+ROLES: tuple[str, ...] = ("ocr", "chat", "drafter", "layout")
 
 # What a hub download fetches unless an entry says otherwise: weights as safetensors (and
 # their index), configs, tokenizer and chat-template files. Never pickles (*.bin, *.pt, *.pth,
@@ -65,7 +65,7 @@ class CatalogEntry:
     size_bytes: int | None = None  # approximate, from the model's published file list
     licence: str = ""
     gated: bool = False
-    pairs_with: str | None = None  # a target's drafter, or a drafter's target (catalog id)
+    pairs_with: str | None = None  # a target's drafter or a drafter's target; GLM-OCR's layout model and back
     allow_patterns: tuple[str, ...] = DEFAULT_ALLOW_PATTERNS
     package: str | None = None
     path: str | None = None
@@ -201,7 +201,8 @@ def _has_gguf_magic(p: Path) -> bool:
 
 def role_of_dir(p: Path) -> Role:
     """What a model folder is for, from its files: a GLM-OCR checkpoint or Core ML conversion ->
-    ocr, a Gemma 4 assistant or a drafter trained here -> drafter, anything else -> chat."""
+    ocr, a Gemma 4 assistant or a drafter trained here -> drafter, a PP-DocLayoutV3 checkpoint
+    -> layout, anything else -> chat."""
     if (p / "manifest.json").is_file():  # a GLM-OCR Core ML conversion
         return "ocr"
     try:
@@ -215,4 +216,6 @@ def role_of_dir(p: Path) -> Role:
         return "drafter"
     if model_type == "glm_ocr":
         return "ocr"
+    if model_type == "pp_doclayout_v3":
+        return "layout"
     return "chat"

@@ -31,6 +31,26 @@ def paired_drafter(target: str) -> str | None:
         raise EngineError(f"--spec mtp on {entry.id} needs its assistant drafter; {e}") from None
 
 
+def paired_layout(ocr_model: str) -> str | None:
+    """The installed layout model paired with an OCR model (catalog id, repo id or its path):
+    GLM-OCR's PP-DocLayoutV3. None when it has no pair or the pair is not downloaded."""
+    entries = catalog.load_catalog()
+    entry = catalog.find(ocr_model, entries) or store.entry_at(Path(ocr_model), entries)
+    pair = catalog.pair_of(entry, entries) if entry else None
+    if pair is None or pair.role != "layout":
+        return None
+    return str(store.resolve(pair.id, "layout")) if store.status(pair, entries).installed else None
+
+
+def layout_for(ocr_model: str) -> str:
+    """The catalog id of the layout model an OCR model pairs with (the default one when the OCR
+    model is not in the catalog): what `specscope models get` needs."""
+    entries = catalog.load_catalog()
+    entry = catalog.find(ocr_model, entries) or store.entry_at(Path(ocr_model), entries)
+    pair = catalog.pair_of(entry, entries) if entry else None
+    return pair.id if pair is not None and pair.role == "layout" else "pp-doclayout-v3"
+
+
 def trained_drafter(target: catalog.CatalogEntry, entries: list[catalog.CatalogEntry]) -> catalog.CatalogEntry | None:
     """The drafter the user trained for `target` (`specscope drafter train`), the last one
     registered: a user entry of role drafter whose pairs_with names the target."""

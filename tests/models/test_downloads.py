@@ -299,3 +299,25 @@ def test_any_repo_id_is_remembered_for_what_it_is(hub, hub_env, tmp_path):
     entry = catalog.find("someone/glm-ocr-finetune")
     assert entry is not None and entry.user_added and entry.role == "ocr"
     assert store.resolve("someone/glm-ocr-finetune", "ocr") == path
+
+
+def test_glm_ocrs_layout_model_comes_from_the_hub_with_its_preprocessing(hub, hub_env, tmp_path):
+    """The catalog's PP-DocLayoutV3 entry, paired with GLM-OCR: a tiny checkpoint in the real
+    format on the loopback hub under the published repo id, fetched by `download`, found by
+    `paired_layout` and loaded by the layout stage."""
+    pytest.importorskip("torch")
+    from app.models.lookup import layout_for, paired_layout
+    from engines.glm_ocr.layout import LayoutModel
+    from tests.engines.glm_ocr.layout_checkpoints import make_tiny_layout
+
+    entry = catalog.find("pp-doclayout-v3")
+    assert entry.role == "layout" and catalog.pair_of(entry).id == "glm-ocr"
+    assert catalog.pair_of(catalog.find("glm-ocr")).id == entry.id and layout_for("glm-ocr") == entry.id
+    assert paired_layout("glm-ocr") is None  # not downloaded yet
+    hub.serve_repo(entry.repo_id, make_tiny_layout(tmp_path / "layout"))
+    path = dl.download(entry.id)
+    assert {"config.json", "model.safetensors", "preprocessor_config.json"} <= {p.name for p in path.iterdir()}
+    assert store.resolve(entry.id, "layout") == path and catalog.role_of_dir(path) == "layout"
+    assert paired_layout("glm-ocr") == str(path)
+    model = LayoutModel.load(paired_layout("glm-ocr"))
+    assert model.prep.height == 800 and model.id2label[22] == "text"
