@@ -103,9 +103,13 @@ def train(args) -> int:
                   file=sys.stderr)
             return EXIT_INTERRUPTED
     meter.finish()
-    acc = " ".join(f"d{i + 1} {a:.0%}" for i, a in enumerate(result.acceptance))
+    acc = " ".join(f"d{i + 1} {a:.0%}" for i, a in enumerate(result.acceptance)) or "-"
     print(f"specscope: drafter in {out}: {result.step} steps in {span(result.run_s)} ({span(result.prepare_s)} "
           f"preparing the data, the rest training and measuring), held-out acceptance {acc}", file=sys.stderr)
+    if not result.finished and not result.step and not interrupt():
+        print(f"specscope: --minutes {config.minutes:g} ran out before the first training step; the data prepared "
+              f"is kept in {out}: run again with more --minutes to train on it", file=sys.stderr)
+        return 1
     if not result.finished:
         print(f"specscope: stopped at step {result.step}; run the same command to resume", file=sys.stderr)
         return EXIT_INTERRUPTED

@@ -63,7 +63,7 @@ from engines import cpu
 
 EVAL_DEPTH = 5  # acceptance is reported for depths 1..5
 FORCE_BATCH = 4  # sequences per teacher-forced forward (data.features)
-MIN_FORCED = 2  # batches teacher-forced whatever the budget: a held-out row and one to train on
+MIN_FORCED = 1  # batches teacher-forced whatever the budget: rows to hold out and to train on
 # of the preparation's share, what answering may take: teacher forcing a token costs under half
 # what answering it does (docs/drafter.md, Data), so what was answered then fits
 ANSWERING_SHARE = 2 / 3
@@ -265,7 +265,7 @@ def train(target_model, tokenizer, target_path: str, config: TrainConfig,
             clock.save_s = time.perf_counter() - t
         on_progress(Progress(step, config.steps, loss_avg, acceptance or None, clock.used(),
                              eta(config, step, train_s, limit)))
-    finished = done(config, step, train_s, limit)
+    finished = done(config, step, train_s, limit) and step > 0  # no step: not a drafter yet, resumable
     if not acceptance and step:
         acceptance = evaluate(drafter, feats.rows(held), config.batch)
     save(step, train_s, loss_avg, acceptance)
@@ -412,13 +412,16 @@ def answered(target: TargetView, tokenizer, target_path: str, prompts: list[str]
                              f"the target writes {asked - start} of {asked} answers ({rounds} per prompt){fits}",
                              headline=True))
 
+        written = [start]  # answers so far: the first batch is written whatever the clock says
+
         def kept(done: list[list[int]]) -> None:
             D.save_answers(answers_file, done, answers_key, sampling)
             n, elapsed = len(done), time.perf_counter() - t0
+            written[0] = n
             on_progress(Progress(0, config.steps, 0.0, None, clock.used(), elapsed * (asked - n) / (n - start), "answers",
                                  f"the target wrote {n} of {asked} answers ({span(elapsed)})"))
 
-        out_of_time = lambda: clock.preparing_left(ANSWERING_SHARE) <= 0  # noqa: E731
+        out_of_time = lambda: written[0] > start and clock.preparing_left(ANSWERING_SHARE) <= 0  # noqa: E731
         sequences = D.own_answers(target.model, tokenizer, prompts, config.answer_tokens, config.seq_len, rounds,
                                   config.answer_temperature, config.seed, done=sequences,
                                   should_stop=lambda: should_stop() or out_of_time(), on_batch=kept)
