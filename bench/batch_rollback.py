@@ -80,7 +80,7 @@ class UniformAcceptance(BatchEngine):
 
     def _verdicts(self, plans):
         verdicts = [settle_row(p) for p in plans]
-        drafted = [v.accepted for p, v in zip(plans, verdicts) if p.step.k]
+        drafted = [v.accepted for p, v in zip(plans, verdicts) if p.k]
         if not drafted:
             return verdicts
         self.steps_with_drafts += 1

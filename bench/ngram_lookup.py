@@ -6,7 +6,7 @@
 import random
 import time
 
-from engines.speculative.ngram import NGramProposer
+from engines.speculative.ngram import NGramIndex
 
 
 def main() -> None:
@@ -14,7 +14,7 @@ def main() -> None:
     print(f"{'context':>8} {'extend µs/token':>16} {'propose µs':>11}")
     for n in (1_000, 8_000, 32_000, 128_000):
         tokens = [rng.randrange(2000) for _ in range(n)]
-        p = NGramProposer(1, 4)
+        p = NGramIndex(1, 4)
         t0 = time.perf_counter()
         p.extend(tokens)
         extend = (time.perf_counter() - t0) / n

@@ -33,6 +33,7 @@ import torch  # noqa: E402
 from engines.types import Request, SpecConfig  # noqa: E402
 from engines.glm_ocr.engine import MtpDrafter, OcrEngine  # noqa: E402
 from engines.glm_ocr.positions import text_rope  # noqa: E402
+from engines.speculative.proposer import Draft  # noqa: E402
 from engines.speculative.rounds import session_stats  # noqa: E402
 from tests.engines.glm_ocr.checkpoints import make_tiny_glm_ocr, test_images, trained_glm_ocr  # noqa: E402
 
@@ -43,18 +44,22 @@ class ReplayDrafter:
     def __init__(self, reference: list[int], error_rate: float, vocab: int, seed: int = 0):
         self.reference, self.error_rate, self.vocab = reference, error_rate, vocab
         self.rng = np.random.default_rng(seed)
-        self.cursor = 0
 
-    def start(self, hiddens, ids):
-        self.cursor = 0
+    name = "replay"
+    needs_hidden = False
+    drafts_ahead = False
 
-    def propose(self, hidden, token, k):
-        drafts = list(self.reference[self.cursor + 1 : self.cursor + 1 + k])
-        return [(t + 1 + int(self.rng.integers(self.vocab - 1))) % self.vocab
-                if self.rng.random() < self.error_rate else t for t in drafts]
+    def start(self, ctx):
+        self.prompt = len(ctx.tokens) - 1  # ctx.tokens: the prompt, then the emitted tokens
 
-    def accept(self, hiddens, tokens):
-        self.cursor += len(tokens) + 1
+    def propose(self, ctx, k):
+        cursor = len(ctx.tokens) - 1 - self.prompt  # index in `reference` of the newest emitted token
+        drafts = list(self.reference[cursor + 1 : cursor + 1 + k])
+        return Draft([(t + 1 + int(self.rng.integers(self.vocab - 1))) % self.vocab
+                      if self.rng.random() < self.error_rate else t for t in drafts])
+
+    def commit(self, ctx):
+        pass
 
 
 class NormedChainDrafter(MtpDrafter):

@@ -6,7 +6,7 @@ from __future__ import annotations
 def break_ngram_drafter_on_third_call(monkeypatch) -> None:
     """A real n-gram drafter that raises on its third proposal, as a drafter failing mid-run
     would."""
-    from engines.mlx_chat.proposers import NGramProposer
+    from engines.speculative.ngram import NGramProposer
 
     original, calls = NGramProposer.propose, []
 

@@ -18,7 +18,8 @@ from typing import Any
 import mlx.core as mx
 
 from engines.batch.cache import BatchCache
-from engines.mlx_chat.proposers import EMPTY, Draft, ProposerContext
+from engines.mlx_chat.proposers import ProposerContext
+from engines.speculative.proposer import EMPTY, Draft
 from engines.mlx_chat.sampling import target_probs
 from engines.speculative.schedule import MAX_STEPS
 

@@ -26,7 +26,8 @@ import numpy as np
 
 from engines.types import EngineError
 from engines.batch.cache import BatchCache
-from engines.mlx_chat.proposers import Draft, ProposerContext
+from engines.mlx_chat.proposers import ProposerContext
+from engines.speculative.proposer import Draft
 from engines.mlx_chat.sampling import target_probs
 from engines.speculative.schedule import MAX_STEPS
 

@@ -203,7 +203,7 @@ class RankZeroEngine(BatchEngine):
         """The draft model's rows draft together; under option B every rank at once: rank 0 first
         sends what they need (the ops so far and this step's pending tokens), then drafts."""
         if isinstance(drafter, MirroredDrafter):
-            place = {id(s.run.proposer): b for b, s in enumerate(rows)}
+            place = {id(s.proposer): b for b, s in enumerate(rows)}
             drafter.announce(asks, [place[id(row)] for row, _, _ in asks])
             self.bus.send(self.log.take())
         t0 = time.perf_counter()
@@ -242,7 +242,7 @@ class RankZeroEngine(BatchEngine):
             self._gather_times()
         if evaluate == KV_ONLY:
             return None, None
-        return logits, (hidden if any(s.run.needs_hidden for s in seqs) else None)
+        return logits, (hidden if any(s.needs_hidden for s in seqs) else None)
 
     def _times_due(self) -> bool:
         """Ask for every rank's times (they ride in the next message) at most once a second."""

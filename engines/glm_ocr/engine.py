@@ -2,18 +2,20 @@
 
 Where things happen (read `OcrEngine.generate` top to bottom):
   prefill        the prompt (image tokens included) in prefill_len chunks -> the first token
-  draft          MtpDrafter.propose: catch up the MTP cache, then chain k MTP steps (or, with
-                 --with-ngram, ComposedDrafter: the n-gram continuation of the output so far,
-                 the chain, or the chain and the n-gram tokens after it, as the costs say)
+  draft          Sequence.propose -> MtpDrafter.propose: the verified pairs waiting, then k
+                 chained MTP steps (or, with --with-ngram, ComposedDrafter: the n-gram
+                 continuation of the output so far, the chain, or the chain and the n-gram
+                 tokens after it, as the costs say)
   verify         one target forward over [token, draft_1 .. draft_k] -> verify_greedy /
                  rejection sampling -> accepted drafts + exactly one target token
   roll back      nothing to undo here: the next forward is written right after the accepted
                  rows (runtime_fast crops its cache there; Core ML and its twin mask the stale
-                 rows, then overwrite them); the MTP layer is told which rows were verified
-                 (MtpDrafter.accept)
+                 rows, then overwrite them); the MTP layer is told the verified rows
+                 (Sequence.commit -> MtpDrafter.commit)
 
-Each round feeds [token, drafts...] at main cache rows length.. and keeps 1 + accepted rows
-(`Sequence`); `Output` turns each verdict into the Round the app shows.
+Each round feeds [token, drafts...] at main cache rows ctx.position.. and keeps 1 + accepted
+rows; the Sequence (engines/speculative/sequence.py) turns each verdict into the Round the app
+shows, as it does for chat.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import statistics
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Iterator, Protocol
+from typing import Iterator
 
 import numpy as np
 
@@ -34,12 +36,14 @@ from engines.glm_ocr.prompts import GlmTokenizer, prompt_ids
 from engines.glm_ocr.runtime import Runtime
 from engines.speculative.composed import REPRICE_EVERY, Chooser
 from engines.speculative.costs import StepCosts
-from engines.speculative.ngram import NGramProposer as NGramIndex
+from engines.speculative.ngram import NGramProposer
 from engines.speculative.output import Output
+from engines.speculative.proposer import Context, Draft, Proposer
 from engines.speculative.repetition import RepetitionDetector
 from engines.speculative.rounds import Round
 from engines.speculative.sampling import rejection_verify, target_probs
 from engines.speculative.schedule import DraftSchedule
+from engines.speculative.sequence import Sequence, Step, never
 from engines.speculative.verify import Verdict, verify_greedy
 
 
@@ -66,20 +70,16 @@ class Positions:
 # ----------------------------------------------------------------------------- drafters
 
 
-class Drafter(Protocol):
-    """Proposes drafts; never touches the main model. The engine calls `start` after the
-    prefill with the prompt's hidden states and its input embeddings (image features in place
-    of the image tokens), `propose(hidden, token, k)` every round with the last verified hidden
-    state and the newest token (k may be 0: a plain round), and `accept(hiddens, drafts)` with
-    the accepted drafts and the verified hidden state before each of them. The target's own
-    token of the round comes back in the next `propose`. A drafter that composes sources
-    says which drafted its last proposal in `source` (Round.draft_source); others need not."""
+@dataclass
+class OcrContext(Context):
+    """A GLM-OCR sequence's Context (engines/speculative/proposer.py): ctx.hidden is the target's
+    final-normed hidden state that produced tokens[-1]; `rows` the verified hidden states of the
+    last round (rows[i] precedes its i-th emitted token; after the prefill, every prompt row)
+    and `embeds` the prompt's input embeddings (image features in place of the image tokens),
+    which the MTP layer's cache is filled from."""
 
-    def start(self, hiddens: np.ndarray, embeds: np.ndarray) -> None: ...
-
-    def propose(self, hidden: np.ndarray, token: int, k: int) -> list[int]: ...
-
-    def accept(self, hiddens: np.ndarray, tokens: list[int]) -> None: ...
+    rows: np.ndarray | None = None
+    embeds: np.ndarray | None = None
 
 
 class MtpDrafter:
@@ -108,17 +108,18 @@ class MtpDrafter:
         self.pending_tokens: list[int] = []  # then the output's, embedded when a chain needs them
         self.mtp_rows = 0  # rows run through the MTP layer (cost accounting)
 
-    def start(self, hiddens: np.ndarray, embeds: np.ndarray) -> None:
-        """MTP KV prefill: every prompt row i with the input embedding of row i+1 (written
-        lazily, with the first chain)."""
-        self.pending_hidden = list(hiddens[:-1])
-        self.pending_embeds = list(embeds[1:])
-        self.pending_tokens = []
+    needs_hidden = True
+    drafts_ahead = False
 
-    def propose(self, hidden: np.ndarray, token: int, k: int) -> list[int]:
-        self._wait(hidden, token)
-        if k == 0:
-            return []
+    def start(self, ctx: OcrContext) -> None:
+        """MTP KV prefill: every prompt row i with the input embedding of row i+1 (written
+        lazily, with the first chain), then the first token's pair."""
+        self.pending_hidden = list(ctx.rows[:-1])
+        self.pending_embeds = list(ctx.embeds[1:])
+        self.pending_tokens = []
+        self._wait(ctx.hidden, ctx.tokens[-1])
+
+    def propose(self, ctx: OcrContext, k: int) -> Draft:
         # first step, one MTP call: the pending verified pairs, the newest one last
         n = len(self.pending_hidden)
         embeds = self.pending_embeds + list(self._embed(self.pending_tokens))
@@ -132,7 +133,7 @@ class MtpDrafter:
                 break
             raw, head = self._run(self.slot + step - 1, self.chain_hidden(raw, head)[-1:], self._embed([drafts[-1]]))
             drafts.append(self._greedy(head[-1]))
-        return drafts
+        return Draft(drafts)
 
     def chain_hidden(self, raw: np.ndarray, head: np.ndarray) -> np.ndarray:
         """What continues a chain: the MTP layer's output before shared_head.norm, as vLLM's
@@ -140,10 +141,9 @@ class MtpDrafter:
         measures both)."""
         return raw
 
-    def accept(self, hiddens: np.ndarray, tokens: list[int]) -> None:
-        """The round accepted `tokens` (a prefix of the drafts); hiddens[i] is the verified
-        hidden state that precedes tokens[i]."""
-        for hidden, token in zip(hiddens, tokens):
+    def commit(self, ctx: OcrContext) -> None:
+        """The round's verified pairs: each emitted token with the hidden state before it."""
+        for hidden, token in zip(ctx.rows, ctx.tokens[-len(ctx.rows):]):
             self._wait(hidden, token)
 
     def _wait(self, hidden: np.ndarray, token: int) -> None:
@@ -166,29 +166,6 @@ class MtpDrafter:
 
     def _greedy(self, head_hidden: np.ndarray) -> int:
         return int(np.argmax(self.runtime.logits(head_hidden[None])[0]))
-
-
-class NgramDrafter:
-    """Prompt lookup over the prompt's ids and the output so far (engines/speculative/ngram.py):
-    the tokens that followed the latest earlier occurrence of the longest recurring suffix --
-    a page of repeated rows or a repeated header is read ahead for free. Only verified tokens
-    enter the index (the target's token in `propose`, accepted drafts in `accept`)."""
-
-    name = "ngram"
-
-    def __init__(self, prompt_ids: list[int], n_min: int = 1, n_max: int = 4):
-        self.prompt = prompt_ids
-        self.index = NGramIndex(n_min, n_max)
-
-    def start(self, hiddens: np.ndarray, embeds: np.ndarray) -> None:
-        self.index.reset(self.prompt)
-
-    def propose(self, hidden: np.ndarray, token: int, k: int) -> list[int]:
-        self.index.extend([token])
-        return self.index.propose(k)
-
-    def accept(self, hiddens: np.ndarray, tokens: list[int]) -> None:
-        self.index.extend(tokens)
 
 
 @dataclass
@@ -220,15 +197,14 @@ class ComposedDrafter:
     and the n-gram tokens that continue it, or no drafts, whichever the chooser of
     engines/speculative/composed.py expects to give more tokens per second.
 
-    The MTP layer sees every verified pair whichever source drafted: a round that drafts from
-    n-gram still hands it the round's (hidden, token) pair (propose with k = 0: queued, no
-    MTP call) and its accepted n-gram drafts (accept), so its cache rows below `slot` hold
+    The MTP layer sees every verified pair whichever source drafted: commit hands it each
+    round's pairs (n-gram rounds and plain rounds too), so its cache rows below `slot` hold
     exactly what a lone MTP run's would, and the next chain starts from the right state.
 
-    Costs: the loop hands each round's verify time to `observe` (its own timing: the forward
-    of 1 + len(drafts) rows and the verdict), and a chain's share of propose, timed here, is
-    the MTP drafting cost per chain token (the median of the last few chains); both are kept
-    in `costs` (the engine's, across pages). Rounds are priced flat until two widths have each
+    Costs: the loop hands each round to `observe` (its verify_s: the forward of
+    1 + len(drafts) rows and the verdict), and a chain's share of propose, timed here, is the
+    MTP drafting cost per chain token (the median of the last few chains); both are kept in
+    `costs` (the engine's, across pages). Rounds are priced flat until two widths have each
     been verified twice, then in seconds, re-read after each chain and every REPRICE_EVERY
     rounds (re-reading is a share of a tiny model's round). Why so wary: on a shared machine
     one round slowed by another process would price its width out, and a width no longer
@@ -236,9 +212,12 @@ class ComposedDrafter:
     """
 
     timed = True  # False: priced flat all run (tests whose choices must not hang on timing)
+    needs_hidden = True
+    drafts_ahead = False
 
-    def __init__(self, mtp: MtpDrafter, ngram: NgramDrafter, max_drafts: int, costs: DraftCosts | None = None):
+    def __init__(self, mtp: MtpDrafter, ngram: NGramProposer, max_drafts: int, costs: DraftCosts | None = None):
         self.mtp, self.ngram = mtp, ngram
+        self.name = mtp.name
         self.chooser = Chooser(mtp.name, max_drafts)
         self.costs = costs if costs is not None else DraftCosts()
         self.priced = False  # in seconds yet (flat until the costs are known)
@@ -246,32 +225,25 @@ class ComposedDrafter:
         self._price()
         self.chain, self.proposed = 0, 0  # this round: chain drafts, all drafts
         self.undrafted: list[int] = []  # this round's n-gram continuation, when it did not draft it
-        self.shadowed: tuple[list[int], list[int]] | None = None  # that, and the drafts accepted after it
-        self.source: str | None = None
 
-    def start(self, hiddens: np.ndarray, embeds: np.ndarray) -> None:
-        self.mtp.start(hiddens, embeds)
-        self.ngram.start(hiddens, embeds)
+    def start(self, ctx: OcrContext) -> None:
+        self.mtp.start(ctx)
+        self.ngram.start(ctx)
 
-    def propose(self, hidden: np.ndarray, token: int, k: int) -> list[int]:
-        if self.shadowed is not None:  # last round's emitted tokens are complete with `token`
-            found, accepted = self.shadowed
-            self.chooser.shadow(found, accepted + [token])
-            self.shadowed = None
-        found = self.ngram.propose(hidden, token, self.chooser.max_drafts)
+    def propose(self, ctx: OcrContext, k: int) -> Draft:
+        found = self.ngram.index.propose(self.chooser.max_drafts)
         m, chain = self.chooser.plan(len(found), k)
         self.undrafted = [] if m else found
         if chain:
             t0 = time.perf_counter()
-            drafts = self.mtp.propose(hidden, token, chain)
+            drafts = self.mtp.propose(ctx, chain).tokens
             self.costs.chain_s.append((time.perf_counter() - t0) / max(len(drafts), 1))
             self.chain = len(drafts)
             drafts = drafts + self._tail(drafts)
         else:  # the n-gram continuation, or a plain round
-            self.mtp.propose(hidden, token, 0)  # the verified pair still goes to the MTP layer
             drafts, self.chain = found[:m], 0
-        self.proposed, self.source = len(drafts), self.chooser.source(self.chain, len(drafts))
-        return drafts
+        self.proposed = len(drafts)
+        return Draft(drafts, source=self.chooser.source(self.chain, len(drafts)))
 
     def _tail(self, chain: list[int]) -> list[int]:
         """The n-gram tokens after the chain, as many as pay (none after an end of sequence)."""
@@ -281,9 +253,9 @@ class ComposedDrafter:
         found = self.ngram.index.propose(room, after=chain)
         return found[: self.chooser.tail(len(chain), len(found))]
 
-    def observe(self, verify_s: float) -> None:
-        """The loop's time for this round's verify (forward and verdict), before `accept`."""
-        self.costs.verify_s.setdefault(1 + self.proposed, deque(maxlen=7)).append(verify_s)
+    def observe(self, step) -> None:
+        """The loop's time for this round's verify (forward and verdict), before `commit`."""
+        self.costs.verify_s.setdefault(1 + self.proposed, deque(maxlen=7)).append(step.verify_s)
         self.rounds += 1
         if self.chain or not self.priced or self.rounds % REPRICE_EVERY == 0:
             self._price()
@@ -295,12 +267,14 @@ class ComposedDrafter:
             self.chooser.measured(verify, self.costs.chain())
             self.priced = True
 
-    def accept(self, hiddens: np.ndarray, tokens: list[int]) -> None:
-        self.chooser.record(self.chain, self.proposed, len(tokens))
+    def commit(self, ctx: OcrContext) -> None:
+        emitted = ctx.tokens[-len(ctx.rows):]  # the accepted drafts, then the target's token
+        self.chooser.record(self.chain, self.proposed, len(emitted) - 1)
         if self.undrafted:
-            self.shadowed = (self.undrafted, list(tokens))
-        self.mtp.accept(hiddens, tokens)
-        self.ngram.accept(hiddens, tokens)
+            self.chooser.shadow(self.undrafted, emitted)
+        self.chain, self.proposed, self.undrafted = 0, 0, []
+        self.mtp.commit(ctx)
+        self.ngram.commit(ctx)
 
 
 # ----------------------------------------------------------------------------- the run
@@ -312,24 +286,6 @@ class Prompt:
     embeds: np.ndarray  # (P, hidden): token embeddings, image features in place of image tokens
     positions: Positions
     note: str | None  # set when the image was read at a lower resolution to fit the context
-
-
-@dataclass
-class Sequence:
-    """The verified sequence: `length` rows of the main KV cache hold verified tokens,
-    `hidden` is the final-normed hidden state of the last of them, `token` the newest
-    emitted token (not yet in the cache: the next forward feeds it)."""
-
-    length: int
-    hidden: np.ndarray
-    token: int
-
-    def advance(self, verdict: Verdict, rows: np.ndarray) -> None:
-        """Keep the fed token's row and the accepted drafts' rows; the rows after them were
-        written for rejected drafts and are overwritten by the next forward."""
-        self.length += 1 + verdict.accepted
-        self.hidden = rows[verdict.accepted]
-        self.token = verdict.tokens[-1]
 
 
 class Sampler:
@@ -416,71 +372,52 @@ class OcrEngine:
     # -- the round loop -------------------------------------------------------------------
 
     def generate(self, request: Request, should_stop: ShouldStop | None = None, *,
-                 drafter: Drafter | None = None, on_prefill=None) -> Iterator[Round]:
+                 drafter: Proposer | None = None, on_prefill=None) -> Iterator[Round]:
         """One Round per target forward. `drafter` replaces the MTP drafter (tests, benchmarks).
         `on_prefill` is accepted for the Engine protocol; the image prompt's prefill, bounded
         by the converted cache length, reports no progress yet."""
         prompt = self._prompt(request)
-        schedule, drafter, note = self._drafting(request, prompt, drafter)
+        seq = self._sequence(request, prompt, drafter, should_stop)
         sampler = Sampler(request.sampling)
-        out = Output(self.tokenizer.stream(), set(self.config.eos_token_ids), request.max_tokens, request.stop,
-                     self._guard(request))
 
         # prefill: the prompt in prefill_len chunks; the last row's logits give the first token
         t0 = time.perf_counter()
         self.runtime.reset()
         hiddens = self._prefill(prompt)
-        seq = Sequence(len(prompt.ids), hiddens[-1], sampler.first(self.runtime.logits(hiddens[-1:])))
-        if drafter is not None:
-            drafter.start(hiddens, prompt.embeds)
-        first = Verdict(0, [seq.token])
-        tokens, finish = out.clip(first)
-        prefill_s = time.perf_counter() - t0
-        rnd = out.round(first, tokens, finish, proposed=0, draft_s=0.0, verify_s=prefill_s, wall_s=prefill_s,
-                        prefill=True, note=_join(prompt.note, note))
+        first = Verdict(0, [sampler.first(self.runtime.logits(hiddens[-1:]))])
+        seq.ctx.rows = hiddens
+        tokens, finish = seq.start(first, hiddens[-1])
+        seq.last_settled = time.perf_counter()
+        step = Step(0, verify_s=seq.last_settled - t0, wall_s=seq.last_settled - t0)
+        rnd = seq.report(step, first, tokens, finish, prefill=True)
         yield rnd
 
         while rnd.finish is None:
-            if should_stop is not None and should_stop():
-                yield out.stopped("cancelled")
+            if seq.should_stop():
+                yield seq.out.stopped("cancelled")
                 return
-            if seq.length + self.runtime.seq_len > self.runtime.cache_length:
-                yield out.stopped("length", f"stopped: the context of {self.runtime.cache_length} tokens is full")
+            if seq.ctx.position + self.runtime.seq_len > self.runtime.cache_length:
+                yield seq.out.stopped("length", f"stopped: the context of {self.runtime.cache_length} tokens is full")
                 return
             t0 = time.perf_counter()
-            k = min(schedule.next_steps(out.remaining), self.runtime.seq_len - 1)
-
-            # draft
-            drafts, note = [], None
-            if drafter is not None:
-                try:
-                    drafts = drafter.propose(seq.hidden, seq.token, k)
-                except Exception as e:  # noqa: BLE001 -- graceful degradation, said in the round
-                    drafter, note = None, f"speculation stopped: drafter raised {type(e).__name__}: {e}"
-                    schedule.disable()
+            steps = min(seq.next_steps(), self.runtime.seq_len - 1)
+            step = Step(steps, expected=seq.expected())
+            step.draft = seq.propose(steps)
             t1 = time.perf_counter()
 
             # verify: one target forward over [token, drafts...]
-            rows = self._forward([seq.token, *drafts], seq.length, prompt.positions)
+            drafts = step.draft.ids()
+            rows = self._forward([seq.ctx.tokens[-1], *drafts], seq.ctx.position, prompt.positions)
             verdict = sampler.verify(drafts, self.runtime.logits(rows))
             t2 = time.perf_counter()
 
-            # roll forward; the MTP layer learns the verified rows
-            if drafter is not None:
-                if hasattr(drafter, "observe"):  # composed: prices widths by the loop's own timing
-                    drafter.observe(t2 - t1)
-                drafter.accept(rows[: verdict.accepted], drafts[: verdict.accepted])
-            schedule.record(len(drafts), verdict.accepted, t2 - t1, t1 - t0)
-            seq.advance(verdict, rows)
-            tokens, finish = out.clip(verdict)
-            if finish is None and should_stop is not None and should_stop():
-                finish = "cancelled"
-            expected = schedule.expected  # what --steps auto expected of each k as it chose this one
-            rnd = out.round(verdict, tokens, finish, proposed=len(drafts), draft_s=t1 - t0, verify_s=t2 - t1,
-                            wall_s=time.perf_counter() - t0, steps=k, note=note,
-                            draft_source=getattr(drafter, "source", None) if drafts else None,  # composed only
-                            expected_tok_s=[round(r, 2) for r in expected[0]] if expected else None,
-                            expected_tokens=[round(t, 3) for t in expected[1]] if expected else None)
+            # roll forward: the rows of the fed token and the accepted drafts are kept (the next
+            # forward overwrites the rest); the MTP layer learns them (Sequence.commit)
+            step.draft_s, step.verify_s = t1 - t0, t2 - t1
+            step.wall_s = t2 - t0
+            seq.ctx.rows = rows[: verdict.accepted + 1]
+            tokens, finish = seq.commit(step, verdict, rows[verdict.accepted])
+            rnd = seq.report(step, verdict, tokens, finish)
             yield rnd
 
     # -- helpers, in the order the loop uses them ------------------------------------------
@@ -537,29 +474,46 @@ class OcrEngine:
         return fitted, (f"image read at {w2}x{h2} instead of {w}x{h} to fit the context of "
                         f"{self.runtime.cache_length} tokens (convert with a larger --cache-length for full resolution)")
 
-    def _drafting(self, request: Request, prompt: Prompt, drafter: Drafter | None):
+    def _sequence(self, request: Request, prompt: Prompt, drafter: Proposer | None,
+                  should_stop: ShouldStop | None) -> Sequence:
+        """The request's Sequence: its drafter (MTP, n-gram or composed), schedule and output.
+        --steps auto picks k from this run's measured verify costs and acceptance (`specscope
+        tune` profiles chat models; an OCR run measures itself, the adaptive controller until it
+        can)."""
         spec = request.spec
         if spec.method not in ("off", "mtp", "ngram"):
             raise EngineError(f"the OCR engine speculates with 'mtp' or 'ngram' (or 'off'), not {spec.method!r}")
-        # --steps auto: k from this run's measured verify costs and acceptance (`specscope tune`
-        # profiles chat models; an OCR run measures itself, the adaptive controller until it can)
         try:
             schedule = DraftSchedule.of(spec, self.model_path)
         except ValueError as e:
             raise EngineError(str(e)) from e
-        auto_note = schedule.note
-        if drafter is not None or not spec.enabled:
-            return schedule, drafter if spec.enabled else None, auto_note
-        ngram = NgramDrafter(prompt.ids, spec.ngram_min, spec.ngram_max)
+        notes = [prompt.note, schedule.note]
+        if not spec.enabled:
+            drafter = None
+        elif drafter is None:
+            drafter, note = self._drafter(request, prompt)
+            notes.append(note)
+            if drafter is None:
+                schedule.disable()
+        out = Output(self.tokenizer.stream(), set(self.config.eos_token_ids), request.max_tokens, request.stop,
+                     self._guard(request))
+        for note in notes:
+            if note:
+                out.say(note)
+        ctx = OcrContext(list(prompt.ids), request.sampling, embeds=prompt.embeds)
+        return Sequence(request, ctx, drafter, schedule, out, should_stop or never)
+
+    def _drafter(self, request: Request, prompt: Prompt) -> tuple[Proposer | None, str | None]:
+        spec = request.spec
+        ngram = NGramProposer(spec.ngram_min, spec.ngram_max)
         if spec.method == "ngram":
-            return schedule, ngram, auto_note
+            return ngram, None
         if self.runtime.mtp_unavailable:
-            schedule.disable()
-            return schedule, None, f"{self.runtime.mtp_unavailable}; decoding plainly"
+            return None, f"{self.runtime.mtp_unavailable}; decoding plainly"
         mtp = MtpDrafter(self.runtime, prompt.positions, self.config.eos_token_ids)
         if spec.compose_ngram:
-            return schedule, ComposedDrafter(mtp, ngram, self.runtime.seq_len - 1, self.draft_costs), auto_note
-        return schedule, mtp, auto_note
+            return ComposedDrafter(mtp, ngram, self.runtime.seq_len - 1, self.draft_costs), None
+        return mtp, None
 
     def _guard(self, request: Request) -> RepetitionDetector | None:
         """A fresh detector per run: the request's copies, the engine's span and period."""
@@ -581,8 +535,3 @@ class OcrEngine:
         """One target forward over `tokens` at cache rows start..: their final-normed hidden states."""
         cos, sin = text_rope(positions.rows(start, len(tokens)), self.config.text)
         return self.runtime.decode(self.runtime.embeddings[np.asarray(tokens)], start, cos, sin)
-
-
-def _join(*notes: str | None) -> str | None:
-    kept = [n for n in notes if n]
-    return "; ".join(kept) if kept else None

@@ -59,7 +59,9 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 
-from engines.mlx_chat.proposers import EMPTY, Draft, LazyVerdict, NGramProposer, ProposerContext
+from engines.mlx_chat.proposers import LazyVerdict, ProposerContext
+from engines.speculative.ngram import NGramProposer
+from engines.speculative.proposer import EMPTY, Draft
 from engines.speculative.composed import Chooser
 from engines.speculative.costs import LoadScaledCosts, StepCosts
 
@@ -253,11 +255,12 @@ class ComposedProposer:
     def anticipate(self, ctx: ProposerContext, verdict: LazyVerdict) -> None:
         self.model.anticipate(ctx, verdict)
 
-    def observe(self, seconds: float) -> None:
-        """The round in flight took `seconds`, settle to settle (the loop's own measure): price
+    def observe(self, step) -> None:
+        """The round in flight took step.wall_s, settle to settle (the loop's own measure): price
         the verify by width and a chain token's drafting from it (see the module docstring)."""
         if self.last is None or not MEASURED:
             return
+        seconds = step.wall_s
         chain, draft, drafted = self.last[0], self.last[1], self.last[4]
         self.costs.observe(seconds, 1 + (draft.size if drafted is None else len(drafted)), chain)  # (an array's
         # shape read from MLX costs more than a list's length)

@@ -30,29 +30,26 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
 from engines.types import EngineError, OnPrefill, Request, ShouldStop
 from engines.mlx_chat import sampling as mxs
-from engines.mlx_chat.cache import Holes, SlotKVCache, make_rollback_cache, make_slot_cache, rollback
+from engines.mlx_chat.cache import (Holes, SlotKVCache, UnsupportedCache, make_rollback_cache, make_slot_cache,
+                                    rollback)
 from engines.mlx_chat.loading import LoadedModel, TokenizerMismatch, check_same_tokenizer, load_model
 from engines.mlx_chat.prefill import feed_prompt
 from engines.mlx_chat.context import check_fits, context_length
-from engines.mlx_chat.proposers import (
-    EMPTY,
-    Draft,
-    DraftModelProposer,
-    LazyVerdict,
-    NGramProposer,
-    Proposer,
-    ProposerContext,
-)
+from engines.mlx_chat.proposers import DraftModelProposer, LazyVerdict, Proposer, ProposerContext
+from engines.speculative.ngram import NGramProposer
 from engines.speculative.output import Output
+from engines.speculative.proposer import Draft
 from engines.speculative.rounds import Round
 from engines.speculative.schedule import DraftSchedule
+from engines.speculative.sequence import Sequence
+from engines.speculative.sequence import Step as BaseStep
 from engines.speculative.repetition import detector_for
 from engines.speculative.verify import Verdict, verify_greedy, verify_sampled
 from engines.validation import validate
@@ -73,67 +70,24 @@ class DetokenizerText:
         return self.detokenizer.last_segment
 
 
-@dataclass
-class Run:
-    """The state of one generate() call."""
+NO_DRAFTS = Draft(mx.array([], dtype=mx.uint32))  # a plain round's: the graph reads its drafts as an array
 
-    request: Request
-    ctx: ProposerContext  # tokens (prompt + accepted), caches, sampling, hidden state
-    proposer: Proposer | None
-    schedule: DraftSchedule
-    out: Output  # what was emitted, its text (stop strings held back), the Rounds
-    last_settled: float = 0.0  # end of the previous round's settle: rounds tile the timeline
-    drafted_last: int = 0  # drafts asked of the last round that drafted (an anticipated chain's length)
-    ahead: int = 0  # drafts the proposer anticipated for the next round (depth-2 overlap), 0 if none
-    last_k: int | None = None  # drafts of the last round committed
 
-    @property
-    def remaining(self) -> int:
-        return self.out.remaining
-
-    @property
-    def cache(self) -> list[Any]:
-        return self.ctx.target_cache
-
-    @property
-    def holes(self) -> Holes | None:
-        """The slot caches' holes when rounds launch before the last verdict is read, else None."""
-        first = self.cache[0] if self.cache else None
-        return first.holes if isinstance(first, SlotKVCache) else None
-
-    @property
-    def needs_hidden(self) -> bool:
-        return self.proposer is not None and self.proposer.needs_hidden
-
-    def stop_speculating(self, error: BaseException) -> None:
-        """Graceful degradation: the drafter failed; decode plainly from here on, say so once."""
-        self.schedule.disable()
-        self.out.say(f"speculation stopped: {type(error).__name__}: {error}")
+def holes(seq: Sequence) -> Holes | None:
+    """The slot caches' holes when rounds launch before the last verdict is read, else None."""
+    cache = seq.ctx.target_cache
+    return cache[0].holes if cache and isinstance(cache[0], SlotKVCache) else None
 
 
 @dataclass
-class Step:
-    """A launched round: its drafts, the lazy results of its verify forward, its timings."""
+class Step(BaseStep):
+    """A launched round with the lazy results of its verify forward."""
 
-    steps: int  # drafts asked for
-    draft: Draft
-    draft_s: float
-    build_s: float = 0.0  # host time spent building the verify graph
     argmax: mx.array | None = None  # [k+1] at T=0
     sampled: mxs.SampledVerdict | None = None  # T>0 with drafts
     token: mx.array | None = None  # [1] T>0 plain sample
     hidden: mx.array | None = None  # [k+1, D] when the proposer needs it
-    note: str | None = None  # said by this step's Round (speculation stopped while it ran)
-    expected: tuple[list[float], list[float]] | None = None  # --steps auto: tok/s and tokens per k when k was chosen
-    verify_s: float = 0.0  # set when settled
-    wall_s: float = 0.0
-    ahead: int = 0  # drafts anticipated for this round by the last one (its chain runs in this round's time)
     lazy: LazyVerdict | None = None  # its verdict in the graph, when a chain or the next round builds on it
-    launched_early: bool = False  # launched on the last round's verdict still in the graph
-
-    @property
-    def k(self) -> int:
-        return self.draft.size
 
     @property
     def next_token(self) -> mx.array:
@@ -213,45 +167,54 @@ class ChatEngine:
     # -- THE round loop ------------------------------------------------------------------------
     def generate(self, request: Request, should_stop: ShouldStop | None = None, *,
                  on_prefill: OnPrefill | None = None) -> Iterator[Round]:
-        should_stop = should_stop or (lambda: False)
-        run = self._start(request)
-        first = self._prefill(run, should_stop, on_prefill)
-        if not first.finish and should_stop():
-            first.finish = "cancelled"
+        seq = self.sequence(request, should_stop)
+        first = self._prefill(seq, on_prefill)
         yield first
-        step = None if first.finish else self._launch(run)
+        step = None if first.finish else self._launch(seq)
         while step is not None:
             # Plain decoding: the next forward reads this one's token while it is still lazy,
             # so the device never waits for the host (as mlx-lm's generate_step does). MTP on
             # slot caches: the next round's verify reads this one's verdict while still lazy.
-            plain = step.k == 0 and not run.schedule.enabled  # (it may have just been disabled)
-            if plain and run.remaining > 1 or self._launches_before_verdict(run, step):
-                ahead = self._launch(run, after=step)
+            plain = step.k == 0 and not seq.schedule.enabled  # (it may have just been disabled)
+            if plain and seq.remaining > 1 or self._launches_before_verdict(seq, step):
+                ahead = self._launch(seq, after=step)
             else:
                 ahead = None
-            verdict = settle(run, step)
-            tokens, finish = run.out.clip(verdict)
-            self._commit(run, step, verdict, tokens, finish, ahead)
-            if finish is None and should_stop():
-                finish = "cancelled"
+            verdict = settle(seq, step)
+            if holes(seq) is None:  # slot caches: the rejected drafts are holes already (launch)
+                rollback(seq.ctx.target_cache, step.k - verdict.accepted)
+            hidden = step.hidden[verdict.accepted] if step.hidden is not None else None
+            tokens, finish = seq.commit(step, verdict, hidden, priced=self._priced(seq, step, ahead))
             if finish is None and ahead is None:
-                ahead = self._launch(run)  # the next round's forward runs while this one is reported
-            rnd = round_of(run, step, verdict, tokens, finish)
+                ahead = self._launch(seq)  # the next round's forward runs while this one is reported
+            rnd = report(seq, step, verdict, tokens, finish)
             yield rnd
             step = None if rnd.finish else ahead
 
     # -- the loop's helpers, in the order they run ------------------------------------------------
-    def _start(self, request: Request) -> Run:
+    def sequence(self, request: Request, should_stop: ShouldStop | None = None, *,
+                 batch_proposer: Callable[[Request], tuple[Proposer | None, str | None]] | None = None) -> Sequence:
+        """A Sequence for `request` (checked first: EngineError), with its proposer, schedule and
+        the target's cache. `batch_proposer`: a row of the batch (engines/batch) -- its proposer
+        is the batch's (shared drafters), its cache rows and RNG key are the batch's, and its
+        --steps auto learns from its own rounds only."""
         validate(request, self.context_length)
         prompt_ids = self.prompt_ids(request)
+        if not prompt_ids:
+            raise EngineError("empty prompt")
         check_fits(len(prompt_ids), request.max_tokens, self.context_length)  # before any forward
-        if request.sampling.seed is not None:
-            mx.random.seed(request.sampling.seed)
-        proposer, cache, note = self._speculation(request)
-        ctx = ProposerContext(prompt_ids, request.sampling, self.model, cache)
-        spec = request.spec
-        schedule = DraftSchedule.of(spec, self.model_path) if proposer is not None else DraftSchedule(0)
-        if schedule.auto is not None:
+        lone = batch_proposer is None
+        proposer, note = self._speculation(request) if lone else batch_proposer(request)
+        cache = []
+        if lone:
+            if request.sampling.seed is not None:
+                mx.random.seed(request.sampling.seed)
+            try:
+                cache = self._cache_for(proposer)
+            except UnsupportedCache as e:  # recurrent / hybrid layers cannot roll back exactly
+                proposer, note, cache = None, f"speculation unavailable: {e}", make_prompt_cache(self.model)
+        schedule = DraftSchedule.of(request.spec, self.model_path) if proposer is not None else DraftSchedule(0)
+        if schedule.auto is not None and lone:
             self._auto_from_earlier_requests(schedule.auto, request)
         if schedule.auto is not None and isinstance(proposer, NGramProposer):
             proposer.auto = schedule.auto  # n-gram's acceptance from whole continuations (tuning.py)
@@ -262,7 +225,8 @@ class ChatEngine:
         for said in (note, schedule.note):
             if said:
                 out.say(said)
-        return Run(request=request, ctx=ctx, proposer=proposer, schedule=schedule, out=out)
+        ctx = ProposerContext(prompt_ids, request.sampling, self.model, cache)
+        return Sequence(request, ctx, proposer, schedule, out, should_stop or (lambda: False))
 
     def output(self, request: Request) -> Output:
         """What a run of `request` emits: its text through mlx-lm's streaming detokenizer."""
@@ -284,26 +248,26 @@ class ChatEngine:
         auto.attach(*self._auto_seen.setdefault(key, (round_costs(), PositionAcceptance(auto.max_steps), Probes(),
                                                       Rounds(auto.max_steps))))
 
-    def _speculation(self, request: Request) -> tuple[Proposer | None, list[Any], str | None]:
-        """The proposer and the target's cache for this run, or plain decoding and the reason
-        (the first Round's note): a drafter that cannot be made, a target whose cache cannot
-        roll back exactly (recurrent / hybrid layers)."""
-        if request.spec.enabled:
-            try:
-                proposer = self.make_proposer(request)
-                return proposer, self._speculative_cache(proposer), None
-            except TokenizerMismatch:
-                raise  # a wrong draft model is the user's to fix, not to paper over
-            except EngineError as e:
-                note = f"speculation unavailable: {e}"
-        else:
-            note = None
-        return None, make_prompt_cache(self.model), note  # the model's own caches, as mlx-lm
+    def _speculation(self, request: Request) -> tuple[Proposer | None, str | None]:
+        """The request's proposer, or plain decoding and the reason (the first Round's note):
+        a drafter that cannot be made."""
+        if not request.spec.enabled:
+            return None, None
+        try:
+            return self.make_proposer(request), None
+        except TokenizerMismatch:
+            raise  # a wrong draft model is the user's to fix, not to paper over
+        except EngineError as e:
+            return None, f"speculation unavailable: {e}"
 
-    def _speculative_cache(self, proposer: Proposer) -> list[Any]:
-        """Slot caches when the proposer can chain on a verdict still in the graph and every
-        target layer is full attention -- rounds then launch before the last verdict is read
-        (SPECSCOPE_MTP_PIPELINE=0 turns it off, for A/B runs) --, else caches that roll back."""
+    def _cache_for(self, proposer: Proposer | None) -> list[Any]:
+        """The target's cache for a lone run: mlx-lm's own when plain; slot caches when the
+        proposer can chain on a verdict still in the graph and every target layer is full
+        attention -- rounds then launch before the last verdict is read
+        (SPECSCOPE_MTP_PIPELINE=0 turns it off, for A/B runs) --, else caches that roll back
+        (recurrent / hybrid layers cannot: make_rollback_cache says so, EngineError)."""
+        if proposer is None:
+            return make_prompt_cache(self.model)
         if getattr(proposer, "launches_ahead", False):
             slots = make_slot_cache(self.model) if os.environ.get("SPECSCOPE_MTP_PIPELINE", "1") != "0" else None
             if slots is not None:
@@ -349,72 +313,64 @@ class ChatEngine:
         messages.append({"role": "user", "content": request.prompt})
         return list(tok.apply_chat_template(messages, add_generation_prompt=True))
 
-    def _forward(self, run: Run, inputs: mx.array) -> tuple[mx.array, mx.array | None]:
+    def _forward(self, seq: Sequence, inputs: mx.array) -> tuple[mx.array, mx.array | None]:
         """One target forward over `inputs` [n]: logits [n, V] and, if the proposer reads
         them (MTP), the final hidden states [n, D]."""
-        if run.needs_hidden:
-            logits, hidden = run.proposer.target_forward(inputs[None], run.cache)
+        if seq.needs_hidden:
+            logits, hidden = seq.proposer.target_forward(inputs[None], seq.ctx.target_cache)
             return logits[0], hidden[0]
-        return self.model(inputs[None], cache=run.cache)[0], None
+        return self.model(inputs[None], cache=seq.ctx.target_cache)[0], None
 
-    def _prefill(self, run: Run, should_stop: ShouldStop, on_prefill: OnPrefill | None) -> Round:
+    def _prefill(self, seq: Sequence, on_prefill: OnPrefill | None) -> Round:
         """The prompt through the target; the first token (a Round with no drafts)."""
         t0 = time.perf_counter()
-        prompt = mx.array(run.ctx.tokens, dtype=mx.uint32)
-        if prompt.size == 0:
-            raise EngineError("empty prompt")
+        prompt = mx.array(seq.ctx.tokens, dtype=mx.uint32)
         # all but the last prompt token, in chunks (progress, cancel); the last gives the logits
-        if not feed_prompt(self.model, run.cache, prompt[:-1], should_stop, on_prefill):
-            stopped = Step(0, EMPTY, 0.0, verify_s=time.perf_counter() - t0, wall_s=time.perf_counter() - t0)
-            return round_of(run, stopped, Verdict(0, []), [], "cancelled", prefill=True)
-        logits, hidden = self._forward(run, prompt[-1:])
-        step = Step(0, EMPTY, 0.0, token=mxs.pick(logits[-1:], run.ctx.sampling), hidden=hidden)
-        verdict = settle(run, step)
-        tokens, finish = run.out.clip(verdict)
-        run.ctx.tokens += tokens
-        run.ctx.hidden = hidden[-1] if hidden is not None else None
-        if run.proposer is not None:
-            try:
-                run.proposer.start(run.ctx)
-            except Exception as e:  # graceful degradation: plain decoding from here on
-                run.stop_speculating(e)
+        if not feed_prompt(self.model, seq.ctx.target_cache, prompt[:-1], seq.should_stop, on_prefill):
+            stopped = Step(0, verify_s=time.perf_counter() - t0, wall_s=time.perf_counter() - t0)
+            return report(seq, stopped, Verdict(0, []), [], "cancelled", prefill=True)
+        logits, hidden = self._forward(seq, prompt[-1:])
+        step = Step(0, token=mxs.pick(logits[-1:], seq.ctx.sampling), hidden=hidden)
+        verdict = settle(seq, step)
+        tokens, finish = seq.start(verdict, hidden[-1] if hidden is not None else None)
         step.verify_s = step.wall_s = time.perf_counter() - t0
-        run.last_settled = time.perf_counter()
-        return round_of(run, step, verdict, tokens, finish, prefill=True)
+        seq.last_settled = time.perf_counter()
+        return report(seq, step, verdict, tokens, finish, prefill=True)
 
-    def _launches_before_verdict(self, run: Run, step: Step) -> bool:
+    def _launches_before_verdict(self, seq: Sequence, step: Step) -> bool:
         """Whether the next round can be launched now, before `step` is settled: slot caches,
         a round with drafts whose verdict is in the graph, the proposer's chain on it ready,
         and tokens left past the most this round can emit."""
-        return (run.holes is not None and step.k > 0 and step.lazy is not None and run.schedule.enabled
-                and run.remaining > step.k + 1 and run.proposer.chain_ahead())
+        return (holes(seq) is not None and step.k > 0 and step.lazy is not None and seq.schedule.enabled
+                and seq.remaining > step.k + 1 and seq.proposer.chain_ahead())
 
-    def _launch(self, run: Run, after: Step | None = None) -> Step:
+    def _launch(self, seq: Sequence, after: Step | None = None) -> Step:
         """Draft, then issue the verify forward without waiting for it. `after` = a step not
         settled yet whose lazy token is this step's input: a plain step, or (slot caches) a
         round with drafts, whose verdict gives the token and its position."""
+        ctx, gaps = seq.ctx, holes(seq)
         speculative_after = after is not None and after.k > 0
         if after is None:
-            steps = run.schedule.next_steps(run.remaining)
+            steps = seq.next_steps()
         else:  # past the most `after` can emit
-            steps = run.schedule.next_steps(run.remaining - after.k - 1) if speculative_after else 0
+            steps = seq.next_steps(seq.remaining - after.k - 1) if speculative_after else 0
         if speculative_after:
-            run.proposer.commit(run.ctx)  # the next round goes on from the chain anticipated on `after`
+            seq.proposer.commit(ctx)  # the next round goes on from the chain anticipated on `after`
         t0 = time.perf_counter()
-        draft = self._propose(run, steps) if steps else EMPTY
+        draft = self._propose(seq, steps)
         t1 = time.perf_counter()
         if speculative_after:
             last, position = after.lazy.token, after.lazy.next_position
         elif after is not None:
             last, position = after.next_token, None  # plain: no chain reads the position
         else:
-            last, position = mx.array(run.ctx.tokens[-1:], dtype=mx.uint32), run.ctx.position
-        first_slot = run.cache[0].slot if run.holes is not None else 0
+            last, position = mx.array(ctx.tokens[-1:], dtype=mx.uint32), ctx.position
+        first_slot = ctx.target_cache[0].slot if gaps is not None else 0
         inputs = mx.concatenate([last.astype(mx.uint32), draft.tokens]) if draft.size else last.astype(mx.uint32)
-        logits, hidden = self._forward(run, inputs)
-        step = Step(steps, draft, t1 - t0, hidden=hidden, launched_early=speculative_after, ahead=run.ahead,
-                    expected=self._expected(run) if after is None or speculative_after else None)
-        sampling = run.ctx.sampling
+        logits, hidden = self._forward(seq, inputs)
+        step = Step(steps, draft, t1 - t0, hidden=hidden, launched_early=speculative_after, ahead=ctx.ahead,
+                    expected=seq.expected() if after is None or speculative_after else None)
+        sampling = ctx.sampling
         if sampling.greedy:
             step.argmax = mx.argmax(logits, axis=-1)
             outputs = [step.argmax]
@@ -426,85 +382,52 @@ class ChatEngine:
             step.token = mxs.pick(logits, sampling)
             outputs = [step.token]
         mx.async_eval(*outputs, *([hidden] if hidden is not None else []))
-        anticipates = run.proposer is not None and run.proposer.drafts_ahead and run.schedule.enabled
-        if anticipates or run.holes is not None and step.k:
+        anticipates = seq.proposer is not None and seq.proposer.drafts_ahead and seq.schedule.enabled
+        if anticipates or gaps is not None and step.k:
             accepted, token = mxs.verdict_in_graph(draft.tokens, step.argmax, step.sampled, step.token)
             taken = mx.take(hidden, accepted, axis=0) if hidden is not None else None
             step.lazy = LazyVerdict(position, draft.tokens, accepted, token, taken)
-            if run.holes is not None and step.k:  # the drafts past `accepted` become holes
-                run.holes.reject(first_slot, step.k, accepted)
+            if gaps is not None and step.k:  # the drafts past `accepted` become holes
+                gaps.reject(first_slot, step.k, accepted)
         step.build_s = time.perf_counter() - t1
-        run.drafted_last, run.ahead = steps or run.drafted_last, 0
+        ctx.drafted_last, ctx.ahead = steps or ctx.drafted_last, 0
         if anticipates:
             # Depth-2 overlap: the next round's chain -- not behind a round that chose to draft
             # nothing (--steps auto pricing the drafter out: the next round likely drafts nothing
             # either, and the chain would be computed and dropped every round), unless it was a
             # skip-streak skip, after which the next round drafts again
-            ahead = bool(steps or run.schedule.skipped)
-            self._anticipate(run, step, chain=ahead)
-            run.ahead = run.drafted_last if ahead else 0
+            ahead = bool(steps or seq.schedule.skipped)
+            self._anticipate(seq, step, chain=ahead)
+            ctx.ahead = ctx.drafted_last if ahead else 0
         return step
 
     @staticmethod
-    def _expected(run: Run) -> tuple[list[float], list[float]] | None:
-        """What --steps auto expected of each k as it chose this step's: kept with the step, since
-        the next step is chosen (and the schedule's figures overwritten) before this one's Round
-        is built."""
-        if run.schedule.expected is None:
-            return None
-        rates, tokens = run.schedule.expected
-        return [round(r, 2) for r in rates], [round(t, 3) for t in tokens]
+    def _propose(seq: Sequence, steps: int) -> Draft:
+        """The proposer's drafts as an mx.array (n-gram lookup gives a list), evaluated unless
+        drafted ahead (already queued before this verify): drafting time is its own telemetry."""
+        draft = seq.propose(steps)
+        if not draft.size:
+            return NO_DRAFTS
+        if isinstance(draft.tokens, list):
+            draft = replace(draft, tokens=mx.array(draft.tokens, dtype=mx.uint32))
+        elif not draft.overlapped:
+            mx.eval(draft.tokens)
+        return draft
 
-    def _propose(self, run: Run, steps: int) -> Draft:
-        try:
-            draft = run.proposer.propose(run.ctx, steps)
-            if not draft.overlapped:  # drafted ahead: already queued before this verify
-                mx.eval(draft.tokens)  # drafting time is its own telemetry
-            return draft
-        except Exception as e:
-            run.stop_speculating(e)
-            return EMPTY
-
-    def _anticipate(self, run: Run, step: Step, chain: bool = True) -> None:
+    def _anticipate(self, seq: Sequence, step: Step, chain: bool = True) -> None:
         """Depth-2 overlap: hand the proposer this round's verdict while it is still in the
         graph, so it can queue the next round's draft right behind the verify. `chain` False:
         a verdict without the target's hidden state, from which nothing is chained (the
         proposer drops the chain it anticipated before, which this round did not use)."""
         try:
-            run.proposer.anticipate(run.ctx, step.lazy if chain else replace(step.lazy, hidden=None))
+            seq.proposer.anticipate(seq.ctx, step.lazy if chain else replace(step.lazy, hidden=None))
         except Exception as e:
             # this step's drafts are verified as usual; its Round says speculation stopped
-            run.stop_speculating(e)
-            step.note, run.out.note = run.out.note, None
-
-    def _commit(self, run: Run, step: Step, verdict: Verdict, tokens: list[int], finish: str | None,
-                next_step: Step | None = None) -> None:
-        """Roll the caches back over the rejected drafts (slot caches: they are holes already,
-        Holes.reject at launch) and take the emitted tokens. `next_step`: the round already
-        launched behind this one, if any."""
-        if run.holes is None:
-            rollback(run.cache, step.k - verdict.accepted)
-        run.ctx.tokens += tokens
-        # None when this forward did not return it: composed drafting asks for it only before
-        # a round that may chain (engines/mlx_chat/composed.py), and a chain must not start from
-        # an older round's
-        run.ctx.hidden = step.hidden[verdict.accepted] if step.hidden is not None else None
-        # the round's cost as the user waits for it: settle to settle, drafting apart (a plain
-        # round launched behind the previous one costs less than a lone forward, and --steps
-        # auto should know it), and whether that is the price of its k
-        run.schedule.record(step.k, verdict.accepted, step.wall_s - step.draft_s, step.draft_s,
-                            priced=self._priced(run, step, next_step), asked=step.steps)
-        run.last_k = step.k
-        if hasattr(run.proposer, "observe"):  # composed: prices its sources by the rounds' own times
-            run.proposer.observe(step.wall_s)
-        if run.proposer is not None and run.schedule.enabled and not finish:
-            try:
-                run.proposer.commit(run.ctx)
-            except Exception as e:
-                run.stop_speculating(e)
+            seq.stop_speculating(e)
+            step.note, seq.out.note = seq.out.note, None
 
     @staticmethod
-    def _priced(run: Run, step: Step, next_step: Step | None) -> bool:
+    def _priced(seq: Sequence, step: Step, next_step: Step | None) -> bool:
         """Whether this round's time, settle to settle, is what a round of its k costs (--steps
         auto prices the widths by it). Not when it paid for drafts it did not verify: a chain
         anticipated at the last round's k, cut to this one's (depth-2 overlap). Nor, where rounds
@@ -513,47 +436,35 @@ class ChatEngine:
         r, and MLX's CPU stream takes only ~50 ops ahead, so the host reaches r's settle when
         the device is well into r+1 -- part of r's time is r+1's, and part of the round before
         r's is r's (the first round after the prefill carries the second's; the last launched
-        early lacks its own). Measured (SmolLM2, its drafter): rounds of one draft 34 ms and of
-        two 50 in a row, but a round of two between rounds of one 38 ms and the one after it
-        44; priced so, the probes made a second draft look cheap and --steps auto drafted it
-        (0.92-0.94x --steps 1)."""
+        early lacks its own). Priced so, the probes made a second draft look cheap
+        (docs/benchmarks.md, "Speculation that tunes itself")."""
         if step.ahead > step.k:
             return False
         next_early = next_step is not None and next_step.launched_early
         if step.launched_early or next_early:
-            return step.launched_early and next_early and run.last_k == step.k == next_step.k
+            return step.launched_early and next_early and seq.last_k == step.k == next_step.k
         return True
 
 
 # -- a step's verdict and Round: the lone loop's and the batch's rows' -------------------------
-def settle(run: Run, step: Step) -> Verdict:
+def settle(seq: Sequence, step: Step) -> Verdict:
     """Wait for the few ints of the verify results: the accepted drafts + one target token."""
     t0 = time.perf_counter()
-    drafts = step.draft.tokens.tolist() if step.k else []
+    drafts = step.draft.ids() if step.k else []
     if step.sampled is None:
         verdict = verify_greedy(drafts, (step.argmax if step.argmax is not None else step.token).tolist())
     else:
         s = step.sampled
         verdict = verify_sampled(drafts, s.accept.tolist(), s.residual.tolist(), s.bonus.item())
-    t1 = time.perf_counter()
-    step.verify_s, step.wall_s = step.build_s + (t1 - t0), t1 - run.last_settled
-    run.last_settled = t1
+    step.verify_s = step.build_s + (time.perf_counter() - t0)
+    seq.settled(step)
     return verdict
 
 
-
-def round_of(run: Run, step: Step, verdict: Verdict, tokens: list[int], finish: str | None,
+def report(seq: Sequence, step: Step, verdict: Verdict, tokens: list[int], finish: str | None,
            prefill: bool = False) -> Round:
-    """The step's Round (detokenized, stop strings held back: Output.round), built while the
-    next round's forward runs."""
-    rnd = run.out.round(
-        verdict, tokens, finish, proposed=step.k, draft_s=step.draft_s, verify_s=step.verify_s,
-        wall_s=step.wall_s, steps=step.steps, prefill=prefill, note=step.note,
-        draft_source=step.draft.source if step.k else None,
-        expected_tok_s=step.expected[0] if step.expected and not prefill else None,
-        expected_tokens=step.expected[1] if step.expected and not prefill else None,
-        launched_early=step.launched_early,
-    )
-    if (run.out.index % 256) == 0:
+    """The step's Round (Sequence.report), built while the next round's forward runs."""
+    rnd = seq.report(step, verdict, tokens, finish, prefill)
+    if (seq.out.index % 256) == 0:
         mx.clear_cache()
     return rnd

@@ -20,7 +20,8 @@ from mlx_lm.models import gemma4_text
 from engines.types import EngineError
 from engines.mlx_chat.cache import cache_buffer  # noqa: F401  (its home was here; tests import it from mtp)
 from engines.mlx_chat.gemma4_assistant import Model as Assistant
-from engines.mlx_chat.proposers import Draft, LazyVerdict
+from engines.mlx_chat.proposers import LazyVerdict
+from engines.speculative.proposer import Draft
 
 
 def gemma4_text_model(model) -> gemma4_text.Model:

@@ -1,34 +1,20 @@
-"""Proposers: who drafts the tokens the target verifies.
+"""The chat engine's proposers (the protocol: engines/speculative/proposer.py) and what the
+chat loop adds to it:
 
-The protocol (what the round loop in engine.py calls, in order):
-
-    start(ctx)          once, after prefill. ctx.tokens = prompt + first token.
-    propose(ctx, k)     -> Draft: up to k token ids (an mx.array, may stay lazy) and, when the
-                        drafts were sampled, the drafter's distributions q [k, V] for rejection
-                        sampling (None = a point-mass proposal: n-gram, greedy drafting).
-                        Returning fewer than k (or none) is fine: the round verifies what it got.
     anticipate(ctx, v)  only if `drafts_ahead`: right after a round's verify forward is
                         launched, before the host has read its verdict. v (LazyVerdict) holds
                         that verdict as lazy arrays, so the proposer can put the next round's
                         draft into the graph behind the verify (depth-2 overlap) and hand it
                         to the next propose() unevaluated.
-    commit(ctx)         after every round (plain rounds too), once the target's cache has been
-                        rolled back: ctx.tokens holds every accepted token, the last of which
-                        is not yet in the target's cache; ctx.hidden is the target's final
-                        hidden state at the position that produced it (if needs_hidden).
+    needs_hidden        the loop runs the target through the proposer's
+                        `target_forward(inputs, cache) -> (logits, hidden)`, so ctx.hidden is
+                        set (Gemma 4 MTP reads it, with ctx.target_cache for the K/V of the last
+                        full and sliding layers, ctx.position for RoPE).
 
 A drafter may read the target's cache (MTP) while the loop writes and rolls it back: an MLX
 cache write computes a new version of the buffer -- `keys[...] = x` repoints the Python array
 at it -- while a graph built earlier keeps the version it read, so no drafter ever has to
 finish its reads before the loop changes the cache.
-
-`drafts_ahead = True` asks the loop to call anticipate (MTP with overlap on).
-`needs_hidden = True` asks the loop to run the target through the proposer's
-`target_forward(inputs, cache) -> (logits, hidden)`, so ctx.hidden is set (Gemma 4 MTP reads it, with ctx.target_cache for the K/V of the last full and sliding
-layers, ctx.position for RoPE). The context object is `ProposerContext` below.
-
-Every proposer only proposes (vLLM v1's split): the verifier in the round loop decides, and
-the caches are rolled back by the loop (the target's) and by the proposer itself (its own).
 """
 
 from __future__ import annotations
@@ -38,19 +24,26 @@ from typing import Any, Protocol
 
 import mlx.core as mx
 
-from engines.types import Sampling
 from engines.mlx_chat.cache import make_rollback_cache, rollback
 from engines.mlx_chat.sampling import target_probs
-from engines.speculative.ngram import NGramProposer as NGramIndex
+from engines.types import Sampling
+from engines.speculative.proposer import EMPTY, Draft
+from engines.speculative.proposer import Proposer as BaseProposer
 
 
 @dataclass
 class ProposerContext:
-    tokens: list[int]  # prompt + accepted tokens; tokens[-1] is not yet in the target's cache
+    """A chat sequence's Context (engines/speculative/proposer.py) with the target's model and
+    cache beside the tokens (an MTP drafter reads the target's K/V), and the depth-2 overlap's
+    bookkeeping."""
+
+    tokens: list[int]  # prompt + emitted tokens; tokens[-1] is not yet in the target's cache
     sampling: Sampling
     target_model: Any
     target_cache: list[Any]
-    hidden: mx.array | None = None  # [hidden_size], see module docstring
+    hidden: mx.array | None = None  # [hidden_size] the target's final hidden state that produced tokens[-1]
+    drafted_last: int = 0  # drafts asked of the last round that drafted (an anticipated chain's length)
+    ahead: int = 0  # drafts the proposer anticipated for the next round (depth-2 overlap), 0 if none
 
     @property
     def position(self) -> int:
@@ -75,74 +68,8 @@ class LazyVerdict:
         return self.position + 1 + self.accepted
 
 
-@dataclass
-class Draft:
-    tokens: mx.array  # [k] int
-    q: mx.array | None = None  # [k, V] drafter probabilities, or None (point mass)
-    overlapped: bool = False  # drafted ahead in the graph: the loop feeds it on without waiting
-    source: str | None = None  # composed drafting: which drafter made it
-
-    @property
-    def size(self) -> int:
-        return int(self.tokens.shape[0])
-
-
-EMPTY = Draft(mx.array([], dtype=mx.uint32))
-
-
-class Proposer(Protocol):
-    name: str
-    needs_hidden: bool
-    drafts_ahead: bool
-
-    def start(self, ctx: ProposerContext) -> None: ...
-
-    def propose(self, ctx: ProposerContext, k: int) -> Draft: ...
-
+class Proposer(BaseProposer, Protocol):
     def anticipate(self, ctx: ProposerContext, verdict: LazyVerdict) -> None: ...
-
-    def commit(self, ctx: ProposerContext) -> None: ...
-
-
-@dataclass
-class NGramProposer:
-    """Prompt lookup: the tokens that followed the latest earlier occurrence of the context's
-    longest recurring suffix. Drafts are a point mass (q = None)."""
-
-    n_min: int = 1
-    n_max: int = 4
-    name: str = "ngram"
-    needs_hidden: bool = False
-    drafts_ahead: bool = False  # the lookup needs the accepted tokens themselves
-    index: NGramIndex = field(init=False)
-    auto: Any = None  # --steps auto's AutoSteps: told each round's whole continuation (tuning.py)
-
-    def __post_init__(self):
-        self.index = NGramIndex(self.n_min, self.n_max)
-
-    def start(self, ctx: ProposerContext) -> None:
-        self.index.reset(ctx.tokens)
-        if self.auto is not None:  # the first round's position: auto replays every fixed k from here
-            self.auto.passed(self.index.propose(self.auto.max_steps), len(ctx.tokens))
-
-    def propose(self, ctx: ProposerContext, k: int) -> Draft:
-        if self.auto is not None:  # the k drafts are the first k of the continuation
-            found = self.index.propose(self.auto.max_steps)
-            self.auto.continuation(found, len(ctx.tokens))
-            drafts = found[:k]
-        else:
-            drafts = self.index.propose(k)
-        return Draft(mx.array(drafts, dtype=mx.uint32)) if drafts else EMPTY
-
-    def commit(self, ctx: ProposerContext) -> None:
-        new = ctx.tokens[len(self.index.tokens):]  # only accepted tokens enter
-        if self.auto is None:
-            self.index.extend(new)
-            return
-        for token in new:  # auto replays every fixed k: it needs the lookup at every position
-            self.index.extend([token])
-            self.auto.passed(self.index.propose(self.auto.max_steps), len(self.index.tokens))
-        self.auto.score(ctx.tokens)
 
 
 class DraftModelProposer:

@@ -12,8 +12,13 @@ rolling back.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Any
 
-class NGramProposer:
+from engines.speculative.proposer import EMPTY, Context, Draft
+
+
+class NGramIndex:
     def __init__(self, n_min: int = 1, n_max: int = 4):
         if not 1 <= n_min <= n_max:
             raise ValueError(f"need 1 <= n_min <= n_max, got {n_min}, {n_max}")
@@ -57,3 +62,44 @@ class NGramProposer:
                         drafts.append(drafts[j - (end - follow)])
                 return drafts[:k]
         return []
+
+
+@dataclass
+class NGramProposer:
+    """Prompt lookup as a proposer (engines/speculative/proposer.py): drafts are a point mass
+    (q = None), and only accepted tokens enter the index, so nothing rolls back."""
+
+    n_min: int = 1
+    n_max: int = 4
+    name: str = "ngram"
+    needs_hidden: bool = False
+    drafts_ahead: bool = False  # the lookup needs the accepted tokens themselves
+    index: NGramIndex = field(init=False)
+    auto: Any = None  # --steps auto's AutoSteps: told each round's whole continuation (tuning.py)
+
+    def __post_init__(self):
+        self.index = NGramIndex(self.n_min, self.n_max)
+
+    def start(self, ctx: Context) -> None:
+        self.index.reset(ctx.tokens)
+        if self.auto is not None:  # the first round's position: auto replays every fixed k from here
+            self.auto.passed(self.index.propose(self.auto.max_steps), len(ctx.tokens))
+
+    def propose(self, ctx: Context, k: int) -> Draft:
+        if self.auto is not None:  # the k drafts are the first k of the continuation
+            found = self.index.propose(self.auto.max_steps)
+            self.auto.continuation(found, len(ctx.tokens))
+            drafts = found[:k]
+        else:
+            drafts = self.index.propose(k)
+        return Draft(drafts) if drafts else EMPTY
+
+    def commit(self, ctx: Context) -> None:
+        new = ctx.tokens[len(self.index.tokens):]
+        if self.auto is None:
+            self.index.extend(new)
+            return
+        for token in new:  # auto replays every fixed k: it needs the lookup at every position
+            self.index.extend([token])
+            self.auto.passed(self.index.propose(self.auto.max_steps), len(self.index.tokens))
+        self.auto.score(ctx.tokens)

@@ -408,7 +408,7 @@ def replay_text(tokens: list[int], start: int, max_steps: int, n_min: int = 1, n
     """Every fixed k's rounds of n-gram lookup over a finished text (`tokens`, generated from
     `start` on): what `specscope tune` stores, so a run's prior is what each k made on the
     calibration set rather than what the acceptance by position expects of it."""
-    from engines.speculative.ngram import NGramProposer as NGramIndex
+    from engines.speculative.ngram import NGramIndex
 
     index = NGramIndex(n_min, n_max)
     index.reset(tokens[:start])

@@ -2,7 +2,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engines.speculative.ngram import NGramProposer
+from engines.speculative.ngram import NGramIndex
 
 
 def brute_force(tokens, k, n_min, n_max):
@@ -23,20 +23,20 @@ def brute_force(tokens, k, n_min, n_max):
 
 
 def test_longest_suffix_wins_over_more_recent_shorter_match():
-    p = NGramProposer(1, 3)
+    p = NGramIndex(1, 3)
     p.extend([1, 2, 3, 9, 9, 7, 3, 5, 5, 1, 2, 3])
     # suffix [1,2,3] occurred at 0 -> followed by 9, 9; the shorter [3] occurred more recently (-> 5)
     assert p.propose(2) == [9, 9]
 
 
 def test_most_recent_occurrence_first():
-    p = NGramProposer(1, 2)
+    p = NGramIndex(1, 2)
     p.extend([4, 5, 1, 4, 5, 2, 4, 5])
     assert p.propose(1) == [2]
 
 
 def test_miss_and_min_length():
-    p = NGramProposer(2, 3)
+    p = NGramIndex(2, 3)
     p.extend([1, 2, 3, 4])
     assert p.propose(3) == []
     p.extend([1, 2])
@@ -44,7 +44,7 @@ def test_miss_and_min_length():
 
 
 def test_a_short_loop_is_drafted_k_tokens_at_a_time():
-    p = NGramProposer(1, 3)
+    p = NGramIndex(1, 3)
     p.extend([5, 7, 7, 7])
     assert p.propose(4) == [7, 7, 7, 7]  # period 1, not the one 7 left before the end
     p.extend([1, 2, 1, 2])
@@ -52,7 +52,7 @@ def test_a_short_loop_is_drafted_k_tokens_at_a_time():
 
 
 def test_a_lookup_after_drafts_reads_them_as_context_without_indexing_them():
-    p = NGramProposer(1, 2)
+    p = NGramIndex(1, 2)
     p.extend([3, 4, 5, 6, 9, 3])
     assert p.propose(2, after=[4]) == [5, 6]  # [3, 4] recurs: what followed it
     assert p.propose(3, after=[4, 5, 6]) == [9, 3, 4]  # [5, 6] -> 9, 3, then the drafts [4]
@@ -60,7 +60,7 @@ def test_a_lookup_after_drafts_reads_them_as_context_without_indexing_them():
 
 
 def test_zero_k_and_empty_context():
-    p = NGramProposer()
+    p = NGramIndex()
     assert p.propose(3) == []
     p.extend([1, 1, 1])
     assert p.propose(0) == []
@@ -68,7 +68,7 @@ def test_zero_k_and_empty_context():
 
 def test_invalid_bounds():
     with pytest.raises(ValueError):
-        NGramProposer(3, 2)
+        NGramIndex(3, 2)
 
 
 @settings(max_examples=200, deadline=None)
@@ -79,7 +79,7 @@ def test_invalid_bounds():
     extra=st.integers(0, 2),
 )
 def test_index_equals_the_definition(tokens, k, n_min, extra):
-    p = NGramProposer(n_min, n_min + extra)
+    p = NGramIndex(n_min, n_min + extra)
     # build incrementally, as the round loop does, checking at every length
     for i, t in enumerate(tokens):
         p.extend([t])
@@ -87,7 +87,7 @@ def test_index_equals_the_definition(tokens, k, n_min, extra):
 
 
 def test_reset_rebuilds_the_index():
-    p = NGramProposer(1, 2)
+    p = NGramIndex(1, 2)
     p.extend([1, 2, 1])
     p.reset([7, 8, 7])
     assert p.propose(1) == [8]

@@ -76,20 +76,19 @@ def test_mtp_rows_get_their_lone_tokens_and_acceptance(targets, model, llama_dra
 def test_a_hidden_state_from_the_wrong_position_is_caught(targets, monkeypatch):
     """Must fail: every MTP row chains from the hidden state at its round's first position
     instead of its last accepted one -- tokens stay lossless, acceptance changes."""
-    from engines.batch import engine as batch_engine
+    from engines.speculative.sequence import Sequence
 
     engine, _, drafter_dir = targets["llama"]
     reqs = mtp_requests(str(drafter_dir))[:3]
     alone = [summary(lone_rounds(engine, r)) for r in reqs]
-    real = batch_engine.BatchEngine._report
+    real = Sequence.commit
 
-    def first_position(self, plan, verdict, forward_s):
-        rnd = real(self, plan, verdict, forward_s)
-        if plan.hidden is not None:
-            plan.seq.run.ctx.hidden = plan.hidden[0]
-        return rnd
+    def first_position(self, step, verdict, hidden=None, priced=True):
+        if hidden is not None:
+            hidden = step.hidden[0]
+        return real(self, step, verdict, hidden, priced)
 
-    monkeypatch.setattr(batch_engine.BatchEngine, "_report", first_position)
+    monkeypatch.setattr(Sequence, "commit", first_position)
     got, _ = run_batch(BatchEngine(engine, max_batch=3, budget=None), reqs, join_late=0)
     assert all(summary(got[i])[0] == alone[i][0] for i in range(3))  # lossless regardless
     assert any(summary(got[i])[2] != alone[i][2] for i in (0, 2))

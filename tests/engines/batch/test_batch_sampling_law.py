@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from engines.types import Sampling
-from engines.batch.engine import RowStep, settle_row, verify_rows
+from engines.batch.engine import settle_row, verify_rows
 from engines.mlx_chat.engine import Step
-from engines.mlx_chat.proposers import Draft
+from engines.speculative.proposer import Draft
 from engines.speculative.verify import Verdict
 from tests.engines.mlx_chat.test_verification_law import drafter, round_law, target
 from tests.stats import chi_square_pvalue
@@ -37,10 +37,10 @@ def row_logits(drafts: tuple[int, ...], width: int) -> np.ndarray:
     return np.stack(rows + [rows[-1]] * (width - len(rows)))
 
 
-def plan(drafts: tuple[int, ...], sampled: bool) -> RowStep:
+def plan(drafts: tuple[int, ...], sampled: bool) -> Step:
     q = mx.array(np.stack([drafter(drafts[:i]) for i in range(len(drafts))]), mx.float32) if sampled else None
     draft = Draft(mx.array(drafts, dtype=mx.uint32), q)
-    return RowStep(None, Step(len(drafts), draft, 0.0), SAMPLING)
+    return Step(len(drafts), draft)
 
 
 def exact_law(drafts: tuple[int, ...], sampled: bool) -> dict[tuple, float]:
@@ -60,7 +60,7 @@ def batched_steps(rows, n: int, one_key: bool = False, one_length: bool = False)
         keys = [mx.random.key(trial * 7919 + b) for b in range(len(rows))]
         if one_key:
             keys = [keys[0]] * len(rows)
-        mx.eval(verify_rows(logits, plans, keys))
+        mx.eval(verify_rows(logits, plans, [SAMPLING] * len(plans), keys))
         verdicts = [settle_row(p) for p in plans]
         if one_length:  # every row keeps the shortest accepted prefix, plus its next token
             a = min(v.accepted for v, (d, _) in zip(verdicts, rows) if d)

@@ -23,7 +23,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from engines.glm_ocr.engine import ComposedDrafter, MtpDrafter, NgramDrafter, OcrEngine, Prompt
+from engines.glm_ocr.engine import ComposedDrafter, MtpDrafter, OcrEngine, Prompt
+from engines.speculative.ngram import NGramProposer
 from engines.types import Request, Sampling, SpecConfig
 
 MAX_TOKENS = 64
@@ -103,11 +104,19 @@ class Rows:
 
 
 class ForgetsNgramRounds(MtpDrafter):
-    """The bug the check is for: a round that drafted from n-gram does not hand the MTP layer
-    the round's verified pair (propose with k = 0 skipped)."""
+    """The bug the check is for: a round that did not chain (n-gram drafted it, or nothing)
+    does not hand the MTP layer its verified pairs."""
 
-    def propose(self, hidden, token, k):
-        return [] if k == 0 else super().propose(hidden, token, k)
+    chained = False
+
+    def propose(self, ctx, k):
+        self.chained = True
+        return super().propose(ctx, k)
+
+    def commit(self, ctx):
+        if self.chained:
+            super().commit(ctx)
+        self.chained = False
 
 
 def plain_forward(engine, prompt: Prompt, emitted: list[int]):
@@ -125,7 +134,7 @@ def test_the_mtp_cache_holds_the_verified_pairs_whichever_source_drafted(engine,
     req = request(image, 2)
     prompt = engine._prompt(req)
     drafter = ComposedDrafter(mtp(engine.runtime, prompt.positions, engine.config.eos_token_ids),
-                              NgramDrafter(prompt.ids), engine.runtime.seq_len - 1)
+                              NGramProposer(), engine.runtime.seq_len - 1)
     rows = Rows(engine.runtime)
     monkeypatch.setattr(engine.runtime, "mtp", rows)
     rounds = list(engine.generate(req, drafter=drafter))
@@ -159,9 +168,9 @@ class Recorded(ComposedDrafter):
         super().__init__(*args)
         self.log = []
 
-    def propose(self, hidden, token, k):
-        drafts = super().propose(hidden, token, k)
-        self.log.append([(d, "mtp" if i < self.chain else "ngram") for i, d in enumerate(drafts)])
+    def propose(self, ctx, k):
+        drafts = super().propose(ctx, k)
+        self.log.append([(d, "mtp" if i < self.chain else "ngram") for i, d in enumerate(drafts.tokens)])
         return drafts
 
 
@@ -179,7 +188,7 @@ def draft_hits(engine, image, sampling, runs):
         req = Request(kind="ocr", image=str(image), max_tokens=40, spec=spec, sampling=replace(sampling, seed=run))
         prompt = engine._prompt(req)
         drafter = Recorded(MtpDrafter(engine.runtime, prompt.positions, engine.config.eos_token_ids),
-                           NgramDrafter(prompt.ids), engine.runtime.seq_len - 1)
+                           NGramProposer(), engine.runtime.seq_len - 1)
         rounds = list(engine.generate(req, drafter=drafter))
         emitted = tokens(rounds)
         hiddens, _ = plain_forward(engine, prompt, emitted)
@@ -244,7 +253,7 @@ def test_the_verify_is_priced_from_the_loops_own_timing(engine, trained_glm_ocr)
     prompt = engine._prompt(req)
     costs = DraftCosts()
     drafter = ComposedDrafter(MtpDrafter(engine.runtime, prompt.positions, engine.config.eos_token_ids),
-                              NgramDrafter(prompt.ids), engine.runtime.seq_len - 1, costs)
+                              NGramProposer(), engine.runtime.seq_len - 1, costs)
     rounds = [r for r in engine.generate(req, drafter=drafter) if not r.prefill]
     by_width = {}
     for r in rounds:

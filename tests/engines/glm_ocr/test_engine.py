@@ -11,6 +11,7 @@ from PIL import Image
 from engines.types import EngineError, Request, Sampling, SpecConfig
 from engines.glm_ocr.engine import MtpDrafter, OcrEngine
 from engines.glm_ocr.weights import load_reference, reference_mtp_forward
+from engines.speculative.proposer import Draft
 from engines.speculative.rounds import session_stats
 from tests.engines.glm_ocr.checkpoints import hf_greedy, reference_input_embeds, reference_prompt
 
@@ -67,24 +68,28 @@ def test_mtp_is_lossless_at_every_depth(engine, trained_glm_ocr, plain, steps):
 
 class ReplayDrafter:
     """Test drafter: replays the target's own greedy output with errors injected at a known
-    rate, through the same Drafter interface as the MTP layer."""
+    rate, through the same Proposer protocol as the MTP layer."""
 
     def __init__(self, reference: list[int], error_rate: float, vocab: int, seed: int = 0):
         self.reference, self.error_rate, self.vocab = reference, error_rate, vocab
         self.rng = np.random.default_rng(seed)
-        self.cursor = 0  # index in `reference` of the newest emitted token
 
-    def start(self, hiddens, ids):
-        self.cursor = 0
+    name = "replay"
+    needs_hidden = False
+    drafts_ahead = False
 
-    def propose(self, hidden, token, k):
-        assert token == self.reference[self.cursor]
-        drafts = list(self.reference[self.cursor + 1 : self.cursor + 1 + k])
-        return [(t + 1 + int(self.rng.integers(self.vocab - 1))) % self.vocab
-                if self.rng.random() < self.error_rate else t for t in drafts]
+    def start(self, ctx):
+        self.prompt = len(ctx.tokens) - 1  # ctx.tokens: the prompt, then the emitted tokens
 
-    def accept(self, hiddens, tokens):
-        self.cursor += len(tokens) + 1
+    def propose(self, ctx, k):
+        cursor = len(ctx.tokens) - 1 - self.prompt  # index in `reference` of the newest emitted token
+        assert ctx.tokens[-1] == self.reference[cursor]
+        drafts = list(self.reference[cursor + 1 : cursor + 1 + k])
+        return Draft([(t + 1 + int(self.rng.integers(self.vocab - 1))) % self.vocab
+                      if self.rng.random() < self.error_rate else t for t in drafts])
+
+    def commit(self, ctx):
+        pass
 
 
 @pytest.mark.parametrize("steps", [1, 4, 7])

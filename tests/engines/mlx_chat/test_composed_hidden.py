@@ -9,7 +9,9 @@ tests/engines/training/test_composed.py.)"""
 import mlx.core as mx
 
 from engines.mlx_chat.composed import ComposedProposer, DraftingCosts
-from engines.mlx_chat.proposers import Draft, NGramProposer, ProposerContext
+from engines.mlx_chat.proposers import ProposerContext
+from engines.speculative.ngram import NGramProposer
+from engines.speculative.proposer import Draft
 from engines.types import Sampling
 
 

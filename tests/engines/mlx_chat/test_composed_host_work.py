@@ -7,7 +7,9 @@ while nothing it reads changes -- with the same answers as pricing every round."
 import random
 
 from engines.mlx_chat.composed import REPRICE_UNCHAINED_EVERY, ComposedProposer, DraftingCosts
-from engines.mlx_chat.proposers import NGramProposer, ProposerContext
+from engines.mlx_chat.proposers import ProposerContext
+from engines.speculative.sequence import Step
+from engines.speculative.ngram import NGramProposer
 from engines.speculative import composed as chooser_module
 from engines.speculative import costs as costs_module
 from engines.speculative.composed import Chooser
@@ -39,7 +41,7 @@ def rounds(proposer: ComposedProposer, ctx: ProposerContext, n: int) -> None:
     """`n` rounds the loop's way on a context the n-gram lookup finds nothing in."""
     for _ in range(n):
         proposer.propose(ctx, 2)
-        proposer.observe(0.002)
+        proposer.observe(Step(0, wall_s=0.002))
         ctx.tokens.append(1000 + len(ctx.tokens))  # never seen before
         proposer.commit(ctx)
 

@@ -4,7 +4,9 @@ width no longer chosen is measured again -- after REMEASURE_AFTER rounds in a ro
 n-gram continuation short, one drafts all of it. On a cost model, no timings."""
 
 from engines.mlx_chat.composed import CHAIN_PROBE_AFTER, REMEASURE_AFTER, ComposedProposer, DraftingCosts
-from engines.mlx_chat.proposers import NGramProposer, ProposerContext
+from engines.mlx_chat.proposers import ProposerContext
+from engines.speculative.sequence import Step
+from engines.speculative.ngram import NGramProposer
 from engines.speculative.composed import NGRAM
 from engines.speculative.costs import StepCosts
 from engines.types import Sampling
@@ -104,8 +106,8 @@ def test_rounds_without_a_chain_reprice_every_32():
     proposer._price = lambda: readings.append(proposer.observed)
     for _ in range(64):
         proposer.last = (0, EMPTY, 0, [], [])  # a plain round in flight
-        proposer.observe(0.002)
+        proposer.observe(Step(0, wall_s=0.002))
     assert REPRICE_UNCHAINED_EVERY == 32 and readings == [32, 64]
     proposer.last = (2, EMPTY, 0, [], None)  # a chain round
-    proposer.observe(0.006)
+    proposer.observe(Step(0, wall_s=0.006))
     assert readings == [32, 64, 65]

@@ -9,7 +9,7 @@ import pytest
 
 from engines.types import EngineError, Request, SpecConfig
 from engines.mlx_chat.engine import ChatEngine
-from engines.mlx_chat.proposers import NGramProposer
+from engines.speculative.ngram import NGramProposer
 from tests.engines.mlx_chat import checkpoints
 
 PROMPT = "the cat is big and the dog is small . the cat is big and the dog is small ."

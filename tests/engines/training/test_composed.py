@@ -7,6 +7,7 @@ target's exact law holds (a broken verifier fails the same test)."""
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 import mlx.core as mx
 import pytest
@@ -98,11 +99,11 @@ def chains_late(engine, drafter, monkeypatch, drafting_costs: float | None) -> t
     monkeypatch.setattr(composed, "MEASURED", drafting_costs is not None)
     real = REAL_OBSERVE  # not the class's: a wrapper a previous call left in place
 
-    def observe(self, seconds):
+    def observe(self, step):
         if self.last is not None and drafting_costs is not None:
             chain, width = self.last[0], 1 + self.last[1].size
-            seconds = VERIFY_S * (1 + 0.05 * width) + drafting_costs * chain * VERIFY_S
-        real(self, seconds)
+            step = replace(step, wall_s=VERIFY_S * (1 + 0.05 * width) + drafting_costs * chain * VERIFY_S)
+        real(self, step)
 
     monkeypatch.setattr(composed.ComposedProposer, "observe", observe)
     engine._composed_costs.clear()  # each case measures its own drafter
