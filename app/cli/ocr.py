@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from app.cli.common import (Parser, UsageError, add_output_arguments, add_spec_arguments, check_images, checked,
                             exit_code, open_trace, resolve_models, run_and_report, sampling, spec_config,
@@ -21,7 +22,14 @@ def ocr_parser() -> Parser:
     p.add_argument("--runtime", choices=["torch", "coreml", "coreml-twin"], default=None,
                    help="default: coreml for a converted directory on macOS, else torch (the fast PyTorch runtime); "
                         "coreml-twin runs the modules converted for Core ML in PyTorch (parity checks; slow)")
-    p.add_argument("--task", choices=["text", "table", "formula"], default="text")
+    p.add_argument("--task", choices=["text", "table", "formula"], default="text",
+                   help="the whole page's task; with layout each region has its own")
+    p.add_argument("--layout", choices=["auto", "on", "off"], default="auto",
+                   help="find each page's regions with the layout model and read them one by one with their own "
+                        "task, as GLM-OCR's SDK does (auto: when the layout model is installed and --task, "
+                        "--json and --server are not given; off: whole pages)")
+    p.add_argument("--layout-model", default=None, metavar="ID|PATH",
+                   help="a PP-DocLayoutV3 checkpoint (default: the one paired with --model, pp-doclayout-v3)")
     p.add_argument("--pages", default=None, metavar="LIST", help="pages of each PDF / TIFF to read, e.g. 1-3,7 (default: all)")
     p.add_argument("--format", choices=EXPORT_FORMATS, default=None,
                    help="print the document at the end as Markdown, plain text or JSON (per page: text, task, "
@@ -56,14 +64,18 @@ def cmd_ocr(argv: list[str]) -> int:
             raise UsageError("--server reads one page at a time without --format: give one image")
         args.model = None if args.model == "glm-ocr" else args.model  # the catalog default is no server id
         return run_on_server(args, requests[0])
+    layout_path = choose_layout(args)
     resolve_models(args, requests[0].spec, "ocr")
     trace = open_trace(args)
     from app.models.store import leases
     from engines.factory import load_engine
 
     try:
-        with leases(args.model):
+        with leases(args.model, layout_path):
+            layout = load_layout(layout_path)
             engine = load_engine("ocr", args.model, runtime=args.runtime)
+            if layout is not None:
+                return read_document(engine, layout, pages, requests, args, trace)
             results = read_pages(engine, pages, requests, args, trace)
     finally:
         if trace is not None:
@@ -73,6 +85,100 @@ def cmd_ocr(argv: list[str]) -> int:
     if len(pages) > 1:
         print(f"[document: {summarize(results).line()}]", file=sys.stderr, flush=True)
     return exit_code(results[-1].session)
+
+
+# ----------------------------------------------------------------------------- layout
+
+
+def choose_layout(args: argparse.Namespace) -> str | None:
+    """The layout model's path, or None for whole pages. --layout on with what cannot go with
+    it is a usage error; a layout model that is not installed means whole pages and a line that
+    says how to get it (with --layout on, or auto on the catalog's GLM-OCR)."""
+    from app.models import catalog
+    from app.models.lookup import layout_for, model_path, paired_layout
+
+    if args.layout == "off":
+        return None
+    conflicts = [flag for flag, given in (("--task", args.task != "text"), ("--json", args.json),
+                                          ("--server", args.server)) if given]
+    if conflicts:
+        if args.layout == "on":
+            raise UsageError(f"--layout on reads each region with its own task and prints the document; "
+                             f"it does not go with {conflicts[0]}")
+        return None
+    if args.layout_model:
+        return model_path(args.layout_model, "layout")
+    path = paired_layout(args.model)
+    if path is None and (args.layout == "on" or catalog.find(args.model) is not None):
+        wanted = layout_for(args.model)
+        print(f"specscope: the layout model {wanted} is not installed: reading whole pages meanwhile; "
+              f"`specscope models get {wanted}` gets it", file=sys.stderr, flush=True)
+    return path
+
+
+def load_layout(path: str | None):
+    from engines.glm_ocr.layout import LayoutModel
+
+    return LayoutModel.load(path) if path is not None else None
+
+
+def read_document(engine, layout, pages, requests: list[Request], args: argparse.Namespace,
+                  trace: TraceWriter | None) -> int:
+    """Each page's regions (found by `layout`) read in reading order, the document printed as
+    Markdown (by default, page by page as each is read), text or JSON at the end."""
+    from app.records.documents import LayoutPage, export_layout, summarize_layout
+    from app.settings import data_dir
+    from engines.glm_ocr.document import markdown_pages
+
+    done: list[LayoutPage] = []
+    for page, request in zip(pages, requests):
+        done.append(read_page_by_region(engine, layout, page, request, args, trace, data_dir() / "regions"))
+        if not args.format:  # the page's Markdown as soon as it is read (figures numbered across pages)
+            heading = f"## {page.label}\n\n" if len(pages) > 1 else ""
+            markdown = markdown_pages([p.regions for p in done])[-1]
+            write_stdout(("\n" if len(done) > 1 else "") + heading + markdown.strip() + "\n")
+        if any(s.finish == "cancelled" for s in done[-1].sessions):
+            break
+    if args.format:
+        write_stdout(export_layout(done, args.format))
+    print(f"[document: {summarize_layout(done).line()}]", file=sys.stderr, flush=True)
+    sessions = [s for p in done for s in p.sessions]
+    return exit_code(sessions[-1]) if sessions else 0
+
+
+def read_page_by_region(engine, layout, page, request: Request, args: argparse.Namespace,
+                        trace: TraceWriter | None, crop_root):
+    """One page: its regions (or the whole page, said, when layout finds none), each read and
+    said on stderr with its stats line; a padded or unread region is said too."""
+    import hashlib
+
+    from app.records.documents import LayoutPage
+    from engines.glm_ocr.document import read_regions, whole_page
+    from engines.glm_ocr.image import load_image
+
+    image = load_image(page.image)
+    regions = layout.regions(image)
+    note = None
+    if not regions:
+        note = "layout found no regions: the whole page is read as text"
+        print(f"specscope: {page.label}: {note}", file=sys.stderr, flush=True)
+        regions = [whole_page(image)]
+    crop_dir = crop_root / hashlib.sha256(Path(page.image).read_bytes()).hexdigest()[:16]
+    count = len(regions)
+
+    def run(region_request: Request, region) -> object:
+        label = f"{page.label} \u00b7 region {region.index + 1}/{count} {region.label}"
+        return run_and_report(engine, checked(region_request), args, trace, False, label)
+
+    read = []
+    for rr in read_regions(image, page.number, regions, request, crop_dir, run):
+        if rr.note:
+            print(f"specscope: {page.label} \u00b7 region {rr.region.index + 1}/{count} {rr.region.label}: {rr.note}",
+                  file=sys.stderr, flush=True)
+        read.append(rr)
+        if rr.session is not None and rr.session.finish == "cancelled":
+            break
+    return LayoutPage(page, read, Path(layout.path).name, note)
 
 
 def read_pages(engine, pages, requests: list[Request], args: argparse.Namespace,

@@ -240,3 +240,57 @@ def export_text(results: list[PageResult], fmt: str) -> str:
             return results[0].session.text.rstrip() + "\n"
         return "\n\n".join(f"## {r.page.label}\n\n{r.session.text.strip()}" for r in results) + "\n"
     raise ValueError(f"unknown export format {fmt!r} (expected one of {', '.join(EXPORT_FORMATS)})")
+
+
+# --------------------------------------------------------------------------- pages read by region
+
+
+@dataclass
+class LayoutPage:
+    """A page read region by region (the layout stage's regions, or the whole page as one region
+    when layout found nothing: `note` says so)."""
+
+    page: Page
+    regions: list  # engines.glm_ocr.document.ReadRegion, in reading order
+    layout: str  # the layout model's folder name
+    note: str | None = None
+
+    @property
+    def sessions(self) -> list[Session]:
+        return [r.session for r in self.regions if r.session is not None]
+
+    def record(self, markdown: str) -> dict:
+        """The per-page entry of a JSON export: the page's Markdown and its regions."""
+        entry = {"source": self.page.source, "page": self.page.number, "layout": self.layout, "text": markdown,
+                 "regions": [r.record() for r in self.regions]}
+        if self.note:
+            entry["note"] = self.note
+        return entry
+
+
+def summarize_layout(pages: list[LayoutPage]) -> DocumentSummary:
+    s = session_stats([rnd for p in pages for session in p.sessions for rnd in session.rounds])
+    return DocumentSummary(
+        pages=len(pages), tokens=s.tokens, rounds=s.rounds, proposed=s.proposed, accepted=s.accepted,
+        decode_tok_s=s.decode_tok_s, wall_s=s.wall_s,
+        repeated=[p.page.label for p in pages if any(x.finish == "repetition" for x in p.sessions)],
+    )
+
+
+def export_layout(pages: list[LayoutPage], fmt: str) -> str:
+    """A document read by region as Markdown (the glmocr SDK's formatting, figures as image
+    references, a heading per page when there are several), plain text (the regions' texts in
+    reading order, pages separated by a form feed) or JSON (pages -> regions)."""
+    from engines.glm_ocr.document import markdown_pages
+
+    markdown = markdown_pages([p.regions for p in pages])
+    if fmt == "json":
+        return json.dumps({"pages": [p.record(md) for p, md in zip(pages, markdown)]}, ensure_ascii=False,
+                          indent=1) + "\n"
+    if fmt == "txt":
+        return "\f".join("\n\n".join(r.text.strip() for r in p.regions if r.text.strip()) + "\n" for p in pages)
+    if fmt == "md":
+        if len(pages) == 1:
+            return markdown[0].rstrip() + "\n"
+        return "\n\n".join(f"## {p.page.label}\n\n{md.strip()}" for p, md in zip(pages, markdown)) + "\n"
+    raise ValueError(f"unknown export format {fmt!r} (expected one of {', '.join(EXPORT_FORMATS)})")

@@ -5,9 +5,15 @@ formulas as $$ blocks with their numbers as \\tag, tables as the model emits the
 image references, hyphenated lines joined, list items marked).
 
 What is here: `crop_region` (the SDK's crop, padded when thinner than one image token),
-`ReadRegion` (a region and what was read from it), `markdown_pages` (the SDK's formatter).
-The reading itself (one region after another through the OCR engine) is the caller's: the CLI
-streams each region's rounds as it reads them.
+`ReadRegion` (a region and what was read from it), `read_regions` (a page's regions -> their
+results), `whole_page` (the one region a page is when layout finds nothing), `markdown_pages`
+(the SDK's formatter).
+
+`read_regions` reads a page's regions one after another, each a run of its own through the
+caller's `run` (the CLI's streams rounds and stats lines, and stops at Ctrl-C). The SDK reads
+them in parallel; here that waits for the round loop that takes many sequences in one batch:
+then a page's regions become the rows of one batch inside `read_regions`, and its callers stay
+as they are.
 
 Not reproduced from the formatter: its hyphen check through the optional `wordfreq` package (the
 SDK's own fallback, a pattern, is used: the SDK does not install wordfreq either).
@@ -18,12 +24,14 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Callable, Iterator
 
 from engines.glm_ocr.image import MAX_ASPECT_RATIO, ImageProcessorConfig
 from engines.glm_ocr.layout import Region
 from engines.speculative.session import Session
+from engines.types import Request
 
 # The vision encoder reads 14 px patches merged 2 x 2: a crop thinner than one merged patch
 # would be stretched by the image processor; it is padded with white instead.
@@ -84,6 +92,25 @@ def crop_region(page, region: Region, out: Path) -> tuple[str | None, str | None
     out.parent.mkdir(parents=True, exist_ok=True)
     crop.save(out)
     return str(out), note
+
+
+def whole_page(page) -> Region:
+    """The region a page is read as when layout finds nothing: all of it, as text."""
+    return Region(0, "page", "text", (0, 0, page.width, page.height), (0, 0, 1000, 1000), 1.0)
+
+
+def read_regions(page, number: int, regions: list[Region], request: Request, crop_dir: Path,
+                 run: Callable[[Request, Region], Session]) -> Iterator[ReadRegion]:
+    """Each region of one page in reading order: cut out (crop_region) and, unless it is a
+    figure ("skip": kept as an image reference), read with its task's prompt by `run` on
+    `request` with the crop as its image. One region after another: see the module's note."""
+    for region in regions:
+        crop, note = crop_region(page, region, crop_dir / f"page-{number:04d}-region-{region.index:03d}.png")
+        if crop is None or region.task == "skip":
+            yield ReadRegion(number, region, crop=crop, note=note)
+            continue
+        session = run(replace(request, image=crop, task=region.task), region)
+        yield ReadRegion(number, region, session.text, session, crop, note)
 
 
 # ----------------------------------------------------------------------------- Markdown

@@ -190,10 +190,17 @@ class LayoutModel:
         import torch
         from transformers import PPDocLayoutV3ForObjectDetection
 
+        from transformers.utils import logging as hf_logging
+
+        bar = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()  # a bar for a 130 MB load would only clutter stderr
         try:
             model = PPDocLayoutV3ForObjectDetection.from_pretrained(str(path), dtype=torch.float32).eval()
         except (OSError, ValueError, RuntimeError) as e:
             raise EngineError(f"cannot load the layout model {path.name}: {str(e).splitlines()[0]}") from None
+        finally:
+            if bar:
+                hf_logging.enable_progress_bar()
         id2label = {int(k): v for k, v in model.config.id2label.items()}
         return cls(model, id2label, Preprocessing.from_dir(path), str(path))
 
