@@ -37,6 +37,10 @@ class DraftRow:
     needs_hidden: bool = False
     drafts_ahead: bool = False
 
+    @property
+    def group(self) -> "BatchDrafter":
+        return self.drafter
+
     def start(self, ctx: ProposerContext) -> None:
         self.ctx = ctx
         self.drafter.join(self)
@@ -95,6 +99,10 @@ class BatchDrafter:
     def rollback(self, row: DraftRow, n: int) -> None:
         counts = [n if r is row else 0 for r in self.rows]
         self.cache.rollback(counts)
+
+    def propose_rows(self, target_cache, asks: list) -> list[Draft]:
+        """The DraftGroup protocol (engines/speculative/proposer.py): (row, sequence, k, key)."""
+        return self.propose([(seq.proposer, k, key) for _, seq, k, key in asks])
 
     def propose(self, asks: list[tuple[DraftRow, int, mx.array | None]]) -> list[Draft]:
         """Drafts for several rows at once: (row, k, RNG key or None). Rows not asked this step

@@ -41,13 +41,14 @@ import mlx.core as mx
 from engines.types import EngineError, OnPrefill, PrefillProgress, Request, ShouldStop
 from engines.batch.cache import BatchCache, check_batchable
 from engines.batch.controller import DraftBudget, row_odds
-from engines.batch.drafter import BatchDrafter, DraftRow
-from engines.batch.mtp import BatchMTP, MTPRow
+from engines.batch.drafter import BatchDrafter
+from engines.batch.mtp import BatchMTP
 from engines.batch.prompt_cache import PromptCache
 from engines.mlx_chat import sampling as mxs
 from engines.mlx_chat.engine import ChatEngine, Step, report, settle
 from engines.mlx_chat.prefill import PREFILL_CHUNK
-from engines.speculative.proposer import EMPTY, Draft
+from engines.mlx_chat.proposers import mx_tokens
+from engines.speculative.proposer import Draft, DraftGroup
 from engines.speculative.rounds import Round
 from engines.speculative.schedule import MAX_STEPS
 from engines.speculative.sequence import Sequence
@@ -272,18 +273,15 @@ class BatchEngine:
         shared draft model or MTP drafter draft together, the others with their own proposer.
         A failing drafter stops speculation for its sequence(s) only."""
         steps = [self._steps(s, cap) for s in rows]
+        groups: dict[int, tuple[DraftGroup, list]] = {}  # shared drafters, each with the rows asking it
+        for b, (seq, k) in enumerate(zip(rows, steps)):
+            group = getattr(seq.proposer, "group", None) if k else None
+            if group is not None:
+                groups.setdefault(id(group), (group, []))[1].append((b, seq, k, next_key(seq)))
         drafts: dict[int, Draft] = {}
         t0 = time.perf_counter()
-        for drafter in self.drafters.values():
-            asks = [(s.proposer, k, next_key(s)) for s, k in zip(rows, steps)
-                    if k and isinstance(s.proposer, DraftRow) and s.proposer.drafter is drafter]
-            if asks:
-                drafts |= self._draft_together(drafter, asks, rows)
-        for mtp in self.mtps.values():
-            asks = [(b, s, k) for b, (s, k) in enumerate(zip(rows, steps))
-                    if k and isinstance(s.proposer, MTPRow) and s.proposer.drafter is mtp]
-            if asks:
-                drafts |= self._mtp_together(mtp, asks)
+        for group, asks in groups.values():
+            drafts |= self._draft_together(group, asks)
         shared_s = time.perf_counter() - t0
         plans = []
         for seq, k in zip(rows, steps):
@@ -309,25 +307,21 @@ class BatchEngine:
             self.capped[seq.id] = cap
         return steps
 
-    def _draft_together(self, drafter: BatchDrafter, asks: list, rows: list[Sequence]) -> dict[int, Draft]:
-        by_row = {id(s.proposer): s for s in rows if s.proposer is not None}
+    def _draft_together(self, group: DraftGroup, asks: list) -> dict[int, Draft]:
+        """The drafts of a shared drafter's rows (row, sequence, k, key), by sequence id."""
         try:
-            return {by_row[id(row)].id: d for (row, _, _), d in zip(asks, drafter.propose(asks))}
-        except Exception as e:  # graceful degradation for every sequence of this draft model
-            for row, _, _ in asks:
-                by_row[id(row)].stop_speculating(e)
-                row.leave()
+            return {seq.id: d for (_, seq, _, _), d in zip(asks, group.propose_rows(self.cache, asks))}
+        except Exception as e:  # graceful degradation for every sequence of this drafter
+            for _, seq, _, _ in asks:
+                seq.stop_speculating(e)
+                self._leave_group(seq)
             return {}
 
-    def _mtp_together(self, mtp: BatchMTP, asks: list) -> dict[int, Draft]:
-        """asks: (row index, sequence, k) of every row drafting with this MTP drafter."""
-        try:
-            drafts = mtp.propose(self.cache, [(b, s.ctx, k, next_key(s)) for b, s, k in asks])
-            return {s.id: d for (_, s, _), d in zip(asks, drafts)}
-        except Exception as e:  # graceful degradation for every sequence of this drafter
-            for _, seq, _ in asks:
-                seq.stop_speculating(e)
-            return {}
+    @staticmethod
+    def _leave_group(seq: Sequence) -> None:
+        leave = getattr(seq.proposer, "leave", None)
+        if leave is not None:
+            leave()
 
     def _verify_forward(self, rows: list[Sequence], steps: list[Step]) -> None:
         """One target forward over every row's [pending token, drafts], right-padded to the
@@ -372,8 +366,7 @@ class BatchEngine:
         for seq in done:
             seq.finished = True
             self.capped.pop(seq.id, None)
-            if isinstance(seq.proposer, DraftRow):
-                seq.proposer.leave()
+            self._leave_group(seq)
         keep = [b for b, s in enumerate(self.running) if not s.finished]
         if len(keep) == len(self.running):
             if self.cache is not None:
@@ -412,8 +405,7 @@ def verify_rows(logits: mx.array, steps: list[Step], samplings: list, keys: list
             outputs.append(step.argmax)
         elif k:
             p = mxs.target_probs(row, sampling)
-            tokens = mx.array(step.draft.tokens, dtype=mx.uint32) if isinstance(step.draft.tokens, list) else step.draft.tokens
-            step.sampled = mxs.rejection_verify(p, step.draft.q, tokens, key)
+            step.sampled = mxs.rejection_verify(p, step.draft.q, mx_tokens(step.draft), key)
             outputs += [step.sampled.accept, step.sampled.residual, step.sampled.bonus]
         else:
             step.token = mxs.pick(row, sampling, key)

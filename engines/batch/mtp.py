@@ -42,6 +42,10 @@ class MTPRow:
     needs_hidden: bool = True
     drafts_ahead: bool = False
 
+    @property
+    def group(self) -> "BatchMTP":
+        return self.drafter
+
     def start(self, ctx: ProposerContext) -> None:
         if ctx.hidden is None:
             raise EngineError("MTP needs the target's hidden state; the batch loop did not provide it")
@@ -71,6 +75,10 @@ class BatchMTP:
 
     def row(self) -> MTPRow:
         return MTPRow(self)
+
+    def propose_rows(self, cache: BatchCache, asks: list) -> list[Draft]:
+        """The DraftGroup protocol (engines/speculative/proposer.py): (row, sequence, k, key)."""
+        return self.propose(cache, [(b, seq.ctx, k, key) for b, seq, k, key in asks])
 
     def propose(self, cache: BatchCache, asks: list[tuple[int, ProposerContext, int, mx.array | None]]) -> list[Draft]:
         """Drafts for several rows at once: (row index in the cache, its context, k, RNG key or

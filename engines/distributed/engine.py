@@ -199,15 +199,14 @@ class RankZeroEngine(BatchEngine):
             return None, NO_MTP
         return super()._proposer(request)
 
-    def _draft_together(self, drafter: BatchDrafter, asks: list, rows: list) -> dict:
+    def _draft_together(self, group, asks: list) -> dict:
         """The draft model's rows draft together; under option B every rank at once: rank 0 first
         sends what they need (the ops so far and this step's pending tokens), then drafts."""
-        if isinstance(drafter, MirroredDrafter):
-            place = {id(s.proposer): b for b, s in enumerate(rows)}
-            drafter.announce(asks, [place[id(row)] for row, _, _ in asks])
+        if isinstance(group, MirroredDrafter):
+            group.announce([(seq.proposer, k, key) for _, seq, k, key in asks], [b for b, _, _, _ in asks])
             self.bus.send(self.log.take())
         t0 = time.perf_counter()
-        drafts = super()._draft_together(drafter, asks, rows)
+        drafts = super()._draft_together(group, asks)
         self._draft_s += time.perf_counter() - t0
         self._drafted += sum(d.size for d in drafts.values())
         return drafts

@@ -42,7 +42,7 @@ from engines.mlx_chat.cache import (Holes, SlotKVCache, UnsupportedCache, make_r
 from engines.mlx_chat.loading import LoadedModel, TokenizerMismatch, check_same_tokenizer, load_model
 from engines.mlx_chat.prefill import feed_prompt
 from engines.mlx_chat.context import check_fits, context_length
-from engines.mlx_chat.proposers import DraftModelProposer, LazyVerdict, Proposer, ProposerContext
+from engines.mlx_chat.proposers import DraftModelProposer, LazyVerdict, Proposer, ProposerContext, mx_tokens
 from engines.speculative.ngram import NGramProposer
 from engines.speculative.output import Output
 from engines.speculative.proposer import Draft
@@ -409,8 +409,8 @@ class ChatEngine:
         if not draft.size:
             return NO_DRAFTS
         if isinstance(draft.tokens, list):
-            draft = replace(draft, tokens=mx.array(draft.tokens, dtype=mx.uint32))
-        elif not draft.overlapped:
+            return replace(draft, tokens=mx_tokens(draft))
+        if not draft.overlapped:
             mx.eval(draft.tokens)
         return draft
 

@@ -68,6 +68,11 @@ class LazyVerdict:
         return self.position + 1 + self.accepted
 
 
+def mx_tokens(draft: Draft) -> mx.array:
+    """The draft's ids as an mx.array (n-gram lookup drafts a list; model drafters an array, maybe lazy)."""
+    return draft.tokens if isinstance(draft.tokens, mx.array) else mx.array(draft.tokens, dtype=mx.uint32)
+
+
 class Proposer(BaseProposer, Protocol):
     def anticipate(self, ctx: ProposerContext, verdict: LazyVerdict) -> None: ...
 

@@ -18,6 +18,10 @@ What the round loop calls, in order:
                         state that produced that last token.
 
 Optional, asked for by attributes:
+    group               a drafter shared by many sequences of a batch (the batch's draft model,
+                        its MTP drafter): the loop asks it once per step for the drafts of all
+                        its rows that draft (DraftGroup.propose_rows), not each row on its own.
+    leave()             the sequence left the batch: its row in the group is freed.
     observe(step)       composed drafting prices its sources by the rounds' own times.
     anticipate(ctx, v)  `drafts_ahead`: the chat loop hands the proposer a launched round's
                         verdict still in the graph (engines/mlx_chat: depth-2 overlap).
@@ -80,3 +84,10 @@ class Proposer(Protocol):
     def propose(self, ctx: Context, k: int) -> Draft: ...
 
     def commit(self, ctx: Context) -> None: ...
+
+
+class DraftGroup(Protocol):
+    def propose_rows(self, target_cache: Any, asks: list[tuple[int, Any, int, Any]]) -> list[Draft]:
+        """The drafts of several sequences at once: per ask (its row in the target's batch, the
+        Sequence, k, its RNG key or None), in the order asked. `target_cache`: the batch's, for a
+        drafter that reads the target's K/V (MTP)."""
