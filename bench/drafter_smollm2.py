@@ -9,7 +9,7 @@
                                decode tok/s over all prompts; every output checked equal to
                                plain greedy
 
-Train first (`specscope drafter train --minutes M --out DIR`), then:
+Train first (`specscope drafter train --minutes M --out DIR`: M minutes in all, preparation included), then:
 
     python bench/drafter_smollm2.py DIR [--max-tokens 128] [--cases mtp-1,mtp-auto] [--alternate] [--json OUT]
 
