@@ -17,6 +17,11 @@ from engines.speculative.schedule import PRESETS
 from engines.validation import SEED_LIMIT, InvalidParameter, validate
 
 OCR_TASKS = ("text", "table", "formula")
+# What an OCR model answers to a message without an image (the glmocr SDK's start-up check
+# sends "hello" and waits for a 200), without running the model.
+OCR_TEXT_ONLY_REPLY = ("This model reads images: send the page as an image_url content part (a base64 data: URL) "
+                       "and, optionally, its task as text: text, table or formula, or GLM-OCR's own prompts "
+                       "\"Text Recognition:\", \"Table Recognition:\", \"Formula Recognition:\".")
 DEFAULT_MAX_TOKENS = 256
 MAX_CHOICES = 8  # OpenAI's n: choices per request
 # Request fields as this API spells them (the rest keep their names: temperature, top_p, ...).
@@ -44,6 +49,7 @@ class ParsedRequest:
     image_file: str | None = None  # a temporary file holding the image of an OCR request
     include_usage: bool = False
     n: int = 1  # choices: n sequences of the same prompt (in a batch they share its prefill)
+    reply: str | None = None  # answered as it is, without running the model (text sent to an OCR model)
 
     def choice(self, index: int) -> Request:
         """Choice `index`'s request: the same, with its own seed (seed + index) when one is given."""
@@ -79,15 +85,17 @@ def parse_chat_request(body, models: dict[str, ServedModel], context_length=lamb
     request = Request(kind=served.kind, spec=speculative(body.get("speculative"), served.spec),
                       sampling=sampling(body), max_tokens=max_tokens(body), stop=stops(body.get("stop")))
     check_parameters(request, context_length(model_id))
-    image_file = None
-    if served.kind == "ocr":
+    image_file = reply = None
+    if served.kind == "ocr" and not has_image(messages[-1]):
+        reply = OCR_TEXT_ONLY_REPLY
+    elif served.kind == "ocr":
         image_file = ocr_input(messages, request)
     else:
         chat_input(messages, request)
     options = body.get("stream_options") or {}
     return ParsedRequest(model=model_id, stream=bool(body.get("stream", False)), request=request,
                          image_file=image_file, include_usage=bool(isinstance(options, dict) and options.get("include_usage")),
-                         n=choices(body.get("n", 1)))
+                         n=choices(body.get("n", 1)), reply=reply)
 
 
 def choices(value) -> int:
@@ -119,16 +127,33 @@ def text_of(content) -> str:
     raise ApiError(400, "a message's 'content' must be a string or a list of parts", "invalid_messages", "messages")
 
 
+def has_image(message: dict) -> bool:
+    parts = message.get("content")
+    return isinstance(parts, list) and any(isinstance(p, dict) and p.get("type") == "image_url" for p in parts)
+
+
+def ocr_task(text: str) -> str | None:
+    """A text part's task: the bare word (text | table | formula) or GLM-OCR's own prompt for it
+    ("Table Recognition:", as the glmocr SDK sends it); None for any other text."""
+    from engines.glm_ocr.prompts import TASK_PROMPTS
+
+    word = text.strip().lower()
+    if word in OCR_TASKS:
+        return word
+    return next((task for task, prompt in TASK_PROMPTS.items() if word.rstrip(":").strip() == prompt.lower().rstrip(":")),
+                None)
+
+
 def ocr_input(messages: list[dict], request: Request) -> str:
     """GLM-OCR: the user's image_url part (a data: URL) is the page; a text part may name the
-    task (text | table | formula)."""
+    task (text | table | formula, or GLM-OCR's prompt for it)."""
     parts = messages[-1].get("content")
     parts = parts if isinstance(parts, list) else []
     images = [p for p in parts if isinstance(p, dict) and p.get("type") == "image_url"]
     if len(images) != 1:
         raise ApiError(400, "an OCR request needs exactly one image_url content part", "invalid_messages", "messages")
-    texts = [p.get("text", "").strip().lower() for p in parts if isinstance(p, dict) and p.get("type") == "text"]
-    task = next((t for t in texts if t in OCR_TASKS), "text")
+    texts = [p.get("text", "") for p in parts if isinstance(p, dict) and p.get("type") == "text"]
+    task = next((t for t in map(ocr_task, texts) if t is not None), "text")
     request.task = task
     url = (images[0].get("image_url") or {}).get("url", "")
     if not isinstance(url, str) or not url.startswith("data:") or ";base64," not in url:
@@ -262,3 +287,19 @@ def completion(cid: str, model: str, choices: list[list[Round]], prompt_n: int |
         "timings": timings(every, prompt_n),
         "rounds": [round_record(r, decode) for r in choices[0]],
     }
+
+
+def reply_completion(cid: str, model: str, text: str, n: int = 1) -> dict:
+    """A fixed answer (ParsedRequest.reply) as a chat.completion: no tokens were generated."""
+    return {"id": cid, "object": "chat.completion", "created": int(time.time()), "model": model,
+            "choices": [{"index": i, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
+                        for i in range(n)],
+            "usage": usage(0, [])}
+
+
+def reply_chunks(cid: str, model: str, text: str, n: int = 1) -> list[dict]:
+    """The same answer as the chunks of a stream (the caller adds the [DONE] line)."""
+    created = int(time.time())
+    return [c for i in range(n) for c in (chunk(cid, model, created, {"role": "assistant", "content": ""}, index=i),
+                                          chunk(cid, model, created, {"content": text}, index=i),
+                                          chunk(cid, model, created, {}, "stop", index=i))]

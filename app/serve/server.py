@@ -35,7 +35,7 @@ from starlette.routing import Route
 from app.serve.guard import RequestGuard, normalized_origins
 from app.serve.metrics import CONTENT_TYPE_LATEST, ServeMetrics
 from app.serve.protocol import (ApiError, ParsedRequest, ServedModel, chunk, completion, completion_id, finish_reason,
-                                parse_chat_request, round_record, timings, usage)
+                                parse_chat_request, reply_chunks, reply_completion, round_record, timings, usage)
 from engines.types import Engine, EngineError
 from engines.mlx_chat.context import check_fits
 from engines.speculative.rounds import Round
@@ -292,6 +292,9 @@ def build_app(config: ServeConfig, served: list[Served]) -> Starlette:
         parsed = None
         try:
             parsed = parse_chat_request(body, models, lambda model_id: context_of(by_id[model_id]))
+            if parsed.reply is not None:  # answered without the model (text sent to an OCR model)
+                metrics.requests.labels(outcome="stop").inc()
+                return fixed_reply(parsed)
             queue = queues[parsed.model]
             queue.admit(parsed.n)
         except ApiError as e:
@@ -350,6 +353,14 @@ def build_app(config: ServeConfig, served: list[Served]) -> Starlette:
         Route("/v1/spec_decode/metrics", spec_decode_metrics),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
     ], middleware=middleware)
+
+
+def fixed_reply(parsed: ParsedRequest) -> Response:
+    cid = completion_id()
+    if not parsed.stream:
+        return JSONResponse(reply_completion(cid, parsed.model, parsed.reply, parsed.n))
+    events = [f"data: {json.dumps(c, ensure_ascii=False)}\n\n" for c in reply_chunks(cid, parsed.model, parsed.reply, parsed.n)]
+    return StreamingResponse(iter([*events, "data: [DONE]\n\n"]), media_type="text/event-stream")
 
 
 async def sse(parsed: ParsedRequest, first: tuple[int, Round], rounds: AsyncIterator[tuple[int, Round]],

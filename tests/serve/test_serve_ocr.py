@@ -48,9 +48,40 @@ def test_an_image_content_part_is_read_like_the_local_engine_reads_it(ocr):
     assert resp.model_extra["timings"]["draft_n"] == sum(r.proposed for r in local) > 0
 
 
-def test_an_ocr_request_without_an_image_is_refused(ocr):
+def test_text_without_an_image_gets_a_short_answer_not_an_error(ocr):
+    """The glmocr SDK's start-up check sends "hello" to the OCR model and waits for a 200."""
     _, _, running = ocr
     client = openai.OpenAI(base_url=f"{running.url}/v1", api_key="unused", max_retries=0)
+    for content in ("read this", [{"type": "text", "text": "hello"}]):
+        resp = client.chat.completions.create(model="glm-ocr", max_tokens=10, temperature=0.1,
+                                              messages=[{"role": "user", "content": content}])
+        assert resp.choices[0].finish_reason == "stop" and resp.usage.completion_tokens == 0
+        assert "image_url" in resp.choices[0].message.content
+    stream = client.chat.completions.create(model="glm-ocr", stream=True, messages=[{"role": "user", "content": "hello"}])
+    assert "image_url" in "".join(c.choices[0].delta.content or "" for c in stream)
+
+
+@pytest.mark.parametrize("prompt, task", [("Table Recognition:", "table"), ("Formula Recognition:", "formula"),
+                                          ("formula", "formula"), ("Text Recognition:", "text")])
+def test_glm_ocrs_own_task_prompts_select_the_task(ocr, prompt, task):
+    """As the SDK sends a region: the image, then its task's prompt."""
+    engine, image, running = ocr
+    local = list(engine.generate(Request(kind="ocr", image=str(image), task=task, max_tokens=MAX_TOKENS,
+                                         spec=SpecConfig(method="mtp", steps=2))))
+    client = openai.OpenAI(base_url=f"{running.url}/v1", api_key="unused", max_retries=0)
+    url = "data:image/png;base64," + base64.b64encode(image.read_bytes()).decode()
+    resp = client.chat.completions.create(model="glm-ocr", max_tokens=MAX_TOKENS, messages=[{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": prompt}]}])
+    assert [r["tokens"] for r in resp.model_extra["rounds"]] == [r.tokens for r in local]
+    if task != "text":  # the task is seen: its prompt reads otherwise than the text prompt
+        as_text = list(engine.generate(Request(kind="ocr", image=str(image), task="text", max_tokens=MAX_TOKENS)))
+        assert [t for r in as_text for t in r.tokens] != [t for r in local for t in r.tokens]
+
+
+def test_an_ocr_request_with_two_images_is_refused(ocr):
+    _, image, running = ocr
+    client = openai.OpenAI(base_url=f"{running.url}/v1", api_key="unused", max_retries=0)
+    part = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(image.read_bytes()).decode()}}
     with pytest.raises(openai.BadRequestError) as err:
-        client.chat.completions.create(model="glm-ocr", messages=[{"role": "user", "content": "read this"}])
-    assert "image_url" in err.value.body["message"]
+        client.chat.completions.create(model="glm-ocr", messages=[{"role": "user", "content": [part, part]}])
+    assert "exactly one image_url" in err.value.body["message"]
