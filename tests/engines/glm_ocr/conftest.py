@@ -26,3 +26,13 @@ def trained_glm_ocr():
     from tests.engines.glm_ocr.checkpoints import trained_glm_ocr as build
 
     return build()
+
+
+@pytest.fixture(scope="session")
+def layouts(tmp_path_factory):
+    """Tiny PP-DocLayoutV3 checkpoints in the real format, by what they find on layout_page():
+    "regions" (a title and a formula), "nothing", "slivers" (regions thinner than 28 px)."""
+    from tests.engines.glm_ocr.layout_checkpoints import make_tiny_layout
+
+    root = tmp_path_factory.mktemp("layout")
+    return {kind: make_tiny_layout(root / kind, kind) for kind in ("nothing", "regions", "slivers")}

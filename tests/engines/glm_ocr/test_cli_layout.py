@@ -9,15 +9,9 @@ import json
 import pytest
 
 from app.cli.main import main
-from tests.engines.glm_ocr.layout_checkpoints import layout_page, make_tiny_layout
+from tests.engines.glm_ocr.layout_checkpoints import layout_page
 
 pytest.importorskip("torch")
-
-
-@pytest.fixture(scope="module")
-def layouts(tmp_path_factory):
-    root = tmp_path_factory.mktemp("cli_layout")
-    return {kind: make_tiny_layout(root / kind, kind) for kind in ("regions", "nothing", "slivers")}
 
 
 @pytest.fixture

@@ -12,15 +12,9 @@ import pytest
 from engines.glm_ocr.layout import (Detection, LayoutModel, LayoutSettings, Preprocessing, decode_detections,
                                     find_regions, pixel_values)
 from engines.types import EngineError
-from tests.engines.glm_ocr.layout_checkpoints import ID2LABEL, PREPROCESSOR_CONFIG, layout_page, make_tiny_layout
+from tests.engines.glm_ocr.layout_checkpoints import ID2LABEL, PREPROCESSOR_CONFIG, layout_page
 
 torch = pytest.importorskip("torch")
-
-
-@pytest.fixture(scope="module")
-def layouts(tmp_path_factory):
-    root = tmp_path_factory.mktemp("layout")
-    return {kind: make_tiny_layout(root / kind, kind) for kind in ("nothing", "regions", "slivers")}
 
 
 def test_tiny_checkpoints_load_and_find_what_they_were_made_to(layouts):
