@@ -64,8 +64,9 @@ def cmd_ocr(argv: list[str]) -> int:
             raise UsageError("--server reads one page at a time without --format: give one image")
         args.model = None if args.model == "glm-ocr" else args.model  # the catalog default is no server id
         return run_on_server(args, requests[0])
-    layout_path = choose_layout(args)
-    resolve_models(args, requests[0].spec, "ocr")
+    requested = args.model  # the catalog id, which names the layout model paired with it
+    resolve_models(args, requests[0].spec, "ocr")  # a missing OCR model is the first thing to say
+    layout_path = choose_layout(args, requested)
     trace = open_trace(args)
     from app.models.store import leases
     from engines.factory import load_engine
@@ -90,7 +91,7 @@ def cmd_ocr(argv: list[str]) -> int:
 # ----------------------------------------------------------------------------- layout
 
 
-def choose_layout(args: argparse.Namespace) -> str | None:
+def choose_layout(args: argparse.Namespace, ocr_model: str) -> str | None:
     """The layout model's path, or None for whole pages. --layout on with what cannot go with
     it is a usage error; a layout model that is not installed means whole pages and a line that
     says how to get it (with --layout on, or auto on the catalog's GLM-OCR)."""
@@ -108,9 +109,9 @@ def choose_layout(args: argparse.Namespace) -> str | None:
         return None
     if args.layout_model:
         return model_path(args.layout_model, "layout")
-    path = paired_layout(args.model)
-    if path is None and (args.layout == "on" or catalog.find(args.model) is not None):
-        wanted = layout_for(args.model)
+    path = paired_layout(ocr_model)
+    if path is None and (args.layout == "on" or catalog.find(ocr_model) is not None):
+        wanted = layout_for(ocr_model)
         print(f"specscope: the layout model {wanted} is not installed: reading whole pages meanwhile; "
               f"`specscope models get {wanted}` gets it", file=sys.stderr, flush=True)
     return path

@@ -10,6 +10,7 @@ import pytest
 
 from app.cli.main import main
 from tests.engines.glm_ocr.layout_checkpoints import layout_page
+from tests.hub.fixtures import hub, hub_env  # noqa: F401  (pytest fixtures)
 
 pytest.importorskip("torch")
 
@@ -96,3 +97,28 @@ def test_a_pdf_by_region(tiny_glm_ocr, layouts, tmp_path, capsys, monkeypatch):
     rc, out, err = ocr(capsys, pdf, "--model", tiny_glm_ocr, "--layout", "on", "--layout-model", layouts["regions"])
     assert rc == 0, err
     assert out.count(f"## two.pdf \u00b7 p. ") == 2 and "[document: 2 pages" in err
+
+
+def test_auto_offers_the_layout_model_then_uses_it_once_downloaded(hub, hub_env, tiny_glm_ocr, layouts, page,
+                                                                     capsys):
+    """The catalog's GLM-OCR (a tiny checkpoint served by the loopback hub at the catalog's pin):
+    without its layout model, --layout auto reads whole pages and says how to get it; after
+    `models get pp-doclayout-v3` the same command reads by region."""
+    from app.models import catalog
+
+    glm = catalog.find("glm-ocr")
+    hub.serve_repo(glm.repo_id, tiny_glm_ocr)
+    hub.serve_repo(catalog.find("pp-doclayout-v3").repo_id, layouts["regions"])
+    assert main(["models", "get", "glm-ocr"]) == 0
+    assert "its layout model pp-doclayout-v3 is not downloaded" in capsys.readouterr().err
+
+    rc, out, err = ocr(capsys, page, "--format", "json")
+    assert rc == 0, err
+    assert "`specscope models get pp-doclayout-v3` gets it" in err and "regions" not in json.loads(out)["pages"][0]
+
+    assert main(["models", "get", "pp-doclayout-v3"]) == 0
+    capsys.readouterr()
+    rc, out, err = ocr(capsys, page, "--format", "json")
+    assert rc == 0, err
+    assert "models get" not in err
+    assert [r["label"] for r in json.loads(out)["pages"][0]["regions"]] == ["doc_title", "display_formula"]
