@@ -89,6 +89,7 @@ def test_a_huge_page_is_refused_before_anything_loads(layouts, tmp_path, capsys,
     assert rc == 2 and out == "" and err.count("\n") == 1 and "MP limit" in err
 
 
+@pytest.mark.slow  # a few seconds; the quick suite is full
 def test_a_pdf_by_region(tiny_glm_ocr, layouts, tmp_path, capsys, monkeypatch):
     from tests.pdfs import pdf_of_images
 
@@ -99,6 +100,7 @@ def test_a_pdf_by_region(tiny_glm_ocr, layouts, tmp_path, capsys, monkeypatch):
     assert out.count(f"## two.pdf \u00b7 p. ") == 2 and "[document: 2 pages" in err
 
 
+@pytest.mark.slow  # a few seconds; the quick suite is full
 def test_auto_offers_the_layout_model_then_uses_it_once_downloaded(hub, hub_env, tiny_glm_ocr, layouts, page,
                                                                      capsys):
     """The catalog's GLM-OCR (a tiny checkpoint served by the loopback hub at the catalog's pin):
