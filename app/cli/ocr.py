@@ -152,13 +152,17 @@ def read_page_by_region(engine, layout, page, request: Request, args: argparse.N
     """One page: its regions (or the whole page, said, when layout finds none), each read and
     said on stderr with its stats line; a padded or unread region is said too."""
     import hashlib
+    import time
 
     from app.records.documents import LayoutPage
     from engines.glm_ocr.document import read_regions, whole_page
     from engines.glm_ocr.image import load_image
 
     image = load_image(page.image)
+    started = time.perf_counter()
     regions = layout.regions(image)
+    print(f"[{page.label} \u00b7 layout: {len(regions)} region{'s' * (len(regions) != 1)} in "
+          f"{time.perf_counter() - started:.2f} s]", file=sys.stderr, flush=True)
     note = None
     if not regions:
         note = "layout found no regions: the whole page is read as text"

@@ -33,6 +33,7 @@ def test_layout_on_reads_the_regions_as_markdown_and_json(tiny_glm_ocr, layouts,
     assert rc == 0, err
     assert out.startswith("# ") and "\n$$\n" in out  # the doc_title as a heading, the formula as $$ ... $$
     assert "region 1/2 doc_title] [" in err and "region 2/2 display_formula] [" in err  # a stats line each
+    assert "[page.png \u00b7 layout: 2 regions in " in err
 
     rc, out, err = ocr(capsys, *common, "--format", "json")
     assert rc == 0, err
