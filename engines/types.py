@@ -33,7 +33,7 @@ class SpecConfig:
     draft_model: str | None = None  # path, for method "draft" (and the assistant for "mtp")
     ngram_min: int = 1
     ngram_max: int = 4
-    compose_ngram: bool = False  # with a model drafter: n-gram lookup beside it, per round the better (mlx_chat/composed.py)
+    compose_ngram: bool = False  # with a model drafter: n-gram lookup beside it, per round the better (speculative/composed.py)
     auto: bool = False  # --steps auto: k per round from this machine's costs (engines/speculative/tuning.py)
     profile: str | None = None  # auto's tuning profile, or the folder of profiles (`specscope tune`); None: measured in the run
 

@@ -3,9 +3,9 @@
 Where things happen (read `OcrEngine.generate` top to bottom):
   prefill        the prompt (image tokens included) in prefill_len chunks -> the first token
   draft          Sequence.propose -> MtpDrafter.propose: the verified pairs waiting, then k
-                 chained MTP steps (or, with --with-ngram, ComposedDrafter: the n-gram
-                 continuation of the output so far, the chain, or the chain and the n-gram
-                 tokens after it, as the costs say)
+                 chained MTP steps (or, with --with-ngram, engines/speculative/composed.py's
+                 ComposedProposer, as chat's: the n-gram continuation of the output so far,
+                 the chain, or the chain and the n-gram tokens after it, as the costs say)
   verify         one target forward over [token, draft_1 .. draft_k] -> verify_greedy /
                  rejection sampling -> accepted drafts + exactly one target token
   roll back      nothing to undo here: the next forward is written right after the accepted
@@ -21,9 +21,7 @@ shows, as it does for chat.
 from __future__ import annotations
 
 import os
-import statistics
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -34,8 +32,7 @@ from engines.glm_ocr.config import GlmOcrConfig
 from engines.glm_ocr.positions import prompt_positions, text_positions, text_rope
 from engines.glm_ocr.prompts import GlmTokenizer, prompt_ids
 from engines.glm_ocr.runtime import Runtime
-from engines.speculative.composed import REPRICE_EVERY, Chooser
-from engines.speculative.costs import StepCosts
+from engines.speculative.composed import ComposedProposer, DraftingCosts
 from engines.speculative.ngram import NGramProposer
 from engines.speculative.output import Output
 from engines.speculative.proposer import Context, Draft, Proposer
@@ -168,115 +165,6 @@ class MtpDrafter:
         return int(np.argmax(self.runtime.logits(head_hidden[None])[0]))
 
 
-@dataclass
-class DraftCosts:
-    """What composed drafting has measured of this machine and model: the verify's seconds by
-    width (each width's last rounds) and an MTP chain's seconds per token (the last chains).
-    The engine keeps one across runs, as a tuning profile would be kept: a page need not spend
-    its first rounds relearning what the pages before it measured -- on a tiny model, whose
-    MTP layer costs about what the target does, those lessons cost more than they bring."""
-
-    verify_s: dict[int, deque] = field(default_factory=dict)
-    chain_s: deque = field(default_factory=lambda: deque(maxlen=7))
-
-    def verify(self) -> StepCosts:
-        """The verify's seconds by width: the fastest of each width's last rounds (another
-        process only ever slows a round down), of widths seen at least twice."""
-        costs = StepCosts()
-        for width, seconds in self.verify_s.items():
-            if len(seconds) >= 2:
-                costs.observe(width, min(seconds))
-        return costs
-
-    def chain(self) -> float:
-        return statistics.median(self.chain_s) if self.chain_s else 0.0
-
-
-class ComposedDrafter:
-    """--with-ngram: each round the n-gram continuation alone, the MTP chain of k, the chain
-    and the n-gram tokens that continue it, or no drafts, whichever the chooser of
-    engines/speculative/composed.py expects to give more tokens per second.
-
-    The MTP layer sees every verified pair whichever source drafted: commit hands it each
-    round's pairs (n-gram rounds and plain rounds too), so its cache rows below `slot` hold
-    exactly what a lone MTP run's would, and the next chain starts from the right state.
-
-    Costs: the loop hands each round to `observe` (its verify_s: the forward of
-    1 + len(drafts) rows and the verdict), and a chain's share of propose, timed here, is the
-    MTP drafting cost per chain token (the median of the last few chains); both are kept in
-    `costs` (the engine's, across pages). Rounds are priced flat until two widths have each
-    been verified twice, then in seconds, re-read after each chain and every REPRICE_EVERY
-    rounds (re-reading is a share of a tiny model's round). Why so wary: on a shared machine
-    one round slowed by another process would price its width out, and a width no longer
-    chosen is never measured again.
-    """
-
-    timed = True  # False: priced flat all run (tests whose choices must not hang on timing)
-    needs_hidden = True
-    drafts_ahead = False
-
-    def __init__(self, mtp: MtpDrafter, ngram: NGramProposer, max_drafts: int, costs: DraftCosts | None = None):
-        self.mtp, self.ngram = mtp, ngram
-        self.name = mtp.name
-        self.chooser = Chooser(mtp.name, max_drafts)
-        self.costs = costs if costs is not None else DraftCosts()
-        self.priced = False  # in seconds yet (flat until the costs are known)
-        self.rounds = 0
-        self._price()
-        self.chain, self.proposed = 0, 0  # this round: chain drafts, all drafts
-        self.undrafted: list[int] = []  # this round's n-gram continuation, when it did not draft it
-
-    def start(self, ctx: OcrContext) -> None:
-        self.mtp.start(ctx)
-        self.ngram.start(ctx)
-
-    def propose(self, ctx: OcrContext, k: int) -> Draft:
-        found = self.ngram.index.propose(self.chooser.max_drafts)
-        m, chain = self.chooser.plan(len(found), k)
-        self.undrafted = [] if m else found
-        if chain:
-            t0 = time.perf_counter()
-            drafts = self.mtp.propose(ctx, chain).tokens
-            self.costs.chain_s.append((time.perf_counter() - t0) / max(len(drafts), 1))
-            self.chain = len(drafts)
-            drafts = drafts + self._tail(drafts)
-        else:  # the n-gram continuation, or a plain round
-            drafts, self.chain = found[:m], 0
-        self.proposed = len(drafts)
-        return Draft(drafts, source=self.chooser.source(self.chain, len(drafts)))
-
-    def _tail(self, chain: list[int]) -> list[int]:
-        """The n-gram tokens after the chain, as many as pay (none after an end of sequence)."""
-        room = self.chooser.max_drafts - len(chain)
-        if not chain or room <= 0 or chain[-1] in self.mtp.eos:
-            return []
-        found = self.ngram.index.propose(room, after=chain)
-        return found[: self.chooser.tail(len(chain), len(found))]
-
-    def observe(self, step) -> None:
-        """The loop's time for this round's verify (forward and verdict), before `commit`."""
-        self.costs.verify_s.setdefault(1 + self.proposed, deque(maxlen=7)).append(step.verify_s)
-        self.rounds += 1
-        if self.chain or not self.priced or self.rounds % REPRICE_EVERY == 0:
-            self._price()
-
-    def _price(self) -> None:
-        """Price rounds in seconds once the costs are known (flat until then)."""
-        verify = self.costs.verify()
-        if verify.ready and self.timed:
-            self.chooser.measured(verify, self.costs.chain())
-            self.priced = True
-
-    def commit(self, ctx: OcrContext) -> None:
-        emitted = ctx.tokens[-len(ctx.rows):]  # the accepted drafts, then the target's token
-        self.chooser.record(self.chain, self.proposed, len(emitted) - 1)
-        if self.undrafted:
-            self.chooser.shadow(self.undrafted, emitted)
-        self.chain, self.proposed, self.undrafted = 0, 0, []
-        self.mtp.commit(ctx)
-        self.ngram.commit(ctx)
-
-
 # ----------------------------------------------------------------------------- the run
 
 
@@ -324,7 +212,7 @@ class OcrEngine:
         self.image_config = image_config
         # the loop detector's shape (its copies come from Request.max_repeat); None turns it off
         self.repetition: RepetitionDetector | None = RepetitionDetector()
-        self.draft_costs = DraftCosts()  # composed drafting's measurements, kept across pages
+        self.draft_costs = DraftingCosts()  # composed drafting's measurements, kept across pages
 
     @classmethod
     def load(cls, model_path: str | os.PathLike, runtime: str | None = "torch", **options) -> "OcrEngine":
@@ -512,7 +400,7 @@ class OcrEngine:
             return None, f"{self.runtime.mtp_unavailable}; decoding plainly"
         mtp = MtpDrafter(self.runtime, prompt.positions, self.config.eos_token_ids)
         if spec.compose_ngram:
-            return ComposedDrafter(mtp, ngram, self.runtime.seq_len - 1, self.draft_costs), None
+            return ComposedProposer(mtp, ngram, self.draft_costs, max_drafts=self.runtime.seq_len - 1), None
         return mtp, None
 
     def _guard(self, request: Request) -> RepetitionDetector | None:

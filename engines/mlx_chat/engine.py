@@ -279,12 +279,13 @@ class ChatEngine:
         proposer = self._model_or_ngram_proposer(request)
         spec = request.spec
         if spec.compose_ngram and spec.method in ("draft", "mtp"):
-            from engines.mlx_chat.composed import ComposedProposer, DraftingCosts
+            from engines.mlx_chat.proposers import extend_draft
+            from engines.speculative.composed import ComposedProposer, DraftingCosts
 
             # what earlier composed runs measured of this drafter's costs (not of its acceptance)
             costs = self._composed_costs.setdefault((spec.method, spec.draft_model or self.draft_path or ""),
                                                     DraftingCosts())
-            return ComposedProposer(proposer, NGramProposer(spec.ngram_min, spec.ngram_max), costs)
+            return ComposedProposer(proposer, NGramProposer(spec.ngram_min, spec.ngram_max), costs, extend=extend_draft)
         return proposer
 
     def _model_or_ngram_proposer(self, request: Request) -> Proposer:

@@ -73,6 +73,17 @@ def mx_tokens(draft: Draft) -> mx.array:
     return draft.tokens if isinstance(draft.tokens, mx.array) else mx.array(draft.tokens, dtype=mx.uint32)
 
 
+def extend_draft(draft: Draft, tail: list[int]) -> Draft:
+    """A model drafter's chain (an mx.array, maybe lazy), then composed drafting's n-gram tail
+    after it: point masses, whose rows of q are one-hot beside the drafter's distributions
+    (rejection sampling reads them as "accept with p(x), else resample from p without x")."""
+    ids = mx.array(tail, dtype=mx.uint32)
+    q = draft.q
+    if q is not None:
+        q = mx.concatenate([q, (mx.arange(q.shape[-1])[None] == ids[:, None]).astype(q.dtype)])
+    return Draft(mx.concatenate([mx_tokens(draft), ids]), q, overlapped=draft.overlapped)
+
+
 class Proposer(BaseProposer, Protocol):
     def anticipate(self, ctx: ProposerContext, verdict: LazyVerdict) -> None: ...
 

@@ -1,7 +1,7 @@
 """Composed drafting: n-gram lookup beside a model drafter (an MTP chain, a draft model) in
 one run, priced per round by the throughput model of tuning.py (the MtPC paper's accepted
-tokens per unit of latency). Backend-agnostic: the chat proposer (engines/mlx_chat/composed.py)
-and the OCR drafter (engines/glm_ocr/engine.py, ComposedDrafter) both ask this chooser.
+tokens per unit of latency). Backend-agnostic: chat (any model drafter of engines/mlx_chat) and
+GLM-OCR (its MTP layer) draft through the same ComposedProposer below.
 
 A round drafts one of three ways, or not at all when none of them pays for itself:
 
@@ -31,20 +31,75 @@ Units: until the caller knows real costs, latency is flat (1.0 per forward: veri
 nearly free, a GPU's case) and drafting costs nothing; `measured` costs (seconds) replace
 both at once, so the two are never mixed. The choice depends only on the context, past rounds
 and measured times, never on this round's draws: lossless like either source alone.
+
+The proposer: n-gram lookup beside a model drafter (the Gemma 4 assistant, a drafter trained
+here, a draft model, GLM-OCR's MTP layer) in one run. Each round asks the chooser of
+engines/speculative/composed.py, which prices the three forms by expected tokens per unit of
+verify latency -- the run's measured latency when `--steps auto` knows it, else a flat one --
+and against a plain round (no drafts) when none of them pays:
+
+    ngram        the n-gram continuation of the longest recurring suffix (found before
+                 choosing: the lookup costs microseconds), up to 7 tokens whatever k
+    model        the model's chain of k
+    model+ngram  the chain, then the n-gram tokens that continue context + chain, as many as
+                 pay for the wider verify (the chain's tokens are read on the host for the
+                 lookup: with depth-2 overlap that waits for the anticipated chain, which the
+                 verify would wait for anyway)
+
+Drafting is priced from the rounds' own times (`observe`; kept by the engine per drafter
+across requests, DraftingCosts: costs are the machine's, not the prompt's): rounds without a chain give the
+verify's cost by width (a width not measured lately scaled to the load now), and a chain round's
+time beyond the verify of its width, per chain token, is what drafting costs (as a share of a
+plain verify then, so at the load now too) -- its own chain if drafted then, and the next one
+anticipated behind its verify (depth-2 overlap), wasted or not. Chains are anticipated only after a chain
+round chosen by the chooser (the next round likely chains again; after an n-gram round or a
+probe it is drafted when chosen: a probe so prices a chain drafted then, without the next one).
+A run whose rounds all chain measures no verify alone, so the first round that would chain
+runs plain, and so does one in every PROBE_AFTER chain rounds in a row: without it a drafter
+that costs more than it brings -- the tiny Gemma 4 pair's assistant on a CPU -- would be chosen
+forever by the flat prices it starts with. The other way, a drafter priced out drafts one token
+after CHAIN_PROBE_AFTER rounds without a chain, so a slow start (a first chain's compile, a
+busy machine) does not price it out for good; each probe after which it is still priced out
+doubles that wait, up to CHAIN_PROBE_MAX rounds (a chain chosen on its merits resets it): a
+probe costs about one chain token, so probing costs at most 1/64 of a chain token per round,
+falling to 1/1024 of one as it keeps finding the drafter a loss (the tiny Gemma 4 pair's
+assistant costs about a round per token: under 0.1% of the time).
+A verify width is priced from its own recent rounds, and a width no longer chosen is not
+measured again: under load a few slow rounds can price it (and, the curve being monotone,
+every wider one) out for good -- in a diagnostic pass of the tiny Gemma 4 pair it cut most
+7-token n-gram continuations to one to three drafts that way. So the curve is monotone from
+below (a slow round raises only its own width: StepCosts.from_below), and after
+REMEASURE_AFTER rounds in a row that drafted less than the n-gram continuation found, one
+drafts all of it: the widest verify re-measured, nearly free where wide verifies cost what
+narrow ones do, and its tokens still worth their acceptance.
+The target's hidden state (what an MTP chain starts from) is asked of a forward only when the
+round after it may chain -- this round chains, the chooser would chain with no n-gram match, or
+a probe is due (`needs_hidden`, read by the loop as it launches each forward): returning it
+costs a plain round of the tiny Gemma 4 pair ~1% (an extra output kept, a slice per round), and
+where the drafter is priced out nearly every round is such a plain or n-gram round. A chain
+is never started from an older round's state: without this round's, the round runs plain
+(and asks for it).
+At T>0 a tail's tokens are point masses beside the chain's sampled drafts: their rows of q
+are one-hot, which rejection sampling reads as "accept with p(x), resample from p without x".
+The choice depends only on the context and on past rounds and their times, never on this round's draws:
+lossless like either source alone.
 """
 
 from __future__ import annotations
 
+import statistics
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from engines.speculative.costs import StepCosts
+from engines.speculative.costs import LoadScaledCosts, StepCosts
+from engines.speculative.ngram import NGramProposer
+from engines.speculative.proposer import EMPTY, Context, Draft
 from engines.speculative.expected import expected_by_count
 from engines.speculative.schedule import MAX_STEPS
 from engines.speculative.tuning import PositionAcceptance
 
 NGRAM = "ngram"
-REPRICE_EVERY = 8  # rounds between re-readings of measured costs (each re-reading prices every width)
 
 
 @dataclass
@@ -183,3 +238,230 @@ class Chooser:
         if not proposed:
             return None
         return NGRAM if not chain else self.model if chain == proposed else self.composed
+
+
+PROBE_AFTER = 8  # chain rounds in a row before one plain round measures the verify alone
+CHAIN_PROBE_AFTER = 64  # rounds without a chain before one of a single draft re-measures drafting
+CHAIN_PROBE_MAX = 1024  # that wait, doubled by each probe that still finds drafting a loss, at most
+MEASURED = True  # False: flat prices and no probes, the forms chosen by acceptance alone
+# (tests that must see every form, whatever this machine's timings)
+CHAIN_ROUNDS_KEPT = 7  # a chain token's cost: the median of the last few chain rounds
+REMEASURE_AFTER = 32  # n-gram continuations cut short in a row before one is drafted whole
+REPRICE_UNCHAINED_EVERY = 32  # rounds without a chain between re-readings of the measured costs (chain
+# rounds re-read them at once): each reading prices every width, ~100 us in place on the tiny Gemma 4 pair
+
+
+@dataclass
+class DraftingCosts:
+    """What composed runs measured of this machine with one drafter: kept by the engine across
+    requests (what a verify and a chain token cost does not depend on the prompt), so only the
+    first request pays to find out, and the probes' counts run on across requests too."""
+
+    verify: StepCosts = field(default_factory=lambda: LoadScaledCosts(from_below=True))  # rounds without a chain:
+    # seconds by width (see the module docstring), as of the last verify_costs(); a width not measured
+    # lately at the load now, as --steps auto keeps its own (tuning.round_costs). Why: a width is measured
+    # only while chosen, so one priced during a passing load kept that price after it -- on the tiny
+    # Gemma 4 pair every n-gram width stayed at ~5 ms beside a plain round back at ~1.6, and n-gram was
+    # priced out for a pass (2 of its ~50 rounds drafted) until a continuation drafted whole re-measured one
+    unpriced: list[tuple[int, float]] = field(default_factory=list)  # (width, seconds) of the rounds without a
+    # chain observed since: the curve is read only when the chooser is re-priced, so each round only
+    # appends (a median per round was ~5 us in place, a share of a tiny model's 2 ms round)
+    chain_rounds: deque = field(default_factory=lambda: deque(maxlen=CHAIN_ROUNDS_KEPT))  # per chain round, its
+    # time beyond its width's verify per chain token, in plain verifies of its time (see chain_token_s)
+    chained_in_a_row: int = 0
+    unchained_in_a_row: int = 0
+    probe_after: int = CHAIN_PROBE_AFTER  # rounds without a chain before the next one-draft probe
+    probed: bool = False  # the last round was a one-draft probe
+    cut_short_in_a_row: int = 0  # rounds that drafted less than the n-gram continuation found
+
+    def form(self, chain: int, k: int) -> int | None:
+        """This round's chain length when the probes override the chooser's `chain` (0: a plain
+        round, 1: a one-draft probe), else None; counts the rounds either way."""
+        if self.probed:  # the round after a probe, priced with what it measured
+            self.probed = False
+            self.probe_after = CHAIN_PROBE_AFTER if chain else min(2 * self.probe_after, CHAIN_PROBE_MAX)
+        elif chain:
+            self.probe_after = CHAIN_PROBE_AFTER  # chosen on its merits: probe soon if that stops
+        forced = None
+        if chain and (not self.verify_measured or self.chained_in_a_row >= PROBE_AFTER):
+            forced = 0  # a plain round: the verify's cost alone (see the module docstring)
+        elif k and not chain and self.unchained_in_a_row >= self.probe_after:
+            forced = self.probed = 1  # one draft: what drafting costs now
+        chain = chain if forced is None else forced
+        self.chained_in_a_row = self.chained_in_a_row + 1 if chain else 0
+        self.unchained_in_a_row = 0 if chain else self.unchained_in_a_row + 1
+        return forced
+
+    def probe_due(self) -> bool:
+        """Whether the next round (if the chooser does not chain) is a one-draft probe."""
+        return self.unchained_in_a_row >= self.probe_after
+
+    def whole_continuation_due(self, drafted: int, found: int) -> bool:
+        """Whether this round, which would draft `drafted` of the `found` n-gram tokens, should
+        draft them all: one in every REMEASURE_AFTER that cut it short (see the module docstring)."""
+        if drafted >= found:
+            self.cut_short_in_a_row = 0
+            return False
+        self.cut_short_in_a_row += 1
+        if self.cut_short_in_a_row < REMEASURE_AFTER:
+            return False
+        self.cut_short_in_a_row = 0
+        return True
+
+    def observe(self, seconds: float, width: int, chain: int) -> None:
+        if not chain:
+            self.unpriced.append((width, seconds))
+            return
+        verify = self.verify_costs()  # (a chain round re-prices the chooser at once anyway)
+        if verify.seconds:  # always, in a run: its first round that would chain runs plain (form)
+            self.chain_rounds.append((seconds - verify.at(width)) / (chain * verify.at(1)))
+
+    @property
+    def verify_measured(self) -> bool:
+        """Whether any round without a chain has been observed."""
+        return bool(self.unpriced or self.verify.seconds)
+
+    def verify_costs(self) -> StepCosts:
+        """The verify's seconds by width, the rounds observed since the last call taken in."""
+        if self.unpriced:
+            self.verify.observe_many(self.unpriced)
+            self.unpriced.clear()
+        return self.verify
+
+    @property
+    def chain_token_s(self) -> float | None:
+        """A chain token's drafting: a chain round's time beyond its width's verify, per token, as
+        a share of a plain verify then (`observe`), times a plain verify now. Why not seconds beyond
+        the verify now: a chain round is rare where the drafter is priced out (a probe in 64 to
+        1024 rounds), and taken against a verify measured later, under another load, its drafting
+        came out at nothing once a load raised the verify past the chain round's whole time -- on
+        the tiny Gemma 4 pair chains of 2 were chosen then, each ~11 ms where a plain round took ~5."""
+        verify = self.verify_costs()
+        if not verify.seconds or not self.chain_rounds:
+            return None
+        return max(0.0, statistics.median(self.chain_rounds)) * verify.at(1)
+
+
+def extend_list(draft: Draft, tail: list[int]) -> Draft:
+    """A chain of ids in a list, the n-gram tail after it (point masses: a drafter that samples
+    its chain as arrays extends its own -- engines/mlx_chat/proposers.py)."""
+    assert draft.q is None, "a sampled chain's q needs the tail's one-hot rows beside it"
+    return Draft(draft.ids() + tail, overlapped=draft.overlapped)
+
+
+class ComposedProposer:
+    def __init__(self, model, ngram: NGramProposer, costs: DraftingCosts | None = None,
+                 max_drafts: int = MAX_STEPS, extend: Callable[[Draft, list[int]], Draft] = extend_list):
+        self.model = model  # the model drafter: chat's MTP or draft model, GLM-OCR's MTP layer
+        self.ngram = ngram
+        self.name = f"{model.name}+ngram"
+        self.extend = extend  # the chain with a tail after it, in the model drafter's arrays
+        self.hidden_wanted = True  # the next forward returns the target's hidden state (see needs_hidden)
+        self.chooser = Chooser(model.name, max_drafts)
+        self.last: tuple[int, Draft, int, list[int], list[int] | None] | None = None  # the round in flight:
+        # chain length, draft, context length, the n-gram continuation it did not draft, and its
+        # drafts as a list when they are n-gram's (a chain's are read back at commit)
+        self.target_forward = getattr(model, "target_forward", None)
+        self.costs = costs or DraftingCosts()
+        self.observed = 0
+
+    @property
+    def needs_hidden(self) -> bool:
+        """Read by the loop as it launches each forward (right after propose): whether that forward
+        returns the target's hidden state -- only if the round after it may chain (see the module
+        docstring)."""
+        return self.model.needs_hidden and self.hidden_wanted
+
+    def start(self, ctx: Context) -> None:
+        self.model.start(ctx)
+        self.ngram.start(ctx)
+        self.last = None
+        self._price()  # what earlier requests measured, from the first round
+
+    def propose(self, ctx: Context, k: int) -> Draft:
+        found = self.ngram.index.propose(self.chooser.max_drafts)
+        m, chain = self.chooser.plan(len(found), k)
+        if MEASURED and found and not chain and self.costs.whole_continuation_due(m, len(found)):
+            m = len(found)  # re-measures the widest verify (see the module docstring)
+        planned = chain
+        forced = self.costs.form(chain, k) if MEASURED else None
+        if forced is not None:
+            m, chain = 0, forced
+        stale = bool(chain) and self.model.needs_hidden and ctx.hidden is None
+        if stale:  # the last forward did not return the state a chain starts from: this one will
+            m, chain = 0, 0
+        # may the next round chain? (again after a chain; the chooser's choice with no n-gram match; a probe)
+        self.hidden_wanted = bool(stale or chain or (planned if not found else self.chooser.plan(0, k)[1])
+                                  or (MEASURED and self.costs.probe_due()))
+        if not chain and getattr(self.model, "pending", None) is not None:
+            # the MTP chain anticipated for this round, which does not chain: by the next round it
+            # is another round's (left, the next chain round took it as its own and drafted from
+            # a stale state -- all rejected)
+            self.model.pending = None
+        if chain:
+            draft = self.model.propose(ctx, chain)
+            chain = draft.size
+            draft = self._with_tail(draft)
+            draft.source = self.chooser.source(chain, draft.size)
+            drafted = None  # read from the draft at commit, once evaluated
+        elif m:  # the n-gram continuation
+            drafted = found[:m]
+            draft = Draft(drafted, source=self.chooser.source(0, m))
+        else:  # no drafts: a plain round (no array made: on a tiny model that is a share of it)
+            drafted, draft = [], EMPTY
+        self.last = (chain, draft, len(ctx.tokens), [] if m else found, drafted)
+        return draft
+
+    def _with_tail(self, draft: Draft) -> Draft:
+        """The chain, and after it the n-gram tokens that continue it if they pay."""
+        room = self.chooser.max_drafts - draft.size
+        found = self.ngram.index.propose(room, after=draft.ids()) if room > 0 else []
+        m = self.chooser.tail(draft.size, len(found))
+        return self.extend(draft, found[:m]) if m else draft
+
+    @property
+    def drafts_ahead(self) -> bool:
+        """Read by the loop right after this round's verify is launched: anticipate the next
+        chain only after a chain round (the next likely chains too) that was not a probe (the
+        drafter was priced out: the next round likely does not chain, and the chain anticipated
+        for it would be computed and dropped -- on the tiny Gemma 4 pair it made the round after
+        each probe 1.2-1.9 ms dearer, a ~1.7 ms round); otherwise the loop need not build the
+        verdict in the graph for it at all."""
+        return (self.model.drafts_ahead and self.last is not None and self.last[0] > 0
+                and not (MEASURED and self.costs.probed))
+
+    def anticipate(self, ctx: Context, verdict) -> None:
+        self.model.anticipate(ctx, verdict)
+
+    def observe(self, step) -> None:
+        """The round in flight took step.wall_s, settle to settle (the loop's own measure): price
+        the verify by width and a chain token's drafting from it (see the module docstring)."""
+        if self.last is None or not MEASURED:
+            return
+        seconds = step.wall_s
+        chain, draft, drafted = self.last[0], self.last[1], self.last[4]
+        self.costs.observe(seconds, 1 + (draft.size if drafted is None else len(drafted)), chain)  # (an array's
+        # shape read from MLX costs more than a list's length)
+        self.observed += 1
+        if chain or self.observed % REPRICE_UNCHAINED_EVERY == 0:  # pricing is a share of a tiny model's round
+            self._price()
+
+    def _price(self) -> None:
+        chain_token_s = self.costs.chain_token_s
+        if MEASURED and chain_token_s is not None:
+            self.chooser.measured(self.costs.verify_costs(), chain_token_s)
+
+    def commit(self, ctx: Context) -> None:
+        if self.last is not None:
+            chain, draft, before, undrafted, drafted = self.last
+            if undrafted:
+                self.chooser.shadow(undrafted, ctx.tokens[before:])
+            if drafted is None or drafted:  # accepted: the drafts the emitted tokens begin with (at T>0 a
+                # resampled token may equal the next draft: one more counted, statistics only)
+                drafted, emitted = drafted or draft.ids(), ctx.tokens[before:]
+                accepted = next((i for i, (d, e) in enumerate(zip(drafted, emitted)) if d != e),
+                                min(len(drafted), len(emitted)))
+                self.chooser.record(chain, len(drafted), accepted)
+            self.last = None
+        self.model.commit(ctx)
+        self.ngram.commit(ctx)

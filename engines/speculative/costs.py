@@ -26,7 +26,7 @@ class StepCosts:
     cheapest larger size measured -- so a slow round raises only its own size's price. From
     above (the default), one size stuck high (a few slow rounds, under load) lifts every larger
     size with it; a chooser then stops choosing them and never measures them again (composed
-    drafting, engines/mlx_chat/composed.py, drafted 2 of a 7-token n-gram continuation for a
+    drafting, engines/speculative/composed.py, drafted 2 of a 7-token n-gram continuation for a
     whole pass). Another process only ever slows a round down, so a larger size measured
     cheap bounds the smaller ones."""
 
@@ -111,7 +111,7 @@ class LoadScaledCosts(StepCosts):
 
     stale: set[int] = field(default_factory=set, repr=False)  # sizes observed since their median was taken:
     # taken when read (a peer's, or the prices'), so a caller that observes many steps at once takes a
-    # median per size read, not per step (composed drafting, engines/mlx_chat/composed.py)
+    # median per size read, not per step (composed drafting, engines/speculative/composed.py)
 
     def observe(self, tokens: int, seconds: float) -> None:
         self._take(tokens, seconds)

@@ -42,7 +42,7 @@ def load_with_an_ngram_drafter_that_breaks(kind: str, path: str, **options):
 
 def load_with_flat_compose_prices(kind: str, path: str, **options):
     """Composed drafting chooses its forms by acceptance alone (no clock): the same every run."""
-    from engines.mlx_chat import composed
+    from engines.speculative import composed
 
     _once("compose", lambda: _patches.setattr(composed, "MEASURED", False))
     return load_engine(kind, path, **options)

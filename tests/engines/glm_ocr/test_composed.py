@@ -1,4 +1,4 @@
-"""Composed drafting for GLM-OCR (engine.ComposedDrafter, `--spec mtp --with-ngram`): n-gram
+"""Composed drafting for GLM-OCR (engines/speculative/composed.py's ComposedProposer, `--spec mtp --with-ngram`): n-gram
 lookup over the output so far beside the MTP chain, on the tiny checkpoint whose MTP layer is
 trained for chains (its outputs loop: copy-heavy for n-gram, and not only that).
 
@@ -14,7 +14,7 @@ trained for chains (its outputs loop: copy-heavy for n-gram, and not only that).
   probability there (n-gram and chain drafts apart), and two broken verifiers fail that (slow);
   the chi-square law of the first tokens is in test_mtp_sampled.py, beside lone MTP's.
 
-Choices are priced flat here (ComposedDrafter.timed = False), so which source drafts does not
+Choices are priced flat here (composed.MEASURED = False), so which source drafts does not
 hang on this machine's timing; one run with the timed chooser checks it is lossless too."""
 
 from collections import Counter
@@ -23,7 +23,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from engines.glm_ocr.engine import ComposedDrafter, MtpDrafter, OcrEngine, Prompt
+from engines.glm_ocr.engine import MtpDrafter, OcrEngine, Prompt
+from engines.speculative import composed
+from engines.speculative.composed import ComposedProposer, DraftingCosts
 from engines.speculative.ngram import NGramProposer
 from engines.types import Request, Sampling, SpecConfig
 
@@ -39,7 +41,7 @@ def engine(trained_glm_ocr):
 
 @pytest.fixture
 def flat(monkeypatch):
-    monkeypatch.setattr(ComposedDrafter, "timed", False)
+    monkeypatch.setattr(composed, "MEASURED", False)
 
 
 def request(image, steps=2, compose=True, method="mtp"):
@@ -133,8 +135,8 @@ def test_the_mtp_cache_holds_the_verified_pairs_whichever_source_drafted(engine,
     image = trained_glm_ocr[1][1]  # a page that both copies and does not
     req = request(image, 2)
     prompt = engine._prompt(req)
-    drafter = ComposedDrafter(mtp(engine.runtime, prompt.positions, engine.config.eos_token_ids),
-                              NGramProposer(), engine.runtime.seq_len - 1)
+    drafter = ComposedProposer(mtp(engine.runtime, prompt.positions, engine.config.eos_token_ids),
+                               NGramProposer(), max_drafts=engine.runtime.seq_len - 1)
     rows = Rows(engine.runtime)
     monkeypatch.setattr(engine.runtime, "mtp", rows)
     rounds = list(engine.generate(req, drafter=drafter))
@@ -145,7 +147,7 @@ def test_the_mtp_cache_holds_the_verified_pairs_whichever_source_drafted(engine,
 
     hiddens, embeds = plain_forward(engine, prompt, emitted)
     hiddens, embeds = hiddens[:-1], embeds[1:]  # MTP row i: (hidden of row i, embedding of row i + 1)
-    slot = drafter.mtp.slot
+    slot = drafter.model.slot
     written = [rows.rows[i] for i in range(slot)]
     right = (slot > len(prompt.ids) + 20
              and all(np.allclose(e, embeds[i], atol=1e-5) for i, (_, e) in enumerate(written))
@@ -160,17 +162,17 @@ def test_the_mtp_cache_holds_the_verified_pairs_whichever_source_drafted(engine,
 # ---------------------------------------------------------------- T > 0: every drafted position
 
 
-class Recorded(ComposedDrafter):
+class Recorded(ComposedProposer):
     """The engine's composed drafter, keeping each round's drafts (a Round keeps only the
     accepted ones) and which source drafted each of them."""
 
-    def __init__(self, *args):
-        super().__init__(*args)
+    def __init__(self, *args, **options):
+        super().__init__(*args, **options)
         self.log = []
 
     def propose(self, ctx, k):
         drafts = super().propose(ctx, k)
-        self.log.append([(d, "mtp" if i < self.chain else "ngram") for i, d in enumerate(drafts.tokens)])
+        self.log.append([(d, "mtp" if i < self.last[0] else "ngram") for i, d in enumerate(drafts.ids())])
         return drafts
 
 
@@ -188,7 +190,7 @@ def draft_hits(engine, image, sampling, runs):
         req = Request(kind="ocr", image=str(image), max_tokens=40, spec=spec, sampling=replace(sampling, seed=run))
         prompt = engine._prompt(req)
         drafter = Recorded(MtpDrafter(engine.runtime, prompt.positions, engine.config.eos_token_ids),
-                           NGramProposer(), engine.runtime.seq_len - 1)
+                           NGramProposer(), max_drafts=engine.runtime.seq_len - 1)
         rounds = list(engine.generate(req, drafter=drafter))
         emitted = tokens(rounds)
         hiddens, _ = plain_forward(engine, prompt, emitted)
@@ -243,21 +245,20 @@ def test_a_broken_verifier_fails_the_drafted_positions_law(engine, trained_glm_o
     assert calibration_z(hits["ngram"]) > 4
 
 
-def test_the_verify_is_priced_from_the_loops_own_timing(engine, trained_glm_ocr):
-    """The verify is timed once, by the loop: the seconds composed drafting keeps per width are
-    exactly the rounds' verify_s (before, the drafter timed the same span again itself, at
-    every round: a share of a tiny model's round)."""
-    from engines.glm_ocr.engine import DraftCosts
-
+def test_the_rounds_are_priced_from_the_loops_own_timing(engine, trained_glm_ocr, monkeypatch):
+    """Composed drafting prices its sources from the loop's own time for each round (its wall
+    time, drafting and verify, as chat's rounds are priced), told once per round with the
+    round's width and chain, not timed again by the drafter. (A round asked for no drafts --
+    the last token of max_tokens -- never reached the proposer: it prices nothing.)"""
     req = request(trained_glm_ocr[1][1], 2)
     prompt = engine._prompt(req)
-    costs = DraftCosts()
-    drafter = ComposedDrafter(MtpDrafter(engine.runtime, prompt.positions, engine.config.eos_token_ids),
-                              NGramProposer(), engine.runtime.seq_len - 1, costs)
-    rounds = [r for r in engine.generate(req, drafter=drafter) if not r.prefill]
-    by_width = {}
-    for r in rounds:
-        by_width.setdefault(1 + r.proposed, []).append(r.verify_s)
-    assert len(rounds) > 10 and costs.verify_s.keys() == by_width.keys()
-    for width, seconds in by_width.items():
-        assert list(costs.verify_s[width]) == seconds[-7:], width
+    costs, told = DraftingCosts(), []
+    observe = DraftingCosts.observe
+    monkeypatch.setattr(DraftingCosts, "observe", lambda self, *a: (told.append(a), observe(self, *a)))
+    drafter = ComposedProposer(MtpDrafter(engine.runtime, prompt.positions, engine.config.eos_token_ids),
+                               NGramProposer(), costs, max_drafts=engine.runtime.seq_len - 1)
+    rounds = [r for r in engine.generate(req, drafter=drafter) if not r.prefill and r.steps]
+    assert len(rounds) > 10 and len(told) == len(rounds)
+    for r, (seconds, width, chain) in zip(rounds, told):
+        assert (seconds, width) == (r.wall_s, 1 + r.proposed)
+        assert chain == (r.proposed if r.draft_source == "mtp" else 0 if r.draft_source in (None, "ngram") else chain)

@@ -119,15 +119,15 @@ def test_the_first_tokens_follow_the_target_law(engine, image, exact, drafts):
 
 @pytest.mark.parametrize("drafts", [2, 5])
 def test_composed_drafting_keeps_the_target_law(engine, image, exact, monkeypatch, drafts):
-    """--with-ngram (engine.ComposedDrafter, priced flat so that which source drafts does not
+    """--with-ngram (ComposedProposer, priced flat so that which source drafts does not
     hang on this machine's timing): the same law. The first tokens of this model never recur
     in the prompt, so the first verify round drafts from the chain; rounds drafted from n-gram
     come later and are held to the target's law position by position in test_composed.py.
     Shown to fail with the sampler broken (resample_from_p in rejection_verify) when it was
     written, and kept failing below."""
-    from engines.glm_ocr.engine import ComposedDrafter
+    from engines.speculative import composed
 
-    monkeypatch.setattr(ComposedDrafter, "timed", False)
+    monkeypatch.setattr(composed, "MEASURED", False)
     sources = Counter()
     counts, proposed, _ = sample(engine, image, drafts, compose=True, sources=sources)
     assert proposed > 0.8 * RUNS * min(drafts, 2)
@@ -177,9 +177,9 @@ def test_a_broken_verifier_fails_the_same_test(engine, image, exact, monkeypatch
 @pytest.mark.slow
 @pytest.mark.parametrize("defect", ["resample_from_p", "accept_q_over_p"])
 def test_a_broken_verifier_fails_the_composed_law(engine, image, exact, monkeypatch, defect):
-    from engines.glm_ocr.engine import ComposedDrafter
+    from engines.speculative import composed
 
-    monkeypatch.setattr(ComposedDrafter, "timed", False)
+    monkeypatch.setattr(composed, "MEASURED", False)
     monkeypatch.setattr("engines.glm_ocr.engine.rejection_verify", broken_verifier(defect))
     counts, _, _ = sample(engine, image, 2, compose=True)
     assert not matches_the_target(counts, exact)

@@ -1,5 +1,5 @@
 """Chat's composed proposer asks a forward for the target's hidden state only when the round
-after it may chain (engines/mlx_chat/composed.py, ComposedProposer.needs_hidden): with the
+after it may chain (engines/speculative/composed.py, ComposedProposer.needs_hidden): with the
 drafter priced out, plain and n-gram rounds run without it, the round before a due probe and
 every chain round with it, and a chain is never started from an older round's state. Nor does
 it anticipate the next chain behind a probe (drafts_ahead): only behind a chain the chooser
@@ -8,7 +8,7 @@ tests/engines/training/test_composed.py.)"""
 
 import mlx.core as mx
 
-from engines.mlx_chat.composed import ComposedProposer, DraftingCosts
+from engines.speculative.composed import ComposedProposer, DraftingCosts
 from engines.mlx_chat.proposers import ProposerContext
 from engines.speculative.ngram import NGramProposer
 from engines.speculative.proposer import Draft

@@ -1,12 +1,12 @@
 """A composed round whose drafter is priced out should cost the host what an n-gram round does
-(engines/mlx_chat/composed.py): on the tiny Gemma 4 pair a round is ~2 ms and each 20 us of
+(engines/speculative/composed.py): on the tiny Gemma 4 pair a round is ~2 ms and each 20 us of
 Python a percent. Counted here as work done, not timed: a round observed takes no median (the
 verify's curve is read only when the chooser is re-priced), and the chooser prices a choice once
 while nothing it reads changes -- with the same answers as pricing every round."""
 
 import random
 
-from engines.mlx_chat.composed import REPRICE_UNCHAINED_EVERY, ComposedProposer, DraftingCosts
+from engines.speculative.composed import REPRICE_UNCHAINED_EVERY, ComposedProposer, DraftingCosts
 from engines.mlx_chat.proposers import ProposerContext
 from engines.speculative.sequence import Step
 from engines.speculative.ngram import NGramProposer

@@ -1,9 +1,9 @@
-"""What chat's composed proposer keeps of a machine whose load changes (engines/mlx_chat/composed.py,
+"""What chat's composed proposer keeps of a machine whose load changes (engines/speculative/composed.py,
 DraftingCosts): a verify width priced at the load now, not at the load it was last measured under;
 a chain token's drafting priced as a share of a plain verify, not as seconds beyond a verify
 measured later. Counted as choices on a cost model, no timings; each fails on the code before."""
 
-from engines.mlx_chat.composed import DraftingCosts
+from engines.speculative.composed import DraftingCosts
 from engines.speculative.composed import NGRAM, Chooser
 
 

@@ -1,9 +1,9 @@
-"""Chat's composed probes (engines/mlx_chat/composed.py, DraftingCosts.form): a drafter priced
+"""Chat's composed probes (engines/speculative/composed.py, DraftingCosts.form): a drafter priced
 out is re-tried with a one-draft round after CHAIN_PROBE_AFTER rounds without a chain, each
 probe after which it is still priced out doubles that wait (up to CHAIN_PROBE_MAX), and a
 chain chosen on its merits -- or right after a probe -- brings the wait back to the start."""
 
-from engines.mlx_chat.composed import CHAIN_PROBE_AFTER, CHAIN_PROBE_MAX, PROBE_AFTER, DraftingCosts
+from engines.speculative.composed import CHAIN_PROBE_AFTER, CHAIN_PROBE_MAX, PROBE_AFTER, DraftingCosts
 
 
 def measured() -> DraftingCosts:

@@ -9,7 +9,7 @@ import pytest
 
 mx = pytest.importorskip("mlx.core")
 
-import engines.mlx_chat.composed as composed  # noqa: E402
+import engines.speculative.composed as composed  # noqa: E402
 from engines.types import Request, SpecConfig  # noqa: E402
 from engines.mlx_chat.engine import ChatEngine  # noqa: E402
 from engines.speculative.composed import Chooser  # noqa: E402

@@ -1,9 +1,9 @@
-"""Chat's composed verify prices (engines/mlx_chat/composed.py): a width measured slow does not
+"""Chat's composed verify prices (engines/speculative/composed.py): a width measured slow does not
 price every wider width out (the curve is monotone from below: StepCosts.from_below), and a
 width no longer chosen is measured again -- after REMEASURE_AFTER rounds in a row that cut the
 n-gram continuation short, one drafts all of it. On a cost model, no timings."""
 
-from engines.mlx_chat.composed import CHAIN_PROBE_AFTER, REMEASURE_AFTER, ComposedProposer, DraftingCosts
+from engines.speculative.composed import CHAIN_PROBE_AFTER, REMEASURE_AFTER, ComposedProposer, DraftingCosts
 from engines.mlx_chat.proposers import ProposerContext
 from engines.speculative.sequence import Step
 from engines.speculative.ngram import NGramProposer
@@ -99,7 +99,7 @@ def test_rounds_without_a_chain_reprice_every_32():
     """Re-reading the measured costs prices every width (~100 us in place on the tiny Gemma 4
     pair): rounds without a chain do it every REPRICE_UNCHAINED_EVERY rounds (it was every 8);
     a chain round at once."""
-    from engines.mlx_chat.composed import REPRICE_UNCHAINED_EVERY, EMPTY
+    from engines.speculative.composed import REPRICE_UNCHAINED_EVERY, EMPTY
 
     proposer, _ = copying_run(measured_costs(MACHINE))
     readings = []

@@ -1,4 +1,4 @@
-"""Composed drafting (engines/mlx_chat/composed.py): n-gram lookup beside a drafter trained on
+"""Composed drafting (engines/speculative/composed.py): n-gram lookup beside a drafter trained on
 the tiny llama. On a mixed set -- prompts it copies and prompts it answers freshly -- rounds
 draft in all three forms (n-gram alone, the chain, the chain with n-gram tokens after it:
 at T>0 their rows of q are one-hot beside the drafter's sampled ones), the output is plain decoding's token for token at T=0, and at T>0 the
@@ -12,7 +12,7 @@ from dataclasses import replace
 import mlx.core as mx
 import pytest
 
-from engines.mlx_chat.composed import ComposedProposer
+from engines.speculative.composed import ComposedProposer
 from engines.types import Request, SpecConfig
 from tests.engines.broken_verifiers import BROKEN
 from tests.engines.mlx_chat.test_lossless_sampled import PROMPT, SAMPLING, WORDS, exact_distribution
@@ -29,7 +29,7 @@ MIXED = [COPY, prompts(checkpoints.WORDS)[0], COPY + " " + prompts(checkpoints.W
 @pytest.fixture(autouse=True)
 def flat_prices(monkeypatch):
     """Every form must be drafted, whatever this machine's timings would price out."""
-    from engines.mlx_chat import composed
+    from engines.speculative import composed
 
     monkeypatch.setattr(composed, "MEASURED", False)
 
@@ -94,7 +94,7 @@ def chains_late(engine, drafter, monkeypatch, drafting_costs: float | None) -> t
     token -- a drafter that dear (None: flat prices, drafting not priced). Returns the share of
     the later rounds (past the first 12 of each prompt) that chained, and whether every output
     was plain decoding's."""
-    from engines.mlx_chat import composed
+    from engines.speculative import composed
 
     monkeypatch.setattr(composed, "MEASURED", drafting_costs is not None)
     real = REAL_OBSERVE  # not the class's: a wrapper a previous call left in place
