@@ -97,8 +97,8 @@ class LoadScaledCosts(StepCosts):
     measured, not every step divided by a load level estimated from the steps (tried first):
     with one size measured most of the time, the level and that size's price are estimated
     from each other, and the steps' noise walks them away from the sizes not measured (20%
-    noise: a size not measured priced 4.4x its worth after 20,000 steps, tests/unit/
-    test_tuning.py); a ratio of two medians of the same size carries no error from step to step.
+    noise: a size not measured priced 4.4x its worth after 20,000 steps,
+    tests/engines/speculative/test_tuning.py); a ratio of two medians of the same size carries no error from step to step.
     """
 
     fresh: int = 32  # steps: a size observed within them is priced as measured (--steps auto observes a

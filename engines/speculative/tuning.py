@@ -70,7 +70,7 @@ PRIOR_ROUNDS = 5
 # Each probe whose deepest draft fails while the choice stays doubles the wait before the next,
 # up to PROBE_MAX; a choice that moves, or a probe whose draft held, brings it back to
 # PROBE_AFTER. Why: where a verify of k + 2 rows costs more than one of k + 1 (a CPU whose 3-row
-# forward costs 1.3x its 2-row one: tests/unit/test_tuning.py's SMOLLM2_STEEP), one probe in nine cost
+# forward costs 1.3x its 2-row one: tests/engines/speculative/test_tuning.py's SMOLLM2_STEEP), one probe in nine cost
 # SmolLM2's drafter 5-10% of its speed (--steps auto 0.90x --steps 1) to learn, again and
 # again, that a second draft does not pay.
 PROBE_AFTER = 8
@@ -93,7 +93,7 @@ SHALLOW_ROUNDS = 3
 
 def round_costs() -> LoadScaledCosts:
     """What `--steps auto` keeps of its rounds' costs by width (the chat engine keeps one per
-    drafter across requests). Why each half (tests/unit/test_tuning.py drives both on a
+    drafter across requests). Why each half (tests/engines/speculative/test_tuning.py drives both on a
     model of this CPU whose load changes mid-run):
     - scaled by the load (LoadScaledCosts): a width measured before a load rose, or under one
       that has passed, is priced at the load now -- kept as measured, widths chosen now looked

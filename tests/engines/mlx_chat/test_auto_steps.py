@@ -189,7 +189,7 @@ def test_the_kept_round_costs_follow_the_load_across_requests(engines, monkeypat
     request drafts 1, 2 and 3 a round; the second, whose rounds cost twice as much (another
     process started), drafts 1: once its rounds show the load, the widths only the first
     request measured are priced twice as dear too -- kept at their quiet price beside the dear
-    narrow ones, deep drafts looked free (tests/unit/test_tuning.py). k is scripted here (the
+    narrow ones, deep drafts looked free (tests/engines/speculative/test_tuning.py). k is scripted here (the
     chooser's own picks are tested there); the costs are a model, not timings."""
     import itertools
 

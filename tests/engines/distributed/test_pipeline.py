@@ -29,7 +29,7 @@ import pytest
 from app.serve.protocol import ServedModel
 from app.serve.server import ServeConfig, Served, build_app, start_in_thread
 from engines.types import SpecConfig
-from tests.distributed.conftest import RankServer, start_rank_server, wait_gone
+from tests.engines.distributed.conftest import RankServer, start_rank_server, wait_gone
 from tests.engines.gemma4.checkpoints import EDGE_TARGET, AssistantSpec, TargetSpec, build_assistant, build_target
 from tests.engines.gemma4.conftest import dense_pair  # noqa: F401  (the tiny Gemma 4 pair)
 from tests.engines.gemma4.trained import TRAIN_PROMPTS

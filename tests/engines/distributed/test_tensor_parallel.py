@@ -22,7 +22,7 @@ import pytest
 from app.serve.protocol import ServedModel
 from app.serve.server import ServeConfig, Served, build_app, start_in_thread
 from engines.types import SpecConfig
-from tests.distributed.conftest import MODEL, RankServer, start_rank_server, wait_gone
+from tests.engines.distributed.conftest import MODEL, RankServer, start_rank_server, wait_gone
 
 pytestmark = pytest.mark.slow
 

@@ -29,8 +29,8 @@ from engines.distributed.mirror import FORWARD, Replica, run_forward  # noqa: E4
 from engines.mlx_chat.engine import ChatEngine  # noqa: E402
 from engines.mlx_chat.loading import load_model  # noqa: E402
 from engines.types import Request, Sampling, SpecConfig  # noqa: E402
-from tests.distributed.conftest import start_rank_server, wait_gone  # noqa: E402
-from tests.distributed.test_mirror import PROMPTS, RecordingBus  # noqa: E402
+from tests.engines.distributed.conftest import start_rank_server, wait_gone  # noqa: E402
+from tests.engines.distributed.test_mirror import PROMPTS, RecordingBus  # noqa: E402
 
 DRAFT = SpecConfig("draft", 4)
 
@@ -177,7 +177,7 @@ def alone(llama, llama_draft) -> dict:
     """The same questions to one process: the same checkpoints through the same server code."""
     from app.serve.protocol import ServedModel
     from app.serve.server import ServeConfig, Served, build_app, start_in_thread
-    from tests.distributed.conftest import MODEL, RankServer
+    from tests.engines.distributed.conftest import MODEL, RankServer
 
     engine = ChatEngine.load(llama, draft_model=llama_draft)
     single = start_in_thread(build_app(ServeConfig(max_batch=4), [Served(ServedModel(MODEL, "chat", DRAFT), engine)]))
