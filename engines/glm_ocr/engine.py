@@ -99,6 +99,7 @@ class MtpDrafter:
         self.runtime = runtime
         self.positions = positions
         self.eos = set(eos_ids)
+        self.cache = runtime.new_mtp_cache()  # its own: a batch's rows draft side by side (Core ML: None, its one state)
         self.slot = 0  # next MTP cache row to write; rows below hold verified pairs
         self.pending_hidden: list[np.ndarray] = []
         self.pending_embeds: list[np.ndarray] = []  # the prompt's rows (image features among them)
@@ -159,7 +160,7 @@ class MtpDrafter:
             raise EngineError("the MTP cache is full")
         cos, sin = text_rope(self.positions.rows(start, n), self.runtime.config.text)
         self.mtp_rows += n
-        return self.runtime.mtp(previous_hidden.astype(np.float32), embeds, start, cos, sin)
+        return self.runtime.mtp(previous_hidden.astype(np.float32), embeds, start, cos, sin, self.cache)
 
     def _greedy(self, head_hidden: np.ndarray) -> int:
         return int(np.argmax(self.runtime.logits(head_hidden[None])[0]))
@@ -264,8 +265,7 @@ class OcrEngine:
         """One Round per target forward. `drafter` replaces the MTP drafter (tests, benchmarks).
         `on_prefill` is accepted for the Engine protocol; the image prompt's prefill, bounded
         by the converted cache length, reports no progress yet."""
-        prompt = self._prompt(request)
-        seq = self._sequence(request, prompt, drafter, should_stop)
+        seq, prompt = self.sequence(request, should_stop, drafter)
         sampler = Sampler(request.sampling)
 
         # prefill: the prompt in prefill_len chunks; the last row's logits give the first token
@@ -307,6 +307,13 @@ class OcrEngine:
             tokens, finish = seq.commit(step, verdict, rows[verdict.accepted])
             rnd = seq.report(step, verdict, tokens, finish)
             yield rnd
+
+    def sequence(self, request: Request, should_stop: ShouldStop | None = None,
+                 drafter: Proposer | None = None) -> tuple[Sequence, Prompt]:
+        """The request checked (EngineError), its image read into the prompt, and its Sequence:
+        what the lone loop above and the batch (batch.py) start from."""
+        prompt = self._prompt(request)
+        return self._sequence(request, prompt, drafter, should_stop), prompt
 
     # -- helpers, in the order the loop uses them ------------------------------------------
 

@@ -3,7 +3,10 @@
 All arrays are NumPy, row-major (sequence, channels), float32; a runtime converts to its
 own layout (channels-first for Core ML and its twin) and dtype. The round loop in engine.py only talks to this.
 
-A runtime holds two KV caches: the main decoder's and the MTP layer's. `decode` writes rows
+A runtime holds two KV caches: the main decoder's and the MTP layer's (the fast runtime also
+makes one MTP cache per sequence, and batches many sequences in one decoder forward:
+runtime_fast.BatchKV; Core ML and its twin hold one state each, so they read one sequence at a
+time). `decode` writes rows
 cache_position .. cache_position + n - 1 of the main cache (n <= prefill_len; Core ML and its
 twin pad to their fixed chunk size) and returns the final-normed hidden states of the n rows; `mtp`
 does the same for the MTP cache. Rows past what the caller considers valid are stale and
@@ -40,9 +43,14 @@ class Runtime(Protocol):
     def logits(self, hidden: np.ndarray) -> np.ndarray:
         """(n, hidden) -> (n, vocab)."""
 
+    def new_mtp_cache(self):
+        """A sequence's own MTP cache (each MtpDrafter keeps one), or None where the runtime has
+        one MTP state (Core ML's stateful package and its twin: there the batch is a batch of one)."""
+
     def mtp(self, previous_hidden: np.ndarray, embeds: np.ndarray, cache_position: int,
-            cos: np.ndarray, sin: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(n, hidden) x2 at MTP cache rows cache_position.. -> (raw hidden, normed hidden)."""
+            cos: np.ndarray, sin: np.ndarray, cache=None) -> tuple[np.ndarray, np.ndarray]:
+        """(n, hidden) x2 at MTP cache rows cache_position.. of `cache` (None: the runtime's
+        own) -> (raw hidden, normed hidden)."""
 
 
 def pad_rows(x: np.ndarray, rows: int) -> np.ndarray:

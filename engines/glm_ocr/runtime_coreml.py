@@ -228,10 +228,17 @@ class CoreMLRuntime:
             parts.append(_rows(out["logits"])[: rows.shape[0]])
         return np.concatenate(parts)
 
+    def new_mtp_cache(self) -> None:
+        """One MTP state (the stateful package's): sequences are read one at a time here (the
+        batch, batch.py, is a batch of one on Core ML)."""
+        return None
+
     def mtp(self, previous_hidden: np.ndarray, embeds: np.ndarray, cache_position: int,
-            cos: np.ndarray, sin: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            cos: np.ndarray, sin: np.ndarray, cache=None) -> tuple[np.ndarray, np.ndarray]:
         """The MTP package takes one row per call (the drafting hot path); several rows go
-        one by one, which is exact: row i only attends to cache rows <= its own."""
+        one by one, which is exact: row i only attends to cache rows <= its own. `cache`: always
+        None here (the one state)."""
+        assert cache is None, "Core ML holds one MTP state"
         if self._mtp_state is None:
             raise EngineError(self.mtp_unavailable or "MTP unavailable")
         n = embeds.shape[0]

@@ -11,9 +11,15 @@ What it runs, and why it is faster than the Core ML twin (runtime_torch.py) on a
   KV cache  `KVCache` below: transformers' Cache.update protocol over buffers that grow;
             every call first crops the cache to `cache_position`, which is the rollback --
             rows written for rejected drafts are dropped before anything reads them.
+  batch     `BatchKV` below: many sequences in one forward of the decoder stack (batch.py,
+            OcrBatch): per layer one [B, H, capacity, D] buffer, each row writing at its own
+            length and attending to its own slots through an explicit [B, 1, W, L] mask, with
+            per-row mRoPE tables; a row joins with its prompt prefilled alone (`prefill`) and
+            copied in, and leaves by being dropped.
   MTP       transformers' decoder layer plus enorm / hnorm / eh_proj / shared_head.norm,
-            with its own KVCache under the same convention (docs/glm-ocr-mtp-convention.md;
-            the convention itself lives in engine.MtpDrafter).
+            with a KVCache per sequence (each MtpDrafter owns one: `new_mtp_cache`) under the
+            same convention (docs/glm-ocr-mtp-convention.md; the convention itself lives in
+            engine.MtpDrafter).
   weights   held once, in the compute dtype: weights.load_model reads one stored tensor at a
             time into the model's own parameters (from_pretrained keeps the shards mapped
             while it fills a float32 model: a 6.9 GB peak instead of 5.0 at the published shapes);
@@ -104,6 +110,87 @@ class KVCache:
         self.keys.clear()
         self.values.clear()
         self.position = 0
+
+
+class BatchKV:
+    """The K/V of a batch of sequences, in transformers' Cache protocol: per layer one
+    [B, H, capacity, D] buffer shared by the rows. Row b holds its verified rows in slots
+    0 .. lengths[b] - 1. A forward of width W (the longest row's inputs; shorter rows
+    right-padded) writes row b's inputs at slots lengths[b] .. lengths[b] + W - 1, and each
+    input attends to its own row's slots up to itself (`begin`'s [B, 1, W, L] mask). After the
+    verdict `settle` moves each row's length past the rows it keeps: the slots of its rejected
+    drafts and of its padding are overwritten by its next write and never read before.
+
+    Buffers start zeroed and grow zeroed: slots a row never wrote (another row is longer) sit
+    under its mask, and a masked slot must hold a finite number -- SDPA adds the mask as
+    -inf, and NaN + -inf is NaN."""
+
+    def __init__(self, step: int = 256):
+        self.step = step
+        self.keys: dict[int, torch.Tensor] = {}
+        self.values: dict[int, torch.Tensor] = {}
+        self.lengths: list[int] = []
+        self._slots: torch.Tensor | None = None  # this forward's write slots, [B, W]
+
+    @property
+    def rows(self) -> int:
+        return len(self.lengths)
+
+    def begin(self, width: int) -> torch.Tensor:
+        """A forward of `width` inputs per row: where each row writes, and the mask of what each
+        input sees, [B, 1, W, L] with L = the longest row's length + W."""
+        lengths = torch.tensor(self.lengths)
+        self._slots = lengths[:, None] + torch.arange(width)[None, :]
+        self._span = max(self.lengths) + width
+        return (torch.arange(self._span)[None, None, :] <= self._slots[:, :, None])[:, None]
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        keys, values = self._room(layer_idx, key_states, value_states, self._span)
+        rows = torch.arange(self.rows)[:, None]
+        keys[rows, :, self._slots] = key_states.transpose(1, 2)  # [B, W, H, D] at [b, :, slot]
+        values[rows, :, self._slots] = value_states.transpose(1, 2)
+        return keys[:, :, : self._span], values[:, :, : self._span]
+
+    def _room(self, layer_idx: int, key_states, value_states, end: int):
+        """The layer's buffers, grown (zeroed, amortised) to hold `end` slots."""
+        keys, values = self.keys.get(layer_idx), self.values.get(layer_idx)
+        if keys is None or keys.shape[2] < end:
+            capacity = max(end, 2 * (keys.shape[2] if keys is not None else 0), self.step)
+            shape = (self.rows, key_states.shape[1], capacity, key_states.shape[3])
+            new_k, new_v = key_states.new_zeros(shape), value_states.new_zeros(shape)
+            if keys is not None:
+                new_k[:, :, : keys.shape[2]] = keys
+                new_v[:, :, : values.shape[2]] = values
+            keys, values = self.keys[layer_idx], self.values[layer_idx] = new_k, new_v
+        return keys, values
+
+    def settle(self, kept: list[int]) -> None:
+        """Each row keeps its first kept[b] inputs of the last forward."""
+        self.lengths = [n + k for n, k in zip(self.lengths, kept)]
+
+    def join(self, alone: KVCache, length: int) -> None:
+        """A new last row: the first `length` rows of a sequence's own cache (its prompt,
+        prefilled alone)."""
+        for layer, k in alone.keys.items():
+            v = alone.values[layer]
+            keys, values = self.keys.get(layer), self.values.get(layer)
+            if keys is not None:
+                keys, values = self._room(layer, keys, values, length)
+            capacity = keys.shape[2] if keys is not None else max(length, self.step)
+            row_k = k.new_zeros((1, k.shape[1], capacity, k.shape[3]))
+            row_v = v.new_zeros(row_k.shape)
+            row_k[:, :, :length], row_v[:, :, :length] = k[:, :, :length], v[:, :, :length]
+            self.keys[layer] = row_k if keys is None else torch.cat([keys, row_k])
+            self.values[layer] = row_v if values is None else torch.cat([values, row_v])
+        self.lengths.append(length)
+
+    def select(self, keep: list[int]) -> None:
+        """Only the rows `keep` stay (in that order): the others left the batch."""
+        index = torch.tensor(keep, dtype=torch.long)
+        for layer in self.keys:
+            self.keys[layer] = self.keys[layer].index_select(0, index)
+            self.values[layer] = self.values[layer].index_select(0, index)
+        self.lengths = [self.lengths[b] for b in keep]
 
 
 class EmbeddingRows:
@@ -241,17 +328,45 @@ class FastRuntime:
         self.cache.reset()
         self.mtp_cache.reset()
 
+    def new_mtp_cache(self) -> KVCache:
+        """A sequence's own MTP cache (MtpDrafter keeps one): drafters of a batch's rows never
+        share rows."""
+        return KVCache()
+
     @torch.no_grad()
-    def decode(self, embeds, cache_position, cos, sin):
+    def decode(self, embeds, cache_position, cos, sin, cache: KVCache | None = None):
+        """`cache`: the one to write (default: the runtime's own, the lone loop's)."""
         n = embeds.shape[0]
         assert 1 <= n and cache_position + n <= self.cache_length, (n, cache_position)
+        cache = self.cache if cache is None else cache
         x = self._rows(embeds)
         rope, mask = self._rope(cos, sin), self._mask(cache_position, n)
-        self.cache.position = cache_position  # the rollback: rows from here on are rewritten
+        cache.position = cache_position  # the rollback: rows from here on are rewritten
         with intra_op_threads(self.decode_threads):
             for layer in self.lm.layers:
-                x = layer(x, position_embeddings=rope, attention_mask=mask, cache=self.cache)
+                x = layer(x, position_embeddings=rope, attention_mask=mask, cache=cache)
             return self.lm.norm(x)[0].float().numpy()
+
+    # -- the batch (batch.py): many sequences, one forward -----------------------------------
+
+    def prefill(self, embeds, cos, sin) -> tuple[np.ndarray, KVCache]:
+        """A joining sequence's prompt read alone, in a cache of its own (BatchKV.join copies it
+        into the batch): the same forward as the lone loop's prefill, so the same first token."""
+        cache = KVCache()
+        return self.decode(embeds, 0, cos, sin, cache), cache
+
+    @torch.no_grad()
+    def decode_rows(self, kv: BatchKV, embeds: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+        """One forward of the decoder stack over every row of `kv`: embeds [B, W, C] (ragged rows
+        right-padded), per-row rope tables [B, W, R] -> final-normed hidden [B, W, C]. Row b's
+        inputs are written at its slots lengths[b].. ; `kv.settle` keeps what the verdicts keep."""
+        assert embeds.shape[0] == kv.rows and max(kv.lengths) + embeds.shape[1] <= self.cache_length
+        x = torch.from_numpy(np.ascontiguousarray(embeds, dtype=np.float32)).to(self.dtype)
+        rope, mask = self._rope(cos, sin), kv.begin(embeds.shape[1])
+        with intra_op_threads(self.decode_threads):
+            for layer in self.lm.layers:
+                x = layer(x, position_embeddings=rope, attention_mask=mask, cache=kv)
+            return self.lm.norm(x).float().numpy()
 
     @torch.no_grad()
     def logits(self, hidden):
@@ -259,15 +374,17 @@ class FastRuntime:
             return self.lm_head(self._rows(hidden))[0].float().numpy()
 
     @torch.no_grad()
-    def mtp(self, previous_hidden, embeds, cache_position, cos, sin):
+    def mtp(self, previous_hidden, embeds, cache_position, cos, sin, cache: KVCache | None = None):
+        """`cache`: the sequence's own MTP cache (new_mtp_cache), default the runtime's."""
         if self.mtp_module is None:
             raise EngineError(self.mtp_unavailable or "MTP unavailable")
         n = embeds.shape[0]
         assert cache_position + n <= self.cache_length
-        self.mtp_cache.position = cache_position
+        cache = self.mtp_cache if cache is None else cache
+        cache.position = cache_position
         with intra_op_threads(self.decode_threads):
             raw, head = self.mtp_module(self._rows(previous_hidden), self._rows(embeds), cache_position,
-                                        self._rope(cos, sin), self._mask(cache_position, n), self.mtp_cache)
+                                        self._rope(cos, sin), self._mask(cache_position, n), cache)
         return raw[0].float().numpy(), head[0].float().numpy()
 
     # -- helpers --------------------------------------------------------------------------------
@@ -277,11 +394,13 @@ class FastRuntime:
 
     def _rope(self, cos: np.ndarray, sin: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """The host's split-half tables [c_0 .. c_{R/2-1}, c_0 .. c_{R/2-1}] in transformers'
-        interleaved form [c_0, c_0, c_1, c_1, ...] (GlmOcrTextRotaryEmbedding's layout)."""
+        interleaved form [c_0, c_0, c_1, c_1, ...] (GlmOcrTextRotaryEmbedding's layout): (n, R)
+        -> (1, n, R), or a batch's per-row (B, W, R) -> (B, W, R)."""
         half = cos.shape[-1] // 2
 
         def interleaved(t):
-            return torch.from_numpy(np.ascontiguousarray(t[:, :half])).repeat_interleave(2, dim=-1)[None].to(self.dtype)
+            t = torch.from_numpy(np.ascontiguousarray(t[..., :half])).repeat_interleave(2, dim=-1)
+            return (t if t.ndim == 3 else t[None]).to(self.dtype)
 
         return interleaved(cos), interleaved(sin)
 

@@ -74,8 +74,13 @@ class TorchRuntime:
     def logits(self, hidden):
         return _rows(self.modules.lm_head(_cf(hidden)))
 
+    def new_mtp_cache(self) -> None:
+        """One MTP state, as the Core ML package it twins: one sequence at a time (a batch of one)."""
+        return None
+
     @torch.no_grad()
-    def mtp(self, previous_hidden, embeds, cache_position, cos, sin):
+    def mtp(self, previous_hidden, embeds, cache_position, cos, sin, cache=None):
+        assert cache is None, "the Core ML twin holds one MTP state"
         if self.modules.mtp is None:
             raise EngineError(self.mtp_unavailable or "MTP unavailable")
         assert cache_position + embeds.shape[0] <= self.cache_length

@@ -99,10 +99,10 @@ class Rows:
     def __init__(self, runtime):
         self.mtp, self.rows = runtime.mtp, {}
 
-    def __call__(self, previous_hidden, embeds, cache_position, cos, sin):
+    def __call__(self, previous_hidden, embeds, cache_position, cos, sin, cache=None):
         for i, (h, e) in enumerate(zip(previous_hidden, embeds)):
             self.rows[cache_position + i] = (h.copy(), e.copy())
-        return self.mtp(previous_hidden, embeds, cache_position, cos, sin)
+        return self.mtp(previous_hidden, embeds, cache_position, cos, sin, cache)
 
 
 class ForgetsNgramRounds(MtpDrafter):
