@@ -41,6 +41,7 @@ import numpy as np
 from engines.types import EngineError, Request, ShouldStop
 from engines.glm_ocr.engine import OcrEngine, Positions, Prompt, Sampler
 from engines.glm_ocr.positions import text_rope
+from engines.speculative.proposer import Proposer
 from engines.speculative.rounds import Round
 from engines.speculative.sequence import Sequence, Step
 from engines.speculative.verify import Verdict
@@ -171,10 +172,12 @@ class OcrBatch:
         return len(self.running)
 
     # -- entering -----------------------------------------------------------------------------
-    def submit(self, request: Request, should_stop: ShouldStop | None = None) -> Sequence:
+    def submit(self, request: Request, should_stop: ShouldStop | None = None, *,
+               drafter: Proposer | None = None) -> Sequence:
         """Check the request and read its image (an invalid one never enters: EngineError), and
-        queue it for a row."""
-        seq, prompt = self.engine.sequence(request, should_stop)
+        queue it for a row. `drafter` replaces its MTP drafter (benchmarks, tests), as in
+        OcrEngine.generate."""
+        seq, prompt = self.engine.sequence(request, should_stop, drafter)
         seq.id = next(self._ids)
         seq.key = row_sampler(request)
         self.waiting.append(Waiting(seq, prompt))
