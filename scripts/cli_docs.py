@@ -9,7 +9,7 @@ ocr | serve, models list | get | ...), then the window's own options (app/gui/st
 parser comes from the function the command builds it with; `convert` builds its parser inside
 cmd_convert, so its parser is caught where cmd_convert would parse the arguments. Nothing reads
 `--help` text: every row is an argparse action, its value spelled by argparse's own formatter.
-tests/unit/test_cli_docs.py fails when docs/cli.md and this script's output differ.
+tests/app/cli/test_docs.py fails when docs/cli.md and this script's output differ.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ DOC = ROOT / "docs" / "cli.md"
 HEADER = """# Command line reference
 
 Every option of every `specscope` command, generated from the command line's own parsers by
-`python scripts/cli_docs.py` (do not edit by hand: `tests/unit/test_cli_docs.py` fails when this
+`python scripts/cli_docs.py` (do not edit by hand: `tests/app/cli/test_docs.py` fails when this
 file differs from what the parsers say). `specscope COMMAND --help` prints the same options.
 What the speculation options do: [speculation.md](speculation.md); the server's endpoints:
 [serve.md](serve.md); documents and OCR: [ocr.md](ocr.md).

@@ -3,7 +3,7 @@ huggingface_hub itself: OCR mode with nothing installed -> the pane's offer -> p
 model is ready -> drop an image -> text; the Models dialog's list, progress (bytes, rate, ETA)
 while a transfer is held mid-file, Cancel, Remove. The model is a tiny GLM-OCR in the layout
 zai-org/GLM-OCR publishes; OCR runs on the torch runtime (Core ML needs a Mac: on macOS the job
-would convert it after the download, which tests/models/test_convert_job.py covers)."""
+would convert it after the download, which tests/app/models/test_convert_job.py covers)."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ openai = pytest.importorskip("openai")
 from app.serve.protocol import ServedModel  # noqa: E402
 from app.serve.server import ServeConfig, Served, build_app, start_in_thread  # noqa: E402
 from engines.types import SpecConfig  # noqa: E402
-from tests.serve.test_serve import MODEL, LONG, counter, gauge, scrape, _wait_for  # noqa: E402
+from tests.app.serve.test_serve import MODEL, LONG, counter, gauge, scrape, _wait_for  # noqa: E402
 
 PROMPTS = ["the cat and the dog see the cat and the dog see the cat", "a red bird and an old fish",
            "the big house on the old road and the big house", "see the moon"]

@@ -15,7 +15,7 @@ from app.cli.main import main
 from app.models import catalog, store
 from tests.hub.fixtures import hub, hub_env  # noqa: F401  (pytest fixtures)
 from tests.hub.repos import MiB, make_big_repo, make_small_repo
-from tests.models.test_downloads import _wait_for
+from tests.app.models.test_downloads import _wait_for
 
 
 @pytest.fixture(scope="session")
@@ -101,7 +101,7 @@ def test_spec_mtp_on_a_paired_target_picks_its_assistant(hub, hub_env, capsys, g
     (["models", "add", "/etc/hostname"], "not a model"),
     (["chat", "--model", "nobody/nothing", "--prompt", "hi"], "nobody/nothing is not downloaded: specscope models get nobody/nothing"),
     # a real image, so the input check (made before any model is resolved) lets it through
-    (["ocr", str(Path(__file__).resolve().parents[2] / "resources" / "icons" / "specscope-1024.png")],
+    (["ocr", str(Path(__file__).resolve().parents[3] / "resources" / "icons" / "specscope-1024.png")],
      "glm-ocr: not downloaded"),
 ])
 def test_bad_input_is_one_line_exit_2(hub, hub_env, capsys, argv, expected):

@@ -154,7 +154,7 @@ def test_disconnect_cancels_the_generation(client, server):
 
 def test_concurrent_clients_are_queued_one_at_a_time_and_a_full_queue_answers_503(client, server, engine):
     if server.extra["max_batch"] != 1:
-        pytest.skip("one at a time is --max-batch 1; the batch's queue: tests/serve/test_batch_serve.py")
+        pytest.skip("one at a time is --max-batch 1; the batch's queue: tests/app/serve/test_batch_serve.py")
     _wait_for(server, lambda t: gauge(t, "requests_processing") == 0)
     first = _stream_long(client)
     next(iter(first))  # running now
