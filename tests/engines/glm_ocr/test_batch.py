@@ -159,3 +159,35 @@ def test_core_ml_twin_reads_one_sequence_at_a_time(trained_glm_ocr, images):
         alone = list(twin.generate(req))
         assert tokens(got) == tokens(alone) and drafts(got) == drafts(alone)
         assert np.mean([r.accepted for r in got[1:]]) > 0
+
+
+def test_a_batched_forward_of_ragged_rows_is_each_rows_own_forward(engine, images):
+    """runtime_fast.BatchKV: two prompts prefilled alone and joined; one forward of a 3-input
+    row beside a 1-input row (right-padded) gives each row the hidden states its own forward
+    gives, and after the rows keep 2 and 1 inputs the next forward still does (the padding's
+    and the dropped input's slots are overwritten, never read)."""
+    from engines.glm_ocr.positions import text_rope
+    from engines.glm_ocr.runtime_fast import BatchKV
+
+    rt, text = engine.runtime, engine.config.text
+    prompts = [engine.sequence(request(image))[1] for image in images[:2]]
+    kv, alone = BatchKV(), []
+    for prompt in prompts:
+        _, cache = rt.prefill(prompt.embeds, *text_rope(prompt.positions.rows(0, len(prompt.ids)), text))
+        kv.join(cache, len(prompt.ids))
+        alone.append(cache)
+    starts = [len(p.ids) for p in prompts]
+    for inputs, kept in (([[5, 6, 7], [9]], [2, 1]), ([[11], [12, 13]], [1, 2])):
+        width = max(map(len, inputs))
+        ropes = [text_rope(p.positions.rows(s, width), text) for p, s in zip(prompts, starts)]
+        padded = [r + [r[-1]] * (width - len(r)) for r in inputs]
+        got = rt.decode_rows(kv, rt.embeddings[np.asarray(padded)], np.stack([c for c, _ in ropes]),
+                             np.stack([s for _, s in ropes]))
+        for b, (row, prompt, start, cache) in enumerate(zip(inputs, prompts, starts, alone)):
+            cos, sin = text_rope(prompt.positions.rows(start, len(row)), text)
+            own = rt.decode(rt.embeddings[np.asarray(row)], start, cos, sin, cache)
+            assert np.allclose(got[b, : len(row)], own, atol=1e-5)
+        kv.settle(kept)
+        starts = [s + k for s, k in zip(starts, kept)]
+    kv.select([1])
+    assert kv.rows == 1 and kv.lengths == [starts[1]]
