@@ -191,3 +191,32 @@ def test_a_batched_forward_of_ragged_rows_is_each_rows_own_forward(engine, image
         starts = [s + k for s, k in zip(starts, kept)]
     kv.select([1])
     assert kv.rows == 1 and kv.lengths == [starts[1]]
+
+
+@pytest.mark.slow
+def test_published_shapes_regions_read_together_get_their_lone_tokens(tmp_path):
+    """The published shapes (random weights, float32; tests/engines/glm_ocr/published_shape.py):
+    four regions of a text page -- plain, MTP at 2 and 4, n-gram -- two joining later, each get
+    the tokens of their lone runs. About a minute and 6 GB."""
+    from PIL import Image
+
+    from tests.engines.glm_ocr.checkpoints import cache_root
+    from tests.engines.glm_ocr.published_shape import fixture_page, make_published_shape_glm_ocr
+
+    path = make_published_shape_glm_ocr(cache_root() / "glm-ocr-published-shape")
+    page = Image.open(fixture_page(tmp_path / "page.png"))
+    crops = []
+    for i, box in enumerate([(0, 0, 448, 112), (0, 112, 448, 168), (0, 168, 224, 336), (224, 168, 448, 336)]):
+        crops.append(tmp_path / f"region-{i}.png")
+        page.crop(box).save(crops[-1])
+    engine = OcrEngine.load(path, runtime="torch", dtype="float32", cache_length=1024)
+    engine.config.eos_token_ids = []  # random weights: a fixed number of tokens each
+    engine.repetition = None
+    plan = {0: [request(crops[0], max_tokens=8), request(crops[1], "mtp", 2, max_tokens=8)],
+            2: [request(crops[2], "mtp", 4, max_tokens=8), request(crops[3], "ngram", 3, max_tokens=8)]}
+    together, sizes = read_together(OcrBatch(engine), plan)
+    assert max(sizes) == 4
+    for req, got in zip([r for step in sorted(plan) for r in plan[step]], together):
+        alone = list(engine.generate(req))
+        assert tokens(got) == tokens(alone) and len(tokens(got)) == 8
+        assert drafts(got) == drafts(alone)
