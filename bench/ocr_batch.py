@@ -1,7 +1,7 @@
 """GLM-OCR regions read one at a time against the same regions read together in one batch
 (engines/glm_ocr/batch.py, OcrBatch), on the fast torch runtime: aggregate tok/s and its ratio.
 
-    python bench/ocr_batch.py [--model DIR] [--regions 8] [--tokens 32] [--modes plain,replay:2,mtp:2]
+    python bench/ocr_batch.py [--model DIR] [--regions 8] [--tokens 64] [--modes plain,replay:2,mtp:2]
 
 The checkpoint: the published shapes with random weights (tests/engines/glm_ocr/published_shape.py,
 about 2.6 GB, built once into --checkpoint; the test suite's copy is used when it is there), or
@@ -136,7 +136,7 @@ def main() -> None:
                         help="where the published-shape checkpoint is (built there if missing)")
     parser.add_argument("--model", type=Path, default=None, help="an existing checkpoint instead")
     parser.add_argument("--regions", type=int, default=8)
-    parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--modes", default="plain,replay:2,mtp:2")
     parser.add_argument("--max-batch", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=2)
