@@ -102,6 +102,21 @@ def test_a_finished_or_cancelled_row_leaves_and_the_others_go_on(engine, images)
         assert tokens(got) == tokens(engine.generate(req)) and got[-1].finish in ("length", "stop")
 
 
+def test_a_page_done_at_its_first_token_or_cancelled_while_waiting_takes_no_row(engine, images):
+    batch = OcrBatch(engine, max_batch=1)
+    running = batch.submit(request(images[0], "mtp", 2, max_tokens=6))
+    one = batch.submit(request(images[1], max_tokens=1))
+    gone = batch.submit(request(images[3]), should_stop=lambda: True)
+    reported = {s.id: [] for s in (running, one, gone)}
+    while batch.busy:
+        for seq, rnd in batch.step():
+            reported[seq.id].append(rnd)
+        assert batch.size <= 1
+    assert [r.finish for r in reported[gone.id]] == ["cancelled"] and not reported[gone.id][0].tokens
+    assert [r.finish for r in reported[one.id]] == ["length"] and len(reported[one.id][0].tokens) == 1
+    assert tokens(reported[running.id]) == tokens(engine.generate(request(images[0], "mtp", 2, max_tokens=6)))
+
+
 def sampled(image, seed) -> Request:
     return request(image, "mtp", 3, max_tokens=24, sampling=Sampling(temperature=0.5, top_k=3, seed=seed))
 
