@@ -121,7 +121,7 @@ def together(engine, paths, tokens, mode, references, error_rate, max_batch) -> 
             emitted[seq.id] += rnd.tokens
             if first_all is not None:
                 decode_tokens += len(rnd.tokens)
-        if first_all is None and not batch.waiting:
+        if first_all is None and not batch.joining:
             first_all = time.perf_counter()
     end = time.perf_counter()
     out = [emitted[s.id] for s in seqs]

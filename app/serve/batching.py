@@ -1,11 +1,12 @@
-"""The batch scheduler's front door: many chat requests share one target forward per step.
+"""The batch scheduler's front door: many requests (chat, or GLM-OCR pages and regions) share
+one target forward per step.
 
 Requests are admitted on the event loop (at most `max_batch` running plus `queue_size`
 waiting; the next gets 503 with Retry-After), handed to ONE scheduler thread through an inbox,
-and that thread steps the BatchEngine (engines/batch): each step reads one chunk of a joining
-prompt and runs one forward over every running sequence. Each sequence's Rounds go back to its
-own request's coroutine, which streams or collects them exactly as with one request at a time
-(server.py's EngineQueue, which still serves OCR and `--max-batch 1`).
+and that thread steps the batch (chat: engines/batch's BatchEngine; OCR: engines/glm_ocr's
+OcrBatch): each step reads what joins and runs one forward over every running sequence. Each
+sequence's Rounds go back to its own request's coroutine, which streams or collects them exactly
+as with one request at a time (server.py's EngineQueue, which still serves `--max-batch 1`).
 
 A client that disconnects sets its `stop` event; the engine reads it at the start of the next
 step, so its row is freed within one step.
@@ -24,11 +25,14 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import AsyncIterator, Callable
+from typing import TYPE_CHECKING, AsyncIterator, Callable
 
 from app.serve.metrics import ServeMetrics
 from app.serve.protocol import ApiError, ParsedRequest
-from engines.batch.engine import BatchEngine
+
+if TYPE_CHECKING:
+    from engines.batch.engine import BatchEngine
+    from engines.glm_ocr.batch import OcrBatch
 from engines.speculative.rounds import Round
 
 RETRY_AFTER_S = 2
@@ -52,7 +56,7 @@ class Admission:
 
 
 class BatchQueue:
-    def __init__(self, engine: BatchEngine, queue_size: int, metrics: ServeMetrics,
+    def __init__(self, engine: "BatchEngine | OcrBatch", queue_size: int, metrics: ServeMetrics,
                  check_prompt: Callable[[object, ParsedRequest], int | None]):
         self.engine = engine
         self.capacity = engine.max_batch + queue_size
@@ -185,9 +189,7 @@ class BatchQueue:
         for seq_id, a in list(self.sinks.items()):
             a.push(error)
             self._finish(seq_id)
-        self.engine.running.clear()
-        self.engine.joining.clear()
-        self.engine.cache = None
+        self.engine.clear()
 
     def _refuse_inbox(self, error: ApiError) -> None:
         """Requests that arrived but never joined: each hears `error`."""

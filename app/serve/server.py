@@ -6,10 +6,11 @@ client's disconnect while it streams (ASGI spec < 2.4, which uvicorn speaks) and
 response, which is what lets a gone client stop its generation within one round. aiohttp would
 do as well; Starlette needs no framework of its own around four routes.
 
-Chat requests are batched (app/serve/batching.py, `--max-batch N`): up to N sequences share one
-target forward per step, each with its own speculation, and `queue_size` more may wait for a
-row. OCR, `--max-batch 1` and a model the batch cannot hold run one at a time in arrival order
-on one engine thread (EngineQueue), with `queue_size` waiting behind the running one. Either
+Chat and OCR requests are batched (app/serve/batching.py, `--max-batch N`): up to N sequences
+share one target forward per step, each with its own speculation, and `queue_size` more may
+wait for a row (OCR: engines/glm_ocr/batch.py; on Core ML a batch of one). `--max-batch 1` and a
+chat model the batch cannot hold run one at a time in arrival order on one engine thread
+(EngineQueue), with `queue_size` waiting behind the running one. Either
 way the next request gets 503 with Retry-After, and each Round goes to the event loop, which
 streams it (SSE) or collects it (non-streaming)."""
 
@@ -52,7 +53,7 @@ class ServeConfig:
     api_key: str | None = None  # clients send it as "Authorization: Bearer KEY"
     insecure: bool = False  # allow a non-loopback host without a key
     queue_size: int = 4  # requests that may wait for the engine (or for a row of the batch)
-    max_batch: int = DEFAULT_MAX_BATCH  # chat sequences per target forward; 1 = one at a time
+    max_batch: int = DEFAULT_MAX_BATCH  # sequences per target forward (chat, OCR); 1 = one at a time
     memory_bytes: int | None = None  # the machine's memory for the batch's check (None: measured)
     prompt_cache_mb: int = 512  # prompts read before, kept for requests that start the same (0: off)
     allowed_hosts: tuple[str, ...] = ()  # Host names served besides the loopback ones (app/serve/guard.py)
@@ -163,14 +164,22 @@ class EngineQueue:
 
 
 def batch_queue(served: Served, config: ServeConfig, metrics: ServeMetrics):
-    """A BatchQueue for a chat model the batch can hold (a ChatEngine), else None (one at a
-    time; a model whose caches cannot be batched says why on stderr once)."""
+    """A BatchQueue for a chat model the batch can hold (a ChatEngine) or an OCR model, else
+    None (one at a time; a model whose caches cannot be batched says why on stderr once)."""
     from engines.mlx_chat.engine import ChatEngine
 
     if served.batch is not None:  # its maker checked its memory (each rank holds a shard)
         from app.serve.batching import BatchQueue
 
         return BatchQueue(served.batch, config.queue_size, metrics, check_prompt)
+    if config.max_batch >= 2 and served.model.kind == "ocr" and hasattr(served.engine, "sequence"):
+        from app.serve.batching import BatchQueue
+        from engines.glm_ocr.batch import OcrBatch
+
+        # (no memory check yet: a row's K/V grows with its page; the chat batch's check_memory
+        # reads an MLX model)
+        return BatchQueue(OcrBatch(served.engine, max_batch=config.max_batch), config.queue_size, metrics,
+                          check_prompt)
     if config.max_batch < 2 or served.model.kind != "chat" or not isinstance(served.engine, ChatEngine):
         return None
     from mlx.utils import tree_flatten

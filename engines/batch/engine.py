@@ -378,6 +378,16 @@ class BatchEngine:
         else:
             self.cache = None
 
+    def clear(self) -> None:
+        """Drop every sequence, running or joining (serve, when a step fails: each request has
+        heard the error)."""
+        for seq in self.running:
+            self._leave_group(seq)
+        self.running.clear()
+        self.joining.clear()
+        self.capped.clear()
+        self.cache = None
+
     # -- a batch of one -------------------------------------------------------------------------
     def generate(self, request: Request, should_stop: ShouldStop | None = None, *,
                  on_prefill: OnPrefill | None = None) -> Iterator[Round]:

@@ -147,8 +147,9 @@ class OcrBatch:
     max_batch: int = 8
     prefill_budget: int = 4096
     running: list[Sequence] = field(default_factory=list)  # in row order
-    waiting: deque = field(default_factory=deque)  # Waiting, in arrival order
+    joining: deque = field(default_factory=deque)  # Waiting, in arrival order
     positions: dict[int, Positions] = field(default_factory=dict)  # sequence id -> its mRoPE positions
+    prompt_cache = None  # (the chat batch's prompt cache: a page's image prompt is not kept)
     target: Rows | OneRow | None = None
     _ids: itertools.count = field(default_factory=itertools.count)
 
@@ -165,7 +166,7 @@ class OcrBatch:
 
     @property
     def busy(self) -> bool:
-        return bool(self.running or self.waiting)
+        return bool(self.running or self.joining)
 
     @property
     def size(self) -> int:
@@ -173,14 +174,15 @@ class OcrBatch:
 
     # -- entering -----------------------------------------------------------------------------
     def submit(self, request: Request, should_stop: ShouldStop | None = None, *,
-               drafter: Proposer | None = None) -> Sequence:
+               drafter: Proposer | None = None, twin_of: Sequence | None = None) -> Sequence:
         """Check the request and read its image (an invalid one never enters: EngineError), and
         queue it for a row. `drafter` replaces its MTP drafter (benchmarks, tests), as in
-        OcrEngine.generate."""
+        OcrEngine.generate. `twin_of` (another choice of the same request, in serve) is taken for
+        the batch interface's sake: each choice reads its own page."""
         seq, prompt = self.engine.sequence(request, should_stop, drafter)
         seq.id = next(self._ids)
         seq.key = row_sampler(request)
-        self.waiting.append(Waiting(seq, prompt))
+        self.joining.append(Waiting(seq, prompt))
         return seq
 
     # -- THE step ----------------------------------------------------------------------------
@@ -214,17 +216,17 @@ class OcrBatch:
     def _admit(self) -> list[tuple[Sequence, Round]]:
         """Waiting sequences take free rows, in arrival order, while this step's prefill budget
         lasts (the first always goes in when no row runs). A cancelled one leaves the queue."""
-        gone = [w for w in self.waiting if w.seq.should_stop()]
+        gone = [w for w in self.joining if w.seq.should_stop()]
         out = [(w.seq, w.seq.out.stopped("cancelled")) for w in gone]
         for w in gone:
-            self.waiting.remove(w)
+            self.joining.remove(w)
             w.seq.finished = True
         budget = self.prefill_budget
-        while self.waiting and len(self.running) < self.max_batch:
-            w = self.waiting[0]
+        while self.joining and len(self.running) < self.max_batch:
+            w = self.joining[0]
             if self.running and len(w.prompt.ids) > budget:
                 break  # the next step reads it
-            self.waiting.popleft()
+            self.joining.popleft()
             budget -= len(w.prompt.ids)
             out.append((w.seq, self._first_token(w)))
         return out
@@ -290,6 +292,12 @@ class OcrBatch:
         if len(keep) < len(self.running):
             self.target.select(keep)
             self.running = [self.running[b] for b in keep]
+
+    def clear(self) -> None:
+        """Drop every sequence, running or joining (serve, when a step fails: each request has
+        heard the error)."""
+        self._leave(list(self.running))
+        self.joining.clear()
 
     # -- a batch of one -------------------------------------------------------------------------
     def generate(self, request: Request, should_stop: ShouldStop | None = None, *, on_prefill=None) -> Iterator[Round]:

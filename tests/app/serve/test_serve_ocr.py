@@ -1,10 +1,13 @@
 """`specscope serve` reading a page: GLM-OCR (tiny random checkpoint in the real layout, torch
 runtime) behind /v1/chat/completions, the image sent as an image_url content part, answered
-with the same tokens and rounds as the local engine."""
+with the same tokens and rounds as the local engine -- through serve's batch (OcrBatch), alone
+or many requests at once."""
 
 from __future__ import annotations
 
 import base64
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -85,3 +88,35 @@ def test_an_ocr_request_with_two_images_is_refused(ocr):
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(model="glm-ocr", messages=[{"role": "user", "content": [part, part]}])
     assert "exactly one image_url" in err.value.body["message"]
+
+
+def test_concurrent_pages_are_read_in_one_batch_each_as_alone(ocr):
+    """Four requests at once (different tasks and speculation): they share target forwards
+    (/metrics' batch size reaches more than one row), and each gets its lone run's tokens."""
+    engine, image, running = ocr
+    asks = [("text", 2), ("table", 2), ("formula", 0), ("text", 4)]
+    local = [[t for r in engine.generate(Request(kind="ocr", image=str(image), task=task, max_tokens=MAX_TOKENS,
+                                                 spec=SpecConfig(method="mtp", steps=k) if k else SpecConfig()))
+              for t in r.tokens] for task, k in asks]
+    client = openai.OpenAI(base_url=f"{running.url}/v1", api_key="unused", max_retries=0)
+    url = "data:image/png;base64," + base64.b64encode(image.read_bytes()).decode()
+
+    def read(ask):
+        task, k = ask
+        resp = client.chat.completions.create(
+            model="glm-ocr", max_tokens=MAX_TOKENS, extra_body={"speculative": {"steps": k}},
+            messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                                   {"type": "text", "text": task}]}])
+        return [t for r in resp.model_extra["rounds"] for t in r["tokens"]]
+
+    def multi_row_steps() -> float:
+        text = urllib.request.urlopen(f"{running.url}/metrics").read().decode()
+        count = next(float(l.split()[1]) for l in text.splitlines() if l.startswith("specscope:batch_size_count"))
+        one = next(float(l.split()[1]) for l in text.splitlines() if l.startswith('specscope:batch_size_bucket{le="1.0"}'))
+        return count - one
+
+    before = multi_row_steps()
+    with ThreadPoolExecutor(len(asks)) as pool:
+        got = list(pool.map(read, asks))
+    assert got == local
+    assert multi_row_steps() > before
