@@ -6,9 +6,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from app.cli.common import (Parser, UsageError, add_output_arguments, add_spec_arguments, check_images, checked,
-                            exit_code, open_trace, resolve_models, run_and_report, sampling, spec_config,
-                            write_stdout)
+from app.cli.common import (Parser, UsageError, add_output_arguments, add_spec_arguments, advanced, check_images,
+                            checked, exit_code, open_trace, resolve_models, run_and_report, runtime_label, sampling,
+                            spec_config, stats_line, write_stdout)
+from app.cli.io import Interrupt
 from app.cli.connect import add_server_arguments, run_on_server
 from app.records.documents import EXPORT_FORMATS, PageResult, export_text, pages_of, parse_page_ranges, summarize
 from engines.speculative.trace import TraceWriter
@@ -25,8 +26,8 @@ def ocr_parser() -> Parser:
     p.add_argument("--task", choices=["text", "table", "formula"], default="text",
                    help="the whole page's task; with layout each region has its own")
     p.add_argument("--layout", choices=["auto", "on", "off"], default="auto",
-                   help="find each page's regions with the layout model and read them one by one with their own "
-                        "task, as GLM-OCR's SDK does (auto: when the layout model is installed and --task, "
+                   help="find each page's regions with the layout model and read them together, each with its "
+                        "own task, as GLM-OCR's SDK does (auto: when the layout model is installed and --task, "
                         "--json and --server are not given; off: whole pages)")
     p.add_argument("--layout-model", default=None, metavar="ID|PATH",
                    help="a PP-DocLayoutV3 checkpoint (default: the one paired with --model, pp-doclayout-v3)")
@@ -37,6 +38,9 @@ def ocr_parser() -> Parser:
     add_spec_arguments(p, ["off", "mtp", "ngram"], "mtp")
     add_output_arguments(p)
     add_server_arguments(p)
+    advanced(p).add_argument("--max-batch", type=int, default=8, metavar="N",
+                             help="with layout: a page's regions read N at a time, in one batch (1: one after "
+                                  "another; Core ML reads one at a time)")
     return p
 
 
@@ -175,15 +179,52 @@ def read_page_by_region(engine, layout, page, request: Request, args: argparse.N
         label = f"{page.label} \u00b7 region {region.index + 1}/{count} {region.label}"
         return run_and_report(engine, checked(region_request), args, trace, False, label)
 
-    read = []
-    for rr in read_regions(image, page.number, regions, request, crop_dir, run):
+    def said(rr) -> None:
         if rr.note:
             print(f"specscope: {page.label} \u00b7 region {rr.region.index + 1}/{count} {rr.region.label}: {rr.note}",
                   file=sys.stderr, flush=True)
+
+    if args.max_batch > 1 and hasattr(engine, "sequence"):  # the regions as the rows of one batch
+        return LayoutPage(page, read_together(engine, image, page, regions, request, args, trace, crop_dir, said),
+                          Path(layout.path).name, note)
+    read = []
+    for rr in read_regions(image, page.number, regions, request, crop_dir, run):
+        said(rr)
         read.append(rr)
         if rr.session is not None and rr.session.finish == "cancelled":
             break
     return LayoutPage(page, read, Path(layout.path).name, note)
+
+
+def read_together(engine, image, page, regions, request: Request, args: argparse.Namespace,
+                  trace: TraceWriter | None, crop_dir, said) -> list:
+    """A page's regions read together (engines/glm_ocr/document.read_regions_together): each
+    region's stats line (and its trace) as it finishes; Ctrl-C cancels every region still
+    reading. A note of a region's rounds (why it decodes plainly) is said once."""
+    from engines.glm_ocr.batch import OcrBatch
+    from engines.glm_ocr.document import read_regions_together
+
+    count = len(regions)
+
+    def on_read(rr) -> None:
+        said(rr)
+        for note in dict.fromkeys(r.note for r in rr.session.rounds if r.note):
+            print(f"specscope: {note}", file=sys.stderr)
+        if trace is not None:
+            trace.write_header({"request": rr.session.request, "model": rr.session.model})
+            for rnd in rr.session.rounds:
+                trace.write(rnd)
+        label = f"{page.label} \u00b7 region {rr.region.index + 1}/{count} {rr.region.label}"
+        print(f"[{label}] " + stats_line(rr.session, runtime_label(engine)), file=sys.stderr, flush=True)
+
+    batch = OcrBatch(engine, max_batch=args.max_batch)
+    with Interrupt().installed() as interrupt:
+        read = read_regions_together(image, page.number, regions, checked(request), crop_dir, batch, interrupt,
+                                     on_read)
+    for rr in read:
+        if rr.session is None:
+            said(rr)
+    return read
 
 
 def read_pages(engine, pages, requests: list[Request], args: argparse.Namespace,

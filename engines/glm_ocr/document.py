@@ -9,11 +9,10 @@ What is here: `crop_region` (the SDK's crop, padded when thinner than one image 
 results), `whole_page` (the one region a page is when layout finds nothing), `markdown_pages`
 (the SDK's formatter).
 
-`read_regions` reads a page's regions one after another, each a run of its own through the
-caller's `run` (the CLI's streams rounds and stats lines, and stops at Ctrl-C). The SDK reads
-them in parallel; here that waits for the round loop that takes many sequences in one batch:
-then a page's regions become the rows of one batch inside `read_regions`, and its callers stay
-as they are.
+`read_regions_together` reads a page's regions as the rows of one batch (engines/glm_ocr/
+batch.py's OcrBatch: one decoder forward per step over every region still reading, each with its
+own drafts and verdict), as the SDK reads them in parallel; `read_regions` reads them one after
+another, each a run of its own through the caller's `run` (a runtime that cannot batch: Core ML).
 
 Not reproduced from the formatter: its hyphen check through the optional `wordfreq` package (the
 SDK's own fallback, a pattern, is used: the SDK does not install wordfreq either).
@@ -111,6 +110,37 @@ def read_regions(page, number: int, regions: list[Region], request: Request, cro
             continue
         session = run(replace(request, image=crop, task=region.task), region)
         yield ReadRegion(number, region, session.text, session, crop, note)
+
+
+def read_regions_together(page, number: int, regions: list[Region], request: Request, crop_dir: Path, batch,
+                          should_stop: Callable[[], bool] | None = None,
+                          on_read: Callable[[ReadRegion], None] | None = None) -> list[ReadRegion]:
+    """Each region of one page, cut out as read_regions does, the readable ones read together
+    as rows of `batch` (an OcrBatch: submit, step, busy); `on_read` hears each region as it is
+    done (in the order they finish). Returns them in reading order."""
+    crops = [(region, *crop_region(page, region, crop_dir / f"page-{number:04d}-region-{region.index:03d}.png"))
+             for region in regions]
+    sessions: dict[int, Session] = {}
+    rows: dict[int, tuple[Region, str | None, str | None]] = {}  # sequence id -> its region, crop, note
+    for region, crop, note in crops:
+        if crop is None or region.task == "skip":
+            continue
+        region_request = replace(request, image=crop, task=region.task)
+        seq = batch.submit(region_request, should_stop)
+        rows[seq.id] = (region, crop, note)
+        sessions[region.index] = Session(request=region_request.to_dict(), model=batch.engine.model_info())
+    while batch.busy:
+        for seq, rnd in batch.step():
+            region, crop, note = rows[seq.id]
+            session = sessions[region.index]
+            session.add(rnd)
+            if rnd.finish and on_read is not None:
+                on_read(ReadRegion(number, region, session.text, session, crop, note))
+    out = []
+    for region, crop, note in crops:
+        session = sessions.get(region.index)
+        out.append(ReadRegion(number, region, session.text if session else "", session, crop, note))
+    return out
 
 
 # ----------------------------------------------------------------------------- Markdown

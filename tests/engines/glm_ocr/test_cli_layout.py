@@ -45,6 +45,20 @@ def test_layout_on_reads_the_regions_as_markdown_and_json(tiny_glm_ocr, layouts,
     assert entry["text"].startswith("# ")
 
 
+def test_a_pages_regions_read_together_equal_them_read_one_after_another(tiny_glm_ocr, layouts, page, capsys):
+    """The default reads a page's regions as the rows of one batch; --max-batch 1 one after
+    another: the same document, region for region, token for token (and drafts accepted)."""
+    common = (page, "--model", tiny_glm_ocr, "--layout", "on", "--layout-model", layouts["regions"], "--format",
+              "json", "--spec", "mtp", "--steps", "2")
+    together = ocr(capsys, *common)
+    alone = ocr(capsys, *common, "--max-batch", "1")
+    assert together[0] == alone[0] == 0, together[2] + alone[2]
+    regions = [json.loads(run[1])["pages"][0]["regions"] for run in (together, alone)]
+    assert [r["text"] for r in regions[0]] == [r["text"] for r in regions[1]]
+    counts = [[{k: r["rounds"][k] for k in ("rounds", "tokens", "proposed", "accepted")} for r in run] for run in regions]
+    assert counts[0] == counts[1] and sum(r["proposed"] for r in counts[0]) > 0
+
+
 def test_what_layout_cannot_do_is_one_line_each(tiny_glm_ocr, layouts, page, capsys):
     # finds nothing: the whole page, said
     rc, out, err = ocr(capsys, page, "--model", tiny_glm_ocr, "--layout", "on", "--layout-model", layouts["nothing"],
