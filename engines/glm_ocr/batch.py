@@ -11,9 +11,10 @@ One step:
               K/V (runtime_fast.BatchKV.join).
     stop      rows cancelled, or whose context is full, leave before the forward, as the lone loop
               stops before its next round.
-    draft     each row asks its own schedule for k and drafts with its own proposer: its MTP
-              drafter (its own MTP cache; the chains run row after row -- what is batched is the
-              target's forward), n-gram lookup, or composed drafting.
+    draft     each row asks its own schedule for k and drafts with its own proposer: n-gram
+              lookup, composed drafting, or its MTP drafter -- the MTP rows together
+              (engine.MtpGroup): each chain step runs the MTP layer row after row, each row with
+              its own MTP cache, then the LM head once over all of them.
     verify    one forward of the decoder stack over every row's [token, drafts], right-padded to
               the widest row (runtime_fast.FastRuntime.decode_rows); the LM head over the real
               rows only, in one product; each row's verdict from its own rows: greedy at T=0,
@@ -41,7 +42,7 @@ import numpy as np
 from engines.types import EngineError, Request, ShouldStop
 from engines.glm_ocr.engine import OcrEngine, Positions, Prompt, Sampler
 from engines.glm_ocr.positions import text_rope
-from engines.speculative.proposer import Proposer
+from engines.speculative.proposer import Draft, DraftGroup, Proposer
 from engines.speculative.rounds import Round
 from engines.speculative.sequence import Sequence, Step
 from engines.speculative.verify import Verdict
@@ -195,7 +196,7 @@ class OcrBatch:
         self._leave([s for s, r in stopped if r is not None])
         rows = list(self.running)
         if rows:
-            steps = [self._draft(seq) for seq in rows]
+            steps = self._draft(rows)
             t0 = time.perf_counter()
             hidden = self.target.forward([[s.ctx.tokens[-1], *st.draft.ids()] for s, st in zip(rows, steps)],
                                          [s.ctx.position for s in rows], [self.positions[s.id] for s in rows])
@@ -259,15 +260,38 @@ class OcrBatch:
             return seq.out.stopped("length", f"stopped: the context of {self.runtime.cache_length} tokens is full")
         return None
 
-    def _draft(self, seq: Sequence) -> Step:
-        """The row's k and drafts from its own proposer (a failing one stops speculation for this
-        sequence only: Sequence.propose). Its drafting time is its own."""
+    def _draft(self, rows: list[Sequence]) -> list[Step]:
+        """Each row's k and drafts: rows whose drafters share a group (engine.MtpGroup: the MTP
+        layer's rows) draft together, the others with their own proposer. A failing drafter
+        stops speculation for its sequence(s) only. A row's drafting time is its own, or its
+        group's."""
+        steps = [Step(min(seq.next_steps(), self.runtime.seq_len - 1), expected=seq.expected()) for seq in rows]
+        groups: dict[int, tuple[DraftGroup, list]] = {}
+        for b, (seq, step) in enumerate(zip(rows, steps)):
+            group = getattr(seq.proposer, "group", None) if step.steps else None
+            if group is not None:
+                groups.setdefault(id(group), (group, []))[1].append((b, seq, step.steps, None))
         t0 = time.perf_counter()
-        steps = min(seq.next_steps(), self.runtime.seq_len - 1)
-        step = Step(steps, expected=seq.expected())
-        step.draft = seq.propose(steps)
-        step.draft_s = time.perf_counter() - t0
-        return step
+        drafts: dict[int, Draft] = {}
+        for group, asks in groups.values():
+            drafts |= self._draft_together(group, asks)
+        shared_s = time.perf_counter() - t0
+        for seq, step in zip(rows, steps):
+            t1 = time.perf_counter()
+            step.draft = drafts[seq.id] if seq.id in drafts else seq.propose(step.steps)
+            step.draft_s = shared_s if seq.id in drafts else time.perf_counter() - t1
+        return steps
+
+    @staticmethod
+    def _draft_together(group: DraftGroup, asks: list) -> dict[int, Draft]:
+        """The drafts of a group's rows, by sequence id; a failing group stops speculation for
+        each of its rows (they decode plainly from here on, their next Round says why)."""
+        try:
+            return {seq.id: d for (_, seq, _, _), d in zip(asks, group.propose_rows(None, asks))}
+        except Exception as e:
+            for _, seq, _, _ in asks:
+                seq.stop_speculating(e)
+            return {}
 
     def _verdicts(self, rows: list[Sequence], steps: list[Step], hidden: np.ndarray) -> list[Verdict]:
         """The LM head over every row's real rows in one product (never the padding); each row's

@@ -95,11 +95,14 @@ class MtpDrafter:
 
     name = "mtp"
 
-    def __init__(self, runtime: Runtime, positions: Positions, eos_ids: list[int]):
+    def __init__(self, runtime: Runtime, positions: Positions, eos_ids: list[int], group: MtpGroup | None = None):
         self.runtime = runtime
         self.positions = positions
         self.eos = set(eos_ids)
         self.cache = runtime.new_mtp_cache()  # its own: a batch's rows draft side by side (Core ML: None, its one state)
+        self.group = group  # in a batch, the rows of one runtime draft together (MtpGroup); alone, unused
+        self.chained = 0  # chain steps after the first, this round
+        self.last: tuple[np.ndarray, np.ndarray] | None = None  # the chain's last MTP output (raw, head)
         self.slot = 0  # next MTP cache row to write; rows below hold verified pairs
         self.pending_hidden: list[np.ndarray] = []
         self.pending_embeds: list[np.ndarray] = []  # the prompt's rows (image features among them)
@@ -118,20 +121,29 @@ class MtpDrafter:
         self._wait(ctx.hidden, ctx.tokens[-1])
 
     def propose(self, ctx: OcrContext, k: int) -> Draft:
-        # first step, one MTP call: the pending verified pairs, the newest one last
-        n = len(self.pending_hidden)
-        embeds = self.pending_embeds + list(self._embed(self.pending_tokens))
-        raw, head = self._run(self.slot, np.stack(self.pending_hidden), np.stack(embeds))
-        self.slot += n
-        self.pending_hidden, self.pending_embeds, self.pending_tokens = [], [], []
-        drafts = [self._greedy(head[-1])]
-        # chain: the MTP layer's own output and its last draft, one position further
-        for step in range(1, k):
+        drafts = [self._greedy(self.first())]
+        for _ in range(1, k):
             if drafts[-1] in self.eos:
                 break
-            raw, head = self._run(self.slot + step - 1, self.chain_hidden(raw, head)[-1:], self._embed([drafts[-1]]))
-            drafts.append(self._greedy(head[-1]))
+            drafts.append(self._greedy(self.chain(drafts[-1])))
         return Draft(drafts)
+
+    def first(self) -> np.ndarray:
+        """A chain's first step, one MTP call: the pending verified pairs, the newest one last.
+        Returns the shared_head-normed row whose logits give the first draft."""
+        n = len(self.pending_hidden)
+        embeds = self.pending_embeds + list(self._embed(self.pending_tokens))
+        self.last = self._run(self.slot, np.stack(self.pending_hidden), np.stack(embeds))
+        self.slot += n
+        self.pending_hidden, self.pending_embeds, self.pending_tokens = [], [], []
+        self.chained = 0
+        return self.last[1][-1]
+
+    def chain(self, draft: int) -> np.ndarray:
+        """The chain one position further: the MTP layer's own output and the last draft."""
+        self.chained += 1
+        self.last = self._run(self.slot + self.chained - 1, self.chain_hidden(*self.last)[-1:], self._embed([draft]))
+        return self.last[1][-1]
 
     def chain_hidden(self, raw: np.ndarray, head: np.ndarray) -> np.ndarray:
         """What continues a chain: the MTP layer's output before shared_head.norm, as vLLM's
@@ -164,6 +176,33 @@ class MtpDrafter:
 
     def _greedy(self, head_hidden: np.ndarray) -> int:
         return int(np.argmax(self.runtime.logits(head_hidden[None])[0]))
+
+
+class MtpGroup:
+    """The MTP drafters of a batch's rows (batch.py), drafting together (the DraftGroup of
+    engines/speculative/proposer.py): each chain step runs the MTP layer row after row -- each
+    row's own MTP cache -- then the LM head once over every row's output, where row after row it
+    would read the head's weights once per row and step. The same drafts as each row's own propose
+    (tests/engines/glm_ocr/test_batch.py checks them round by round)."""
+
+    def __init__(self, runtime: Runtime):
+        self.runtime = runtime
+
+    def propose_rows(self, target_cache, asks) -> list[Draft]:
+        drafters = [seq.proposer for _, seq, _, _ in asks]
+        ks = [k for _, _, k, _ in asks]
+        drafts = [[t] for t in self._greedy([d.first() for d in drafters])]
+        for step in range(1, max(ks)):
+            going = [i for i, d in enumerate(drafters) if ks[i] > step and drafts[i][-1] not in d.eos]
+            if not going:
+                break
+            heads = [drafters[i].chain(drafts[i][-1]) for i in going]
+            for i, token in zip(going, self._greedy(heads)):
+                drafts[i].append(token)
+        return [Draft(d) for d in drafts]
+
+    def _greedy(self, heads: list[np.ndarray]) -> list[int]:
+        return [int(t) for t in np.argmax(self.runtime.logits(np.stack(heads)), axis=-1)]
 
 
 # ----------------------------------------------------------------------------- the run
@@ -214,6 +253,7 @@ class OcrEngine:
         # the loop detector's shape (its copies come from Request.max_repeat); None turns it off
         self.repetition: RepetitionDetector | None = RepetitionDetector()
         self.draft_costs = DraftingCosts()  # composed drafting's measurements, kept across pages
+        self.mtp_group = MtpGroup(runtime)  # a batch's MTP rows draft through it together
 
     @classmethod
     def load(cls, model_path: str | os.PathLike, runtime: str | None = "torch", **options) -> "OcrEngine":
@@ -405,7 +445,7 @@ class OcrEngine:
             return ngram, None
         if self.runtime.mtp_unavailable:
             return None, f"{self.runtime.mtp_unavailable}; decoding plainly"
-        mtp = MtpDrafter(self.runtime, prompt.positions, self.config.eos_token_ids)
+        mtp = MtpDrafter(self.runtime, prompt.positions, self.config.eos_token_ids, self.mtp_group)
         if spec.compose_ngram:
             return ComposedProposer(mtp, ngram, self.draft_costs, max_drafts=self.runtime.seq_len - 1), None
         return mtp, None

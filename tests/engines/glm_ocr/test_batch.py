@@ -58,7 +58,11 @@ def read_together(batch: OcrBatch, plan: dict[int, list[Request]], stops: dict[i
     return [rounds[s.id] for s in seqs], sizes
 
 
-def test_rows_joining_at_different_steps_get_their_lone_tokens_and_drafts(engine, images):
+def test_rows_joining_at_different_steps_get_their_lone_tokens_and_drafts(engine, images, monkeypatch):
+    together_asked = []  # the MTP rows of each step, drafting together (engine.MtpGroup)
+    propose_rows = engine.mtp_group.propose_rows
+    monkeypatch.setattr(engine.mtp_group, "propose_rows",
+                        lambda cache, asks: together_asked.append(len(asks)) or propose_rows(cache, asks))
     plan = {0: [request(images[0]), request(images[1], "mtp", 2), request(images[3], "mtp", 4)],
             2: [request(images[0], "ngram", 3), request(images[1], "mtp", 4)],
             5: [request(images[3], "ngram", 3), request(images[0], "mtp", 2), request(images[2], "mtp", 4)]}
@@ -72,6 +76,7 @@ def test_rows_joining_at_different_steps_get_their_lone_tokens_and_drafts(engine
         if req.spec.method == "mtp":
             mtp = [mtp[0] + sum(r.accepted for r in got), mtp[1] + sum(r.proposed for r in got)]
     assert max(sizes) == 7  # seven rows after a step of eight (image 2's page ends in the step it joins)
+    assert max(together_asked) == 5
     # the trained MTP layer's drafts: accepted often, not always (rejections roll rows back)
     assert 0.3 * mtp[1] < mtp[0] < mtp[1], mtp
 
