@@ -73,7 +73,7 @@ def drafters(mode: str, references: list[list[int]], engine, error_rate: float, 
     """Each region's drafter for `mode` (None: the request's own -- plain or the MTP layer)."""
     if not mode.startswith("replay"):
         return [None] * count
-    from ocr_mtp import ReplayDrafter
+    from tests.engines.glm_ocr.replay import ReplayDrafter
 
     return [ReplayDrafter(ref, error_rate, engine.config.text.vocab_size, seed=i) for i, ref in enumerate(references)]
 

@@ -75,7 +75,7 @@ def run_ours(checkpoint: Path, page: Path, dtype: str, threads: int, tokens: int
     from engines.types import Request, SpecConfig
     from engines.glm_ocr.engine import OcrEngine
     sys.path.insert(0, str(ROOT / "bench"))
-    from ocr_mtp import ReplayDrafter
+    from tests.engines.glm_ocr.replay import ReplayDrafter
 
     from transformers import GlmOcrForConditionalGeneration  # noqa: F401 -- the same import cost as run_hf's
 

@@ -33,33 +33,9 @@ import torch  # noqa: E402
 from engines.types import Request, SpecConfig  # noqa: E402
 from engines.glm_ocr.engine import MtpDrafter, OcrEngine  # noqa: E402
 from engines.glm_ocr.positions import text_rope  # noqa: E402
-from engines.speculative.proposer import Draft  # noqa: E402
 from engines.speculative.rounds import session_stats  # noqa: E402
 from tests.engines.glm_ocr.checkpoints import make_tiny_glm_ocr, test_images, trained_glm_ocr  # noqa: E402
-
-
-class ReplayDrafter:
-    """Benchmark-only: replays the target's greedy output with errors injected at a known rate."""
-
-    def __init__(self, reference: list[int], error_rate: float, vocab: int, seed: int = 0):
-        self.reference, self.error_rate, self.vocab = reference, error_rate, vocab
-        self.rng = np.random.default_rng(seed)
-
-    name = "replay"
-    needs_hidden = False
-    drafts_ahead = False
-
-    def start(self, ctx):
-        self.prompt = len(ctx.tokens) - 1  # ctx.tokens: the prompt, then the emitted tokens
-
-    def propose(self, ctx, k):
-        cursor = len(ctx.tokens) - 1 - self.prompt  # index in `reference` of the newest emitted token
-        drafts = list(self.reference[cursor + 1 : cursor + 1 + k])
-        return Draft([(t + 1 + int(self.rng.integers(self.vocab - 1))) % self.vocab
-                      if self.rng.random() < self.error_rate else t for t in drafts])
-
-    def commit(self, ctx):
-        pass
+from tests.engines.glm_ocr.replay import ReplayDrafter  # noqa: E402
 
 
 class NormedChainDrafter(MtpDrafter):

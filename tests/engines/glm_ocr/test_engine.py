@@ -11,8 +11,8 @@ from PIL import Image
 from engines.types import EngineError, Request, Sampling, SpecConfig
 from engines.glm_ocr.engine import MtpDrafter, OcrEngine
 from engines.glm_ocr.weights import load_reference, reference_mtp_forward
-from engines.speculative.proposer import Draft
 from engines.speculative.rounds import session_stats
+from tests.engines.glm_ocr.replay import ReplayDrafter
 from tests.engines.glm_ocr.checkpoints import hf_greedy, reference_input_embeds, reference_prompt
 
 MAX_TOKENS = 48
@@ -64,32 +64,6 @@ def test_mtp_is_lossless_at_every_depth(engine, trained_glm_ocr, plain, steps):
     assert accepted > 0.2 * proposed, (accepted, proposed)
     if steps >= 2:
         assert accepted < proposed, (accepted, proposed)
-
-
-class ReplayDrafter:
-    """Test drafter: replays the target's own greedy output with errors injected at a known
-    rate, through the same Proposer protocol as the MTP layer."""
-
-    def __init__(self, reference: list[int], error_rate: float, vocab: int, seed: int = 0):
-        self.reference, self.error_rate, self.vocab = reference, error_rate, vocab
-        self.rng = np.random.default_rng(seed)
-
-    name = "replay"
-    needs_hidden = False
-    drafts_ahead = False
-
-    def start(self, ctx):
-        self.prompt = len(ctx.tokens) - 1  # ctx.tokens: the prompt, then the emitted tokens
-
-    def propose(self, ctx, k):
-        cursor = len(ctx.tokens) - 1 - self.prompt  # index in `reference` of the newest emitted token
-        assert ctx.tokens[-1] == self.reference[cursor]
-        drafts = list(self.reference[cursor + 1 : cursor + 1 + k])
-        return Draft([(t + 1 + int(self.rng.integers(self.vocab - 1))) % self.vocab
-                      if self.rng.random() < self.error_rate else t for t in drafts])
-
-    def commit(self, ctx):
-        pass
 
 
 @pytest.mark.parametrize("steps", [1, 4, 7])
