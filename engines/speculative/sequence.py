@@ -127,7 +127,7 @@ class Sequence:
     def expected(self) -> tuple[list[float], list[float]] | None:
         """What --steps auto expected of each k as it chose this step's: kept with the step, since
         the next step is chosen (and the schedule's figures overwritten) before its Round is built."""
-        if self.schedule.expected is None:
+        if self.schedule.expected is None or not self.drafting:  # (stale once speculation stopped)
             return None
         rates, tokens = self.schedule.expected
         return [round(r, 2) for r in rates], [round(t, 3) for t in tokens]
