@@ -19,7 +19,7 @@ finish its reads before the loop changes the cache.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import mlx.core as mx
@@ -27,7 +27,7 @@ import mlx.core as mx
 from engines.mlx_chat.cache import make_rollback_cache, rollback
 from engines.mlx_chat.sampling import target_probs
 from engines.types import Sampling
-from engines.speculative.proposer import EMPTY, Draft
+from engines.speculative.proposer import Draft
 from engines.speculative.proposer import Proposer as BaseProposer
 
 

@@ -97,7 +97,7 @@ class Sequence:
     def start(self, first: Verdict, hidden: Any = None) -> tuple[list[int], str | None]:
         """After the prefill: the first token, and the proposer started on the prompt."""
         tokens, finish = self.out.clip(first)
-        self.ctx.tokens = self.ctx.tokens + tokens
+        self.ctx.tokens += tokens  # in place: a copy a round is O(context) on the hot path
         self.ctx.hidden = hidden
         if self.proposer is not None:
             try:
@@ -140,7 +140,7 @@ class Sequence:
         its k costs, settle to settle, drafting apart); the proposer told. The engine has rolled
         its target back (or masked the rejected drafts) before."""
         tokens, finish = self.out.clip(verdict)
-        self.ctx.tokens = self.ctx.tokens + tokens
+        self.ctx.tokens += tokens  # in place: a copy a round is O(context) on the hot path
         self.ctx.hidden = hidden
         self.schedule.record(step.k, verdict.accepted, step.wall_s - step.draft_s, step.draft_s,
                              priced=priced, asked=step.steps)
