@@ -26,7 +26,8 @@ from engines.mlx_chat.drafter import TargetView, load_drafter  # noqa: E402
 from engines.mlx_chat.loading import load_model  # noqa: E402
 from engines.mlx_chat.models import default_chat_model  # noqa: E402
 from engines.training import data as D  # noqa: E402
-from engines.training.train import answer_starts, evaluate  # noqa: E402
+from engines.training.evaluation import evaluate  # noqa: E402
+from engines.training.preparation import answer_starts  # noqa: E402
 
 SEQ_LEN = 256  # as training's default rows
 

@@ -18,7 +18,8 @@ sys.path.insert(0, str(ROOT))
 
 
 def main() -> int:
-    from engines.training.train import TrainConfig, ship_answers, shipped_answers_folder
+    from engines.training.config import TrainConfig
+    from engines.training.preparation import ship_answers, shipped_answers_folder
 
     if len(sys.argv) != 2:
         print(__doc__)

@@ -65,7 +65,8 @@ def cmd_drafter(argv: list[str]) -> int:
 
 def train(args) -> int:
     from engines.training.data import read_text_files
-    from engines.training.train import TrainConfig, span
+    from engines.training.config import TrainConfig
+    from engines.training.progress import span
 
     for name in ("minutes", "steps", "batch", "seq_len", "depth", "save_every", "eval_every", "draft_vocab", "answer_tokens",
                  "answers_per_prompt", "answer_temperature"):

@@ -1,14 +1,13 @@
 """The drafter's training step's element-wise work through numpy, on the CPU.
 
-MLX's CPU exp is scalar on x86 (9-20 ns a float here; numpy's is vectorised, ~0.4 ns), so a
-SmolLM2 drafter's step spent as long in exponentials as in its matrix products: the logsumexp
-over the draft vocabulary and the softmax of its gradient (~120 of ~390 ms), SiLU's sigmoid and
-attention's softmax (~47 of ~280 ms with the first through numpy). Each runs here as an
-mx.custom_function with its own gradient; a custom function's vjp sees only its inputs, the
-cotangent and its output, so a gradient that needs a softmax either recomputes it or reads the
-output. A Mac's GPU takes MLX's own ops: train.train swaps `silu` and `attention` into the
-drafter, and train.kept_labels_loss calls this one, on Linux's CPU backend only (unchecked on a
-GPU). Figures: docs/benchmarks.md, "A drafter trained here for SmolLM2".""" 
+MLX's CPU exp is scalar on x86 and numpy's is vectorised, so a drafter's step would otherwise
+spend about as long in exponentials as in its matrix products: the logsumexp over the draft
+vocabulary and the softmax of its gradient, SiLU's sigmoid and attention's softmax (docs/
+benchmarks.md, "A drafter trained here for SmolLM2"). Each runs here as an mx.custom_function
+with its own gradient; a custom function's vjp sees only its inputs, the cotangent and its
+output, so a gradient that needs a softmax either recomputes it or reads the output. A Mac's
+GPU takes MLX's own ops: train.train swaps `silu` and `attention` into the drafter, and
+losses.kept_labels_loss calls this one, on Linux's CPU backend only (unchecked on a GPU)."""
 
 from __future__ import annotations
 
@@ -18,7 +17,7 @@ import numpy as np
 
 @mx.custom_function
 def kept_labels_loss(logits, ids, probs):
-    """Per row logsumexp(logits) - sum_k probs_k logits_{ids_k} (train.kept_labels_loss)."""
+    """Per row logsumexp(logits) - sum_k probs_k logits_{ids_k} (losses.kept_labels_loss)."""
     x = np.asarray(logits)
     top = x.max(-1, keepdims=True)
     lse = top[..., 0] + np.log(np.exp(x - top).sum(-1))
@@ -78,8 +77,7 @@ def attention(q: mx.array, keys: mx.array, values: mx.array, scale: float, mask:
     g = H // kv
     # the g query heads that share a kv head stacked as rows: one [gL, d] x [d, n] product per
     # (sequence, kv head), not g broadcast [L, d] ones; a boolean mask made additive at its own
-    # size first, not a select over every score. SmolLM2's drafter's shapes: value and gradient
-    # 28.7 -> 24.6 ms, ~1.6% of a step (docs/benchmarks.md, "A drafter trained here for SmolLM2")
+    # size first, not a select over every score: fewer, larger operations
     q = (q * scale).reshape(B, kv, g * L, d)
     scores = (q @ keys.swapaxes(-1, -2)).reshape(B, kv, g, L, n)
     if mask is not None:

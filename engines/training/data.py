@@ -49,9 +49,9 @@ class Features:
     keys: mx.array  # [N, kv_heads, L, head_dim] of the layer the drafter reads
     values: mx.array
     # [N] int32: each row's first answer position (0 for a text segment). Not stored with the
-    # features: train.prepare recomputes it from the prompts (answer_starts).
+    # features: preparation.prepare recomputes it from the prompts (answer_starts).
     starts: mx.array | None = None
-    # the soft labels kept once per run (train.teacher_top_k), or None: [N, L, k] the target's
+    # the soft labels kept once per run (losses.teacher_top_k), or None: [N, L, k] the target's
     # k most likely tokens at each position, as indices into the drafter's vocabulary, and
     # their probabilities renormalised over those k (float16)
     teacher_ids: mx.array | None = None

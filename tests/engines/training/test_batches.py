@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("mlx.core")
 
-from engines.training.train import batch_rows, length_groups  # noqa: E402
+from engines.training.batches import batch_rows, length_groups  # noqa: E402
 
 
 def test_groups_hold_every_row_once_by_length_and_a_short_tail_joins_the_group_before():

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from app.cli.main import main
-from engines.training.train import forcing_order
+from engines.training.preparation import forcing_order
 from tests.engines.mlx_chat import checkpoints
 from tests.engines.training.trained import write_prompts
 

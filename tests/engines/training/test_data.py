@@ -14,8 +14,12 @@ from mlx.utils import tree_flatten
 from engines.mlx_chat.engine import ChatEngine
 from engines.mlx_chat.drafter import Drafter, DrafterArgs, TargetView
 from engines.training import data as D
-from engines.training import train
-from engines.training.train import TrainConfig, answer_starts, chained_loss, depth_outputs, evaluate, prepare, split
+from engines.training import losses, preparation
+from engines.training.batches import split
+from engines.training.config import TrainConfig
+from engines.training.evaluation import EVAL_DEPTH, evaluate
+from engines.training.losses import chained_loss, depth_outputs
+from engines.training.preparation import answer_starts, prepare
 from tests.engines.mlx_chat import checkpoints
 from tests.engines.training.trained import write_prompts
 
@@ -113,8 +117,8 @@ def test_shipped_answers_are_read_for_the_same_model_wherever_it_is(llama, tmp_p
     _, target, _ = llama
     whole, _, _ = run_prepare(llama, tmp_path / "made", rounds=2)
     folder = tmp_path / "shipped"
-    monkeypatch.setattr(train, "shipped_answers_folder", lambda: folder)
-    written = train.ship_answers(str(target), run_config(llama, tmp_path / "made", rounds=2), folder)
+    monkeypatch.setattr(preparation, "shipped_answers_folder", lambda: folder)
+    written = preparation.ship_answers(str(target), run_config(llama, tmp_path / "made", rounds=2), folder)
     assert written.parent == folder
 
     moved = shutil.copytree(target, tmp_path / "elsewhere" / "llama")  # another path and mtime: the same bytes
@@ -179,18 +183,18 @@ def test_held_out_acceptance_is_the_share_of_chains_right_to_each_depth(llama, t
     drafter = Drafter(DrafterArgs.for_target(target, 64)).attach(target)
     L = held.tokens.shape[1]
     drafts = {d: np.array(drafter.vocab_ids[mx.argmax(drafter.sub_logits(h), axis=-1)])  # row j: position j + d
-              for d, h in depth_outputs(drafter, held, train.EVAL_DEPTH)}
+              for d, h in depth_outputs(drafter, held, EVAL_DEPTH)}
     labels = np.array(held.labels)
     pick = np.random.default_rng(0).choice(4, size=labels.shape, p=[0.45, 0.3, 0.15, 0.1])
     for d in (1, 2, 3):
         at = np.nonzero(pick[:, d:] == d - 1)
         labels[:, d:][at] = drafts[d][at]
     held.labels = mx.array(labels)
-    hits, starts = np.zeros(train.EVAL_DEPTH), 0
+    hits, starts = np.zeros(EVAL_DEPTH), 0
     for n in range(held.size):
-        for p in range(max(1, int(held.starts[n])), int(held.lengths[n]) - train.EVAL_DEPTH + 1):
+        for p in range(max(1, int(held.starts[n])), int(held.lengths[n]) - EVAL_DEPTH + 1):
             starts += 1
-            for d in range(1, train.EVAL_DEPTH + 1):
+            for d in range(1, EVAL_DEPTH + 1):
                 if drafts[d][n, p - 1] != labels[n, p + d - 1]:
                     break
                 hits[d - 1] += 1
@@ -303,8 +307,8 @@ def test_the_soft_label_loss_and_its_gradient_are_the_cross_entropy_to_the_targe
             keep = (t[None, :] < batch.lengths[:, None]) & ((t - d + 1)[None, :] >= batch.starts[:, None])
             loss = -(teacher[:, d:] * nn.log_softmax(drafter.sub_logits(h), axis=-1)).sum(-1)
             loss = loss * teacher[:, d:].max(-1)  # confidence weighting: the target's top probability there
-            total = total + train.DEPTH_DECAY ** (d - 1) * (loss * keep).sum() / keep.sum()
-        return total / sum(train.DEPTH_DECAY ** (d - 1) for d in range(1, config.depth + 1))
+            total = total + losses.DEPTH_DECAY ** (d - 1) * (loss * keep).sum() / keep.sum()
+        return total / sum(losses.DEPTH_DECAY ** (d - 1) for d in range(1, config.depth + 1))
 
     loss, grads = nn.value_and_grad(drafter, lambda b: chained_loss(drafter, b, config))(batch)
     want, want_grads = nn.value_and_grad(drafter, written_out)(batch)
@@ -331,7 +335,7 @@ def test_the_kept_labels_loss_through_numpy_is_the_mlx_expression_in_value_and_g
         return ((mx.logsumexp(x, axis=-1) - (probs * picked).sum(-1)) * weights).sum()
 
     assert mx.default_device() == mx.cpu  # the numpy path is taken
-    value, grad = mx.value_and_grad(lambda x: (train.kept_labels_loss(x, ids, probs) * weights).sum())(logits)
+    value, grad = mx.value_and_grad(lambda x: (losses.kept_labels_loss(x, ids, probs) * weights).sum())(logits)
     want, want_grad = mx.value_and_grad(expression)(logits)
     assert abs(value.item() - want.item()) < 1e-5 * abs(want.item())
     assert mx.allclose(grad, want_grad, atol=1e-6).item() and mx.abs(want_grad).max().item() > 0.01
@@ -385,7 +389,7 @@ def test_the_layers_silu_and_attention_through_numpy_are_mlx_s_in_value_and_grad
 
 
 def test_soft_labels_kept_once_are_the_targets_top_k_and_give_the_every_step_loss_when_k_is_the_vocabulary(llama, tmp_path):
-    """train.teacher_top_k keeps, per position, the target's k most likely draft tokens and
+    """losses.teacher_top_k keeps, per position, the target's k most likely draft tokens and
     their renormalised probabilities; with k = the whole draft vocabulary, chained_loss on the
     kept labels equals (value and gradient) the loss that recomputes the distribution each step,
     and with k = 4 it is the cross-entropy to the top-4 distribution written out."""
@@ -401,7 +405,7 @@ def test_soft_labels_kept_once_are_the_targets_top_k_and_give_the_every_step_los
     grad = lambda b: nn.value_and_grad(drafter, lambda bb: chained_loss(drafter, bb, config))(b)  # noqa: E731
     every_step = grad(feats.rows(list(range(4))))
 
-    feats.teacher_ids, feats.teacher_probs = train.teacher_top_k(drafter, feats, 64, batch=3)
+    feats.teacher_ids, feats.teacher_probs = losses.teacher_top_k(drafter, feats, 64, batch=3)
     batch = feats.rows(list(range(4)))
     assert batch.teacher_ids.shape == (4, batch.tokens.shape[1], 64)
     kept = grad(batch)
@@ -411,7 +415,7 @@ def test_soft_labels_kept_once_are_the_targets_top_k_and_give_the_every_step_los
         scale = mx.abs(want[name]).max().item()
         assert scale > 0 and mx.abs(g - want[name]).max().item() < 2e-2 * scale, name
 
-    feats.teacher_ids, feats.teacher_probs = train.teacher_top_k(drafter, feats, 4, batch=4)
+    feats.teacher_ids, feats.teacher_probs = losses.teacher_top_k(drafter, feats, 4, batch=4)
     batch = feats.rows(list(range(4)))
     full = mx.softmax(drafter.sub_logits(batch.hidden[..., -drafter.args.hidden_size:]), axis=-1)
     top = mx.sort(full, axis=-1)[..., -4:]  # the 4 largest probabilities, renormalised
@@ -424,6 +428,6 @@ def test_soft_labels_kept_once_are_the_targets_top_k_and_give_the_every_step_los
         keep = (t[None, :] < batch.lengths[:, None]) & ((t - d + 1)[None, :] >= batch.starts[:, None])
         loss = -(teacher[:, d:] * nn.log_softmax(drafter.sub_logits(h), axis=-1)).sum(-1)
         loss = loss * batch.teacher_probs[:, d:].max(-1)  # confidence weighting: the top kept probability
-        total = total + train.DEPTH_DECAY ** (d - 1) * (loss * keep).sum() / keep.sum()
-    want = total / (1 + train.DEPTH_DECAY)
+        total = total + losses.DEPTH_DECAY ** (d - 1) * (loss * keep).sum() / keep.sum()
+    want = total / (1 + losses.DEPTH_DECAY)
     assert abs(grad(batch)[0].item() - want.item()) < 1e-4 * abs(want.item())

@@ -7,7 +7,9 @@ import pytest
 
 pytest.importorskip("mlx.core")
 
-from engines.training.train import Rate, TrainConfig, share_done  # noqa: E402
+from engines.training.config import TrainConfig  # noqa: E402
+from engines.training.optimiser import Rate  # noqa: E402
+from engines.training.progress import share_done  # noqa: E402
 
 
 def test_the_rate_warms_up_then_stays_or_falls_with_the_share_left():
@@ -27,7 +29,7 @@ def test_the_share_done_counts_steps_or_minutes_whichever_is_further():
 
 
 def test_the_compiled_update_is_adams_and_follows_the_share_left():
-    """The loop's update is compiled (train.compiled_update); the share left is an input of it,
+    """The loop's update is compiled (optimiser.compiled_update); the share left is an input of it,
     not a constant traced in: with none left the weights stay, and every step equals an
     uncompiled Adam's."""
     import mlx.core as mx
@@ -35,7 +37,7 @@ def test_the_compiled_update_is_adams_and_follows_the_share_left():
     import mlx.optimizers as optim
     from mlx.utils import tree_flatten
 
-    from engines.training.train import compiled_update
+    from engines.training.optimiser import compiled_update
 
     def made():
         mx.random.seed(0)

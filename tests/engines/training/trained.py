@@ -12,7 +12,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from engines.training.train import TrainConfig, train
+from engines.training.config import TrainConfig
+from engines.training.train import train
 
 BUILDER_VERSION = 5  # bump when the training below changes (5: the drafter normalises its inputs); a
 # changed TrainConfig default retrains by itself (the settings are in the cache key)
