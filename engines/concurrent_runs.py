@@ -13,7 +13,7 @@ from __future__ import annotations
 import statistics
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from engines.types import Engine, Request
@@ -159,7 +159,3 @@ def summarize(records: list[RequestRecord], wall_s: float) -> dict:
         "accepted": sum(r.accepted for r in records),
         "acceptance": sum(r.accepted for r in records) / proposed if proposed else None,
     }
-
-
-def as_rows(level: dict) -> list[dict]:
-    return [asdict(r) | {"decode_tok_s": r.decode_tok_s} for r in level["records"]]

@@ -226,10 +226,3 @@ def num_image_tokens(image_grid_thw: np.ndarray, merge_size: int = 2) -> int:
     """How many <|image|> tokens the prompt needs: one per merge window."""
     t, h, w = (int(v) for v in np.asarray(image_grid_thw).reshape(-1, 3)[0])
     return t * h * w // (merge_size * merge_size)
-
-
-def load_and_preprocess(
-    path: str | os.PathLike, config: ImageProcessorConfig | None = None
-) -> tuple[np.ndarray, np.ndarray]:
-    """load_image + preprocess: what the OCR engine calls for a request's image."""
-    return preprocess(load_image(path), config)
