@@ -45,7 +45,8 @@ def main() -> None:
     from engines.mlx_chat.engine import ChatEngine
     from engines.mlx_chat.models import default_chat_model
     from engines.mlx_chat.tuning import calibrate, forward_latency
-    from engines.speculative.tuning import Profile, machine_id, profile_file, rates
+    from engines.speculative.profiles import Profile, machine_id, profile_file
+    from engines.speculative.tuning import rates
     from engines.types import SpecConfig
 
     load = lambda name: [p["prompt"] for p in json.loads(resources.path("prompts", name).read_text())["prompts"]]  # noqa: E731

@@ -32,7 +32,8 @@ def parser() -> Parser:
 
 
 def cmd_tune(argv: list[str]) -> int:
-    from engines.speculative.tuning import break_even, profile_file, rates
+    from engines.speculative.profiles import profile_file
+    from engines.speculative.tuning import break_even, rates
     from engines.mlx_chat.tuning import measure
 
     args = parser().parse_args(argv)

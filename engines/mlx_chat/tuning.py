@@ -16,7 +16,8 @@ from engines.types import Request, ShouldStop, SpecConfig
 from engines.mlx_chat.cache import cache_arrays, make_rollback_cache, rollback
 from engines.mlx_chat.prefill import feed_prompt
 from engines.speculative.schedule import MAX_STEPS
-from engines.speculative.tuning import Profile, Rounds, machine_id, replay_text
+from engines.speculative.profiles import Profile, machine_id
+from engines.speculative.replay import Rounds, replay_text
 
 WIDTHS = range(1, MAX_STEPS + 2)  # 1 (plain) .. 1 + MAX_STEPS drafts
 # The batch's forwards (engines/batch): B sequences of w tokens each. The batch controller
@@ -69,7 +70,7 @@ class Calibration:
     draft_s: float  # seconds per drafted token, as the host timed it around drafting
     rounds: int
     round_s: float = 0.0  # a round of MAX_STEPS drafts, settle to settle (the fastest, as forward_latency's)
-    replayed: Rounds | None = None  # n-gram: every fixed k's rounds replayed on the outputs (tuning.replay_text)
+    replayed: Rounds | None = None  # n-gram: every fixed k's rounds replayed on the outputs (replay.replay_text)
 
 
 def calibrate(engine, prompts: list[str], spec: SpecConfig, max_tokens: int,

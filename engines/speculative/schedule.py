@@ -133,7 +133,8 @@ class DraftSchedule:
             return cls(0)
         auto, note = None, None
         if spec.auto:
-            from engines.speculative.tuning import AutoSteps, Profile, ProfileError, profile_file
+            from engines.speculative.profiles import Profile, ProfileError, profile_file
+            from engines.speculative.tuning import AutoSteps
 
             auto = AutoSteps(min(spec.max_steps, MAX_STEPS))
             if spec.profile:

@@ -31,30 +31,25 @@ consequences, each a fix of what made auto over-draft a drafter trained here for
   dear as the narrowest: the fallback starts deep and probes go deeper, so the flat price kept
   k = 1 (and plain rounds) from ever being chosen, hence measured.
 
-N-gram lookup is priced another way (`Replay`): its continuation is a function of the text, and
-the text is the same whatever k drafted it, so the lookup at every position of the output shows
-exactly what each fixed k would have done -- its rounds, their widths, the tokens they made --
-and each k is priced by those rounds at the costs now. `specscope tune` stores the calibration
-set's replayed rounds as the prior (`Profile.replayed`); without a profile, earlier requests'.
+N-gram lookup is priced another way (replay.py): what each fixed k would have done on the
+output so far, each k priced by those rounds at the costs now; the prior is the profile's
+replayed calibration set (`Profile.replayed`), without a profile earlier requests'.
 
-A profile is JSON; one from another machine or model, or one that does not parse, is ignored
-with one line (`ProfileError`) and the run goes on without it.
+The profile files (reading, writing, which machine and model one is for) are profiles.py's.
 """
 
 from __future__ import annotations
 
-import json
-import platform
 import statistics
-import time
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Callable
 
 from engines.speculative.costs import LoadScaledCosts, StepCosts
 from engines.speculative.expected import expected_tokens
+# ProfileError and profile_file: still imported from here by app/gui/tuning.py and engines/batch/controller.py
+from engines.speculative.profiles import Profile, ProfileError, profile_file  # noqa: F401
+from engines.speculative.replay import Replay, Rounds
 
-PROFILE_VERSION = 1
 # The profile's acceptance counts as this many rounds beside the run's own, at each position.
 # Not more: a position deep in the chain is reached only by the rounds whose drafts held until
 # there, so a heavy prior keeps it at the profile's figure long after the run shows otherwise
@@ -107,119 +102,6 @@ def round_costs() -> LoadScaledCosts:
     Neither alone holds both cases."""
     return LoadScaledCosts(from_below=True)
 
-
-class ProfileError(ValueError):
-    """A profile that cannot serve this run: one line saying why."""
-
-
-def machine_id() -> str:
-    """What a latency curve depends on: the CPU (or chip), its core count, the OS and the
-    machine type. A profile measured elsewhere is not used."""
-    import os
-
-    cpu = platform.processor() or ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    if platform.system() == "Darwin":
-        import subprocess
-
-        try:
-            cpu = subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True,
-                                 timeout=5).stdout.strip() or cpu
-        except (OSError, subprocess.SubprocessError):
-            pass
-    return f"{platform.system()} {platform.machine()} | {cpu} | {os.cpu_count()} cores"
-
-
-@dataclass
-class Profile:
-    machine: str
-    model: str  # the target's path (or id) as the run names it
-    method: str  # ngram | draft | mtp
-    drafter: str  # the draft model / MTP drafter path, "" for n-gram
-    target_s: dict[int, float]  # forward width -> seconds of one target forward (one sequence)
-    draft_s: float  # seconds to draft one token (n-gram: the lookup)
-    acceptance: list[float]  # by draft position 1..: P(accepted | the positions before it were)
-    context: int = 0  # tokens in the cache while the latency curve was measured
-    batch_s: dict[int, dict[int, float]] = field(default_factory=dict)  # B -> width -> seconds (B sequences)
-    # n-gram: every fixed k's rounds replayed on the calibration set's outputs (Rounds.record());
-    # a run's prior where it has one ({} in profiles of model drafters, and before this was stored)
-    replayed: dict = field(default_factory=dict)
-    created: float = field(default_factory=time.time)
-    version: int = PROFILE_VERSION
-
-    def save(self, path: str | Path) -> None:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=1))
-        tmp.replace(path)
-
-    @classmethod
-    def read(cls, path: str | Path) -> "Profile":
-        """The profile stored at `path`, whatever machine and model it was measured for."""
-        data = json.loads(Path(path).read_text())
-        data["target_s"] = {int(w): float(s) for w, s in data["target_s"].items()}
-        data["batch_s"] = {int(b): {int(w): float(s) for w, s in by_width.items()}
-                           for b, by_width in data.get("batch_s", {}).items()}  # absent before batch curves
-        return cls(**data)
-
-    @classmethod
-    def load(cls, path: str | Path, model: str, method: str, drafter: str = "") -> "Profile":
-        """The profile at `path`, if it was measured here for this model and drafter."""
-        try:
-            profile = cls.read(path)
-            if profile.version != PROFILE_VERSION or not profile.target_s or not profile.acceptance:
-                raise ValueError("an older or empty profile")
-            profile.replayed_rounds()  # parses, or says why not
-        except FileNotFoundError:
-            raise ProfileError(f"no tuning profile at {path}: run `specscope tune` for this model") from None
-        except (OSError, ValueError, TypeError, KeyError) as e:
-            raise ProfileError(f"tuning profile {path} is unreadable ({e}); run `specscope tune` again") from None
-        if profile.machine != machine_id():
-            raise ProfileError(f"tuning profile {path} was measured on another machine ({profile.machine}); "
-                               "run `specscope tune` here")
-        if (profile.model, profile.method, profile.drafter) != (model, method, drafter or ""):
-            raise ProfileError(f"tuning profile {path} is for {profile.model} with {profile.method} "
-                               f"{profile.drafter}".rstrip() + "; run `specscope tune` for this one")
-        return profile
-
-    def replayed_rounds(self) -> "Rounds | None":
-        return Rounds.of(self.replayed) if self.replayed else None
-
-    def latency(self) -> StepCosts:
-        costs = StepCosts()
-        for width, seconds in self.target_s.items():
-            costs.observe(width, seconds)
-        return costs
-
-    def batch_costs(self) -> StepCosts:
-        """The batch controller's prices: a forward by its B x w tokens, one sequence's curve
-        and the batches' (where two shapes have as many tokens, the median of both)."""
-        costs = StepCosts()
-        for width, seconds in self.target_s.items():
-            costs.observe(width, seconds)
-        for b, by_width in sorted(self.batch_s.items()):
-            for width, seconds in by_width.items():
-                costs.observe(b * width, seconds)
-        return costs
-
-
-def profile_file(where: str | Path, model: str, method: str, drafter: str = "") -> Path:
-    """The profile for (this machine, model, method, drafter): `where` itself if it is a file,
-    else its file in the folder `where`."""
-    where = Path(where)
-    if where.is_file():
-        return where
-    import hashlib
-
-    key = hashlib.sha256(f"{machine_id()}|{model}|{method}|{drafter}".encode()).hexdigest()[:12]
-    return where / f"{Path(model).name or 'model'}-{method}-{key}.json"
 
 
 def rates(latency: Callable[[int], float], draft_s: float, acceptance: list[float], max_k: int) -> list[float]:
@@ -276,148 +158,6 @@ class PositionAcceptance:
         priors = [self.prior[min(i, len(self.prior) - 1)] for i in range(self.positions)] if self.prior else \
             [0.5] * self.positions
         return [(a + prior * w) / (r + w) for a, r, prior in zip(self.accepted, self.reached, priors)]
-
-
-@dataclass
-class Rounds:
-    """Per fixed k = 0..max_steps, what a run at k did: the tokens its rounds made and its rounds
-    by width (1 + the drafts the lookup found, up to k). A request's replay counts into one; the
-    chat engine keeps one across requests, and a profile stores the calibration set's."""
-
-    max_steps: int
-    tokens: list[int] = field(default_factory=list)
-    widths: list[dict[int, int]] = field(default_factory=list)
-
-    def __post_init__(self):
-        self.tokens = self.tokens or [0] * (self.max_steps + 1)
-        self.widths = self.widths or [{} for _ in range(self.max_steps + 1)]
-
-    def add(self, k: int, width: int, made: int) -> None:
-        self.tokens[k] += made
-        self.widths[k][width] = self.widths[k].get(width, 0) + 1
-
-    def merge(self, other: "Rounds") -> None:
-        for k, (made, widths) in enumerate(zip(other.tokens, other.widths)):
-            self.tokens[k] += made
-            for width, n in widths.items():
-                self.widths[k][width] = self.widths[k].get(width, 0) + n
-
-    def per_round(self, k: int, latency: Callable[[int], float]) -> tuple[float, float] | None:
-        """(tokens, seconds) of an average round at k, priced at `latency`; None before any."""
-        if k >= len(self.widths) or not self.widths[k]:
-            return None
-        rounds = sum(self.widths[k].values())
-        return self.tokens[k] / rounds, sum(n * latency(w) for w, n in self.widths[k].items()) / rounds
-
-    def record(self) -> dict:
-        return {"tokens": list(self.tokens), "widths": [{str(w): n for w, n in by.items()} for by in self.widths]}
-
-    @classmethod
-    def of(cls, record: dict) -> "Rounds":
-        """From `record()`'s JSON; ValueError when it is not that."""
-        try:
-            widths = [{int(w): int(n) for w, n in by.items()} for by in record["widths"]]
-            tokens = [int(t) for t in record["tokens"]]
-        except (AttributeError, TypeError, KeyError, ValueError) as e:
-            raise ValueError(f"replayed rounds: {e!r}") from None
-        if len(tokens) != len(widths) or not tokens:
-            raise ValueError("replayed rounds: not one count of tokens per k")
-        return cls(len(widths) - 1, tokens, widths)
-
-
-@dataclass
-class Replay:
-    """What every fixed k would have done on this run's output so far, for n-gram lookup.
-
-    The lookup is a function of the text alone, and the text is the same whatever k drafted it
-    (lossless), so a run at k is replayed exactly from the continuation found at each position
-    and how far the output shows it held: a round at position p drafts min(k, found) tokens,
-    keeps the `hits` of them that held, and the next round starts after those and the target's
-    own token. Per k, a cursor walks the output as a run at k would have rounded it, counting its
-    rounds (`rounds`, and `kept`: the engine's, across requests); `rates` prices them at this
-    machine's costs now. Why not expected tokens from the acceptance by position (the module's
-    `rates`): that is measured at the round starts of the k this run drafted, and a run at another
-    k starts its rounds elsewhere -- a run at 7 crosses a long copy in one round and then starts
-    its rounds where nothing copies. At T > 0 the output is one sample of the target's: it shows a
-    draft as held with the chance that draft is accepted."""
-
-    max_steps: int
-    kept: Rounds | None = None  # earlier requests' (the chat engine keeps it): counted into as well
-    rounds: Rounds = field(init=False)
-    found: dict[int, list[int]] = field(default_factory=dict)  # position -> continuation looked up there
-    hits: dict[int, int] = field(default_factory=dict)  # position -> how many of it held (once shown)
-    cursors: list[int] = field(default_factory=list)  # per k: where a run at k starts its next round
-
-    def __post_init__(self):
-        self.rounds = Rounds(self.max_steps)
-
-    def lookup(self, at: int, found: list[int]) -> None:
-        """The continuation the lookup finds when the output is `at` tokens long (every position,
-        not only round starts: a run at another k starts its rounds there)."""
-        if not self.cursors:
-            self.cursors = [at] * (self.max_steps + 1)
-        if at not in self.found and at >= min(self.cursors):
-            self.found[at] = list(found[: self.max_steps])
-            if not found:
-                self.hits[at] = 0
-
-    def score(self, tokens: list[int]) -> None:
-        """Resolve the continuations the output `tokens` now shows (a miss, or all of them
-        held), then move every k's cursor over the rounds that are now known."""
-        for at, found in self.found.items():
-            if at in self.hits:
-                continue
-            shown = tokens[at : at + len(found)]
-            held = next((i for i, (f, t) in enumerate(zip(found, shown)) if f != t), len(shown))
-            if held < len(shown) or len(shown) == len(found):
-                self.hits[at] = held
-        for k, at in enumerate(self.cursors):
-            while at in self.hits:
-                drafted = min(k, len(self.found[at]))
-                kept = min(self.hits[at], drafted)
-                for tally in (self.rounds, self.kept):
-                    if tally is not None:
-                        tally.add(k, 1 + drafted, kept + 1)
-                at += kept + 1
-            self.cursors[k] = at
-        behind = min(self.cursors, default=0)  # positions no cursor will visit again
-        for at in [a for a in self.found if a < behind]:
-            del self.found[at]
-            self.hits.pop(at, None)
-
-    def rates(self, latency: Callable[[int], float], prior: Rounds | None, acceptance: list[float],
-              weight: float) -> tuple[list[float], list[float]]:
-        """(tokens per second, tokens per round) for k = 0..max_steps: each k's replayed rounds
-        priced at `latency` (a whole round by its width), beside `weight` average rounds of the
-        prior -- replayed rounds (the profile's calibration set, earlier requests), else what the
-        `acceptance` by position expects of k -- which decide alone before the output shows anything."""
-        out_rates, out_tokens = [], []
-        for k in range(self.max_steps + 1):
-            made, seconds = (prior.per_round(k, latency) if prior is not None else None) or \
-                (expected_tokens(acceptance, k), latency(1 + k))
-            here = self.rounds.per_round(k, latency)
-            n = sum(self.rounds.widths[k].values())
-            if here is not None:
-                made, seconds = (n * here[0] + weight * made) / (n + weight), (n * here[1] + weight * seconds) / (n + weight)
-            out_rates.append(made / seconds)
-            out_tokens.append(made)
-        return out_rates, out_tokens
-
-
-def replay_text(tokens: list[int], start: int, max_steps: int, n_min: int = 1, n_max: int = 4) -> Rounds:
-    """Every fixed k's rounds of n-gram lookup over a finished text (`tokens`, generated from
-    `start` on): what `specscope tune` stores, so a run's prior is what each k made on the
-    calibration set rather than what the acceptance by position expects of it."""
-    from engines.speculative.ngram import NGramIndex
-
-    index = NGramIndex(n_min, n_max)
-    index.reset(tokens[:start])
-    replay = Replay(max_steps)
-    for at in range(start, len(tokens)):
-        replay.lookup(at, index.propose(max_steps))
-        index.extend([tokens[at]])
-    replay.score(tokens)
-    return replay.rounds
 
 
 @dataclass

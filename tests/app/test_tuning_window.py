@@ -16,7 +16,8 @@ from app.gui.tuning import TuneSettings
 from app.gui.views.telemetry import ROLLING, finite_rolling_mean
 from app.gui.views.transcript import DRAFT_BG, NGRAM_BG
 from app.settings import AppSettings, profiles_dir
-from engines.speculative.tuning import Profile, best_k, break_even
+from engines.speculative.profiles import Profile
+from engines.speculative.tuning import best_k, break_even
 from tests.app.conftest import Recorder, chat_settings
 from tests.app.engine_loaders import cheap
 from tests.app.test_chat_window import run_and_wait
@@ -149,7 +150,7 @@ def tuning_notes(rounds) -> list[str]:
 
 
 def test_tune_writes_the_profile_the_next_auto_run_uses(qtbot, make_window):
-    from engines.speculative.tuning import Rounds
+    from engines.speculative.replay import Rounds
     from tests.app.engine_loaders import load_with_cheap_rounds
 
     # the runs' rounds cost what `cheap` says (Tune… measures this machine): Auto's choices then
@@ -277,7 +278,7 @@ def test_the_new_controls_and_lines_fit_at_1100_and_1440_px(qtbot, tiny_chat, tr
     import shutil
 
     from app.gui.main_window import MainWindow
-    from engines.speculative.tuning import machine_id, profile_file
+    from engines.speculative.profiles import machine_id, profile_file
     from tests.app.test_layout import settled_at
 
     target, drafter, prompt = trained_pair

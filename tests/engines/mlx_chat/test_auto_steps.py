@@ -11,7 +11,7 @@ import pytest
 
 from engines.types import Request, SpecConfig
 from engines.speculative.schedule import MAX_STEPS
-from engines.speculative.tuning import Profile, machine_id
+from engines.speculative.profiles import Profile, machine_id
 from tests.engines.broken_verifiers import BROKEN
 from tests.engines.mlx_chat.test_lossless_sampled import PROMPT, SAMPLING, exact_distribution, tiny  # noqa: F401
 from tests.stats import chi_square_pvalue
@@ -139,10 +139,11 @@ def test_ngram_auto_measures_deep_positions_from_whole_continuations(engines, tm
 
 def test_ngram_auto_replays_every_fixed_k_round_for_round(engines, monkeypatch):
     """n-gram auto replays, from the lookup at every position, what each fixed k would have done
-    on the run's output (tuning.Replay): at every choice, for every k, the rounds it counts are
+    on the run's output (replay.Replay): at every choice, for every k, the rounds it counts are
     those of a real run at that k -- the same tokens, round boundaries and widths. `specscope
-    tune` replays a finished text the same way (tuning.replay_text)."""
-    from engines.speculative.tuning import AutoSteps, replay_text
+    tune` replays a finished text the same way (replay.replay_text)."""
+    from engines.speculative.replay import replay_text
+    from engines.speculative.tuning import AutoSteps
 
     engine = engines["llama"]
     max_tokens = 100

@@ -10,7 +10,7 @@ import pytest
 from app.cli.main import main
 from engines.types import Request, SpecConfig
 from engines.speculative.schedule import DraftSchedule
-from engines.speculative.tuning import Profile
+from engines.speculative.profiles import Profile
 
 
 def test_tune_writes_the_profile_auto_uses(engines, llama_dir, tmp_path, monkeypatch, capsys):

@@ -12,8 +12,9 @@ import pytest
 
 from engines.speculative.schedule import MAX_STEPS, DraftSchedule
 from engines.speculative.expected import expected_tokens
-from engines.speculative.tuning import (AutoSteps, PositionAcceptance, Probes, Profile, ProfileError, Rounds, best_k,
-                                        machine_id, profile_file, rates, round_costs)
+from engines.speculative.profiles import Profile, ProfileError, machine_id, profile_file
+from engines.speculative.replay import Rounds
+from engines.speculative.tuning import AutoSteps, PositionAcceptance, Probes, best_k, rates, round_costs
 from engines.types import SpecConfig
 
 
