@@ -242,6 +242,10 @@ def context_of(served: Served) -> int | None:
     return getattr(served.engine, "context_length", None)
 
 
+def error_response(e: ApiError) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+
 def build_app(config: ServeConfig, served: list[Served]) -> Starlette:
     config.check()
     metrics = ServeMetrics()
@@ -253,24 +257,11 @@ def build_app(config: ServeConfig, served: list[Served]) -> Starlette:
     def authorized(http: HttpRequest) -> bool:
         return not config.api_key or http.headers.get("authorization", "") == f"Bearer {config.api_key}"
 
-    def error(e: ApiError) -> JSONResponse:
-        return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
-
     def unauthorized() -> JSONResponse:
-        return error(ApiError(401, "a valid API key is required (Authorization: Bearer KEY)", "invalid_api_key"))
+        return error_response(ApiError(401, "a valid API key is required (Authorization: Bearer KEY)", "invalid_api_key"))
 
     async def health(http: HttpRequest) -> Response:
-        """What a supervisor or a load balancer polls: 200 while every model's engine can serve,
-        503 once one cannot (its ranks lost, its batch loop ended) -- then restart the server."""
-        engines = {model_id: q.state() for model_id, q in queues.items()}
-        lost = [q.lost for q in queues.values() if getattr(q, "lost", None) is not None]
-        if lost:
-            return JSONResponse({"status": "rank lost", "ranks": config.ranks, "error": str(lost[0]),
-                                 "engines": engines}, status_code=503)
-        if any(e["state"] == "stopped" for e in engines.values()):
-            return JSONResponse({"status": "engine stopped", "ranks": config.ranks, "engines": engines},
-                                status_code=503)
-        return JSONResponse({"status": "ok", "ranks": config.ranks, "engines": engines})
+        return health_report(queues, config.ranks)
 
     async def list_models(http: HttpRequest) -> Response:
         if not authorized(http):
@@ -297,7 +288,7 @@ def build_app(config: ServeConfig, served: list[Served]) -> Starlette:
         try:
             body = json.loads(await http.body())
         except (ValueError, UnicodeDecodeError):
-            return error(ApiError(400, "the request body is not valid JSON", "invalid_json"))
+            return error_response(ApiError(400, "the request body is not valid JSON", "invalid_json"))
         parsed = None
         try:
             parsed = parse_chat_request(body, models, lambda model_id: context_of(by_id[model_id]))
@@ -309,7 +300,7 @@ def build_app(config: ServeConfig, served: list[Served]) -> Starlette:
         except ApiError as e:
             _remove(parsed)
             metrics.requests.labels(outcome="refused").inc()
-            return error(e)
+            return error_response(e)
         stop = threading.Event()
         prompt_n: list = []
         rounds = choice_rounds(queue, by_id[parsed.model], parsed, stop, prompt_n)
@@ -323,7 +314,7 @@ def build_app(config: ServeConfig, served: list[Served]) -> Starlette:
         except (ApiError, EngineError) as e:
             await _drain(rounds, stop, parsed)
             metrics.requests.labels(outcome="refused").inc()
-            return error(e if isinstance(e, ApiError) else ApiError(400, str(e), "invalid_request"))
+            return error_response(e if isinstance(e, ApiError) else ApiError(400, str(e), "invalid_request"))
         except BaseException:
             await _drain(rounds, stop, parsed)
             raise
@@ -331,23 +322,34 @@ def build_app(config: ServeConfig, served: list[Served]) -> Starlette:
         if parsed.stream:
             return StreamingResponse(sse(parsed, first, rounds, stop, prompt_n, decode, metrics),
                                      media_type="text/event-stream")
-        collected: list[list[Round]] = [[] for _ in range(parsed.n)]
-        try:
-            async for i, rnd in _chain(first, rounds):
-                collected[i].append(rnd)
-                if await http.is_disconnected():
-                    stop.set()  # the engine stops at its next round
-        except ApiError as e:  # failed mid-request (a lost rank of a tensor-parallel model: 503)
-            metrics.requests.labels(outcome="error").inc()
-            return error(e)
-        finally:
-            await _drain(rounds, stop, parsed)
-        metrics.prompt_tokens.inc((prompt_n[0] if prompt_n else None) or 0)
-        metrics.requests.labels(outcome=collected[0][-1].finish or "stop").inc()
-        return JSONResponse(completion(completion_id(), parsed.model, collected, prompt_n[0] if prompt_n else None, decode))
+        return await collected_reply(http, parsed, first, rounds, stop, prompt_n, decode, metrics)
 
-    # Host / Origin / Content-Type refusals first (app/serve/guard.py), then CORS headers for the
-    # allowed origins only (none are sent without --allowed-origins).
+    return Starlette(routes=[
+        Route("/health", health),
+        Route("/v1/models", list_models),
+        Route("/metrics", prometheus),
+        Route("/v1/spec_decode/metrics", spec_decode_metrics),
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+    ], middleware=guard_middleware(config))
+
+
+def health_report(queues: dict, ranks: int) -> JSONResponse:
+    """What a supervisor or a load balancer polls: 200 while every model's engine can serve,
+    503 once one cannot (its ranks lost, its batch loop ended) -- then restart the server."""
+    engines = {model_id: q.state() for model_id, q in queues.items()}
+    lost = [q.lost for q in queues.values() if getattr(q, "lost", None) is not None]
+    if lost:
+        return JSONResponse({"status": "rank lost", "ranks": ranks, "error": str(lost[0]),
+                             "engines": engines}, status_code=503)
+    if any(e["state"] == "stopped" for e in engines.values()):
+        return JSONResponse({"status": "engine stopped", "ranks": ranks, "engines": engines},
+                            status_code=503)
+    return JSONResponse({"status": "ok", "ranks": ranks, "engines": engines})
+
+
+def guard_middleware(config: ServeConfig) -> list[Middleware]:
+    """Host / Origin / Content-Type refusals first (app/serve/guard.py), then CORS headers for the
+    allowed origins only (none are sent without --allowed-origins)."""
     origins = normalized_origins(config.allowed_origins)
     middleware = [Middleware(RequestGuard, check_host=config.host in LOOPBACK or bool(config.allowed_hosts),
                              allowed_hosts=frozenset(h.lower() for h in config.allowed_hosts),
@@ -355,13 +357,28 @@ def build_app(config: ServeConfig, served: list[Served]) -> Starlette:
     if origins:
         middleware.append(Middleware(CORSMiddleware, allow_origins=sorted(origins),
                                      allow_methods=["GET", "POST"], allow_headers=["Authorization", "Content-Type"]))
-    return Starlette(routes=[
-        Route("/health", health),
-        Route("/v1/models", list_models),
-        Route("/metrics", prometheus),
-        Route("/v1/spec_decode/metrics", spec_decode_metrics),
-        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-    ], middleware=middleware)
+    return middleware
+
+
+async def collected_reply(http: HttpRequest, parsed: ParsedRequest, first: tuple[int, Round],
+                          rounds: AsyncIterator[tuple[int, Round]], stop: threading.Event, prompt_n: list,
+                          decode, metrics: ServeMetrics) -> Response:
+    """A non-streaming request's reply: every choice's rounds collected, then one completion; a
+    client gone while they run stops the engine at its next round."""
+    collected: list[list[Round]] = [[] for _ in range(parsed.n)]
+    try:
+        async for i, rnd in _chain(first, rounds):
+            collected[i].append(rnd)
+            if await http.is_disconnected():
+                stop.set()  # the engine stops at its next round
+    except ApiError as e:  # failed mid-request (a lost rank of a tensor-parallel model: 503)
+        metrics.requests.labels(outcome="error").inc()
+        return error_response(e)
+    finally:
+        await _drain(rounds, stop, parsed)
+    metrics.prompt_tokens.inc((prompt_n[0] if prompt_n else None) or 0)
+    metrics.requests.labels(outcome=collected[0][-1].finish or "stop").inc()
+    return JSONResponse(completion(completion_id(), parsed.model, collected, prompt_n[0] if prompt_n else None, decode))
 
 
 def fixed_reply(parsed: ParsedRequest) -> Response:
