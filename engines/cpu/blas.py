@@ -1,7 +1,8 @@
 """Which BLAS MLX's CPU backend multiplies with, found before anything is loaded (Linux only).
 
-MLX's Linux wheel links the reference BLAS (netlib): ~2 GFLOP/s, so a forward of k+1 tokens
-costs k+1 forwards of one and speculation cannot pay. MLX calls `cblas_sgemm` through the
+MLX's Linux wheel links the reference BLAS (netlib), with no blocking or SIMD: a forward of k+1
+tokens costs about k+1 forwards of one and speculation cannot pay (docs/benchmarks.md, "MLX's CPU
+backend: which BLAS"). MLX calls `cblas_sgemm` through the
 dynamic linker, so a library preloaded with that symbol takes every product. In order:
 
 1. **The wheel's OpenBLAS** (`scipy-openblas32`, a locked dependency on Linux): self-contained,

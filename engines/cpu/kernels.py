@@ -1,11 +1,10 @@
 """Attention and SwiGLU for MLX's CPU backend, with exp taken as a power of two.
 
-MLX's CPU `exp` is scalar: about 12 ns an element on this x86 machine, where its `power` takes
-4.5 and numpy's exp 0.45 (bench: `python bench/cpu_kernels.py`). Two steps of every layer are
-made of exps: the attention's softmax (rows x heads x width x context elements) and SwiGLU's
-sigmoid (rows x width x 1536 for SmolLM2). For one token they are small; for a verify of a
-batch they are not -- 4 rows x 6 tokens over a 400-token context spent 51 ms of a 183 ms
-forward in them. Written as 2^(x log2 e) they cost a third (the forward: 153 ms).
+MLX's CPU `exp` is scalar; its `power` is not. Two steps of every layer are made of exps: the
+attention's softmax (rows x heads x width x context elements) and SwiGLU's sigmoid (rows x
+width x the MLP's width). For one token they are small; for a verify of a batch they are a
+large share of the forward, and written as 2^(x log2 e) they cost a fraction of that
+(docs/benchmarks.md, "The CPU kernels: exp as a power of two"; bench/cpu_kernels.py).
 
 The numbers differ from MLX's own in the last bits (logits within ~5e-5 of mx.fast's on
 SmolLM2), so a model runs with these everywhere in the process or nowhere: plain decoding,
@@ -71,8 +70,7 @@ def causal_mask(L: int, S: int) -> mx.array:
     """The causal mask as `attention` adds it to its scores, [1, 1, 1, L, S], 0 or -inf (the
     same in any log base), made once per forward rather than once per layer: every layer of a
     forward asks for the same one, and on the CPU each of the few ops that make it costs more in
-    dispatch than in arithmetic (SmolLM2, 30 layers: a forward of 2 tokens paid ~3 ms for them,
-    against 32 ms for one token; bench/cpu_blas.py)."""
+    dispatch than in arithmetic (bench/cpu_blas.py)."""
     if getattr(_causal, "shape", None) != (L, S):
         visible = mx.arange(S - L, S)[:, None] >= mx.arange(S)[None]
         mask = mx.where(visible, mx.array(0.0, mx.float32), mx.array(-mx.inf, mx.float32))

@@ -2,8 +2,8 @@
 
 torch carries its own BLAS (MKL, linked into libtorch_cpu), but its calls to sgemm_ / sgemv_ go
 through the dynamic linker like any other, so a preloaded system OpenBLAS, which exports those
-names, takes them over: GLM-OCR's float32 decode, one row through 1536 x 9216 linears, then
-runs 2.8x slower. So torch's extension module is loaded with RTLD_DEEPBIND, which makes
+names, takes them over, and GLM-OCR's float32 decode (one row through 1536 x 9216 linears) is
+slower on OpenBLAS than on MKL (docs/architecture.md, "The CPU room"). So torch's extension module is loaded with RTLD_DEEPBIND, which makes
 libtorch_cpu resolve its symbols in itself first (tests/unit/test_launch.py reads the dynamic
 linker's bindings to check it). The wheel's OpenBLAS exports only `cblas_sgemm` under a
 standard name, which torch does not call: with it, torch is loaded as usual.

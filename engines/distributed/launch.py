@@ -33,9 +33,8 @@ def pin_local_rank(rank: int, ranks: int) -> None:
     """N ranks on one machine: each rank runs on its own share of the cores (Linux). Every split
     layer makes the ranks wait for each other twice per forward; unpinned, the ranks' threads
     (and OpenBLAS's spinning ones) fight over the same cores and each wait costs a scheduler
-    time slice. Measured here (2 cores, a 30-layer llama, one decode forward; bench/
-    tensor_parallel.py): 231-1020 ms unpinned, 83-103 ms pinned (one process: 40-64 ms). Call
-    it first thing: threads started later inherit the mask."""
+    time slice (docs/benchmarks.md, "Tensor parallel on one machine"; bench/tensor_parallel.py).
+    Call it first thing: threads started later inherit the mask."""
     if not hasattr(os, "sched_setaffinity"):  # macOS has no affinity API (and runs on Metal)
         return
     cpus = sorted(os.sched_getaffinity(0))

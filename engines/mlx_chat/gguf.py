@@ -3,8 +3,8 @@
     model, tokenizer = load_gguf("SmolLM2-135M-Instruct.Q4_1.gguf")
 
 The steps, top to bottom in `load_gguf`:
-1. read the header (our own small parser, ~30x faster than gguf.GGUFReader; a test holds it
-   to GGUFReader's reading) and pick the mlx-lm model module;
+1. read the header (our own small parser: gguf.GGUFReader is slow on a real vocabulary; a test
+   holds it to GGUFReader's reading) and pick the mlx-lm model module;
 2. read the tensors: MLX's own GGUF reader (`mx.load`) where it can read the whole file
    (F32/F16 and Q4_0/Q4_1/Q8_0, which it keeps packed as MLX affine quantization, group 32);
    otherwise our own reader: 32-blocks (Q4_0/Q4_1/Q5_0/Q5_1/Q8_0) repacked exactly as MLX
@@ -41,8 +41,7 @@ from engines.types import EngineError
 def compute_dtype() -> mx.Dtype:
     """The dtype of every float tensor (norms, dequantized weights, quantization scales and
     biases), hence of the activations. float16 on Metal. float32 on MLX's CPU backend, whose
-    float16 quantized matmul was measured ~50x slower than float32 (0.79 s vs 0.016 s for a
-    17x576 @ 576x1536 4-bit product)."""
+    float16 quantized matmul is many times slower than its float32 one."""
     return mx.float16 if mx.metal.is_available() else mx.float32
 
 
@@ -151,8 +150,8 @@ class GGUFHeader:
 
 def read_header(path: Path) -> GGUFHeader:
     """Parse a GGUF header. Problems -> EngineError."""
-    # Not gguf.GGUFReader: it builds numpy fields for every vocabulary string, 53 s vs 1.8 s here
-    # on SmolLM2-135M's file (2 loaded cores); a test holds this parser to GGUFReader's reading.
+    # Not gguf.GGUFReader: it builds numpy fields for every vocabulary string, many times slower
+    # than this on a real vocabulary; a test holds this parser to GGUFReader's reading.
     if not path.is_file():
         raise EngineError(f"GGUF file not found: {path}")
     with open(path, "rb") as f:
@@ -329,8 +328,8 @@ def read_tensors_ourselves(header: GGUFHeader) -> dict[str, mx.array]:
     types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) are repacked exactly into MLX affine quantization
     (repack_legacy_blocks); every other quantized type (Q4_K, Q5_K, Q6_K, Q2_K, Q3_K, IQ*...)
     is dequantized by the gguf package, then cast to DTYPE. Not re-quantized with mx.quantize:
-    at 8 bits that measured 2-5% logit error on tiny models (mx.quantize picks its own scales,
-    which do not line up with the file's codes)."""
+    even at 8 bits its logits drift from the file's by percents (mx.quantize picks its own
+    scales, which do not line up with the file's codes)."""
     from gguf import GGMLQuantizationType as Q
     from gguf.quants import dequantize
 

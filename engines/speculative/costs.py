@@ -19,16 +19,15 @@ class StepCosts:
     forward of a few tokens costs about what one token does (reading the weights dominates) and
     grows linearly once compute dominates; a line would price small forwards too dear and large
     ones too cheap. Why a median: another process on the machine makes a step slow now and then,
-    and a mean would carry that spike for many steps -- on a loaded 2-core machine it stopped
-    drafting where drafting paid, and kept it where it did not.
+    and a mean carries that spike for many steps, which stops drafting where it pays and keeps it
+    where it does not.
 
     `from_below`: make the curve monotone from below instead -- each size no dearer than the
     cheapest larger size measured -- so a slow round raises only its own size's price. From
     above (the default), one size stuck high (a few slow rounds, under load) lifts every larger
-    size with it; a chooser then stops choosing them and never measures them again (composed
-    drafting, engines/speculative/composed.py, drafted 2 of a 7-token n-gram continuation for a
-    whole pass). Another process only ever slows a round down, so a larger size measured
-    cheap bounds the smaller ones."""
+    size with it; a chooser (composed drafting, engines/speculative/composed.py) then stops
+    choosing them and never measures them again. Another process only ever slows a round down,
+    so a larger size measured cheap bounds the smaller ones."""
 
     recent: int = 7  # steps kept per size
     from_below: bool = False  # the monotone curve under the measured sizes, not over them (see above)
@@ -92,13 +91,12 @@ class LoadScaledCosts(StepCosts):
 
     Why (`--steps auto`, engines/speculative/tuning.py): a size is measured only while it is
     chosen or probed, and the chat engine keeps the costs across requests, so kept as measured
-    they were a patchwork of loads -- a size measured before a load rose stayed cheap, one
-    measured under a passing load stayed dear after it passed. Why ratios of medians as
-    measured, not every step divided by a load level estimated from the steps (tried first):
-    with one size measured most of the time, the level and that size's price are estimated
-    from each other, and the steps' noise walks them away from the sizes not measured (20%
-    noise: a size not measured priced 4.4x its worth after 20,000 steps,
-    tests/engines/speculative/test_tuning.py); a ratio of two medians of the same size carries no error from step to step.
+    they would be a patchwork of loads -- a size measured before a load rose stays cheap, one
+    measured under a passing load stays dear after it passed. Why ratios of medians as
+    measured, not every step divided by a load level estimated from the steps: with one size
+    measured most of the time, the level and that size's price are estimated from each other,
+    and the steps' noise walks them away from the sizes not measured; a ratio of two medians of
+    the same size carries no error from step to step (tests/engines/speculative/test_tuning.py).
     """
 
     fresh: int = 32  # steps: a size observed within them is priced as measured (--steps auto observes a
@@ -122,7 +120,7 @@ class LoadScaledCosts(StepCosts):
         the end: the same prices, with the work of one step taken by each. A size's peers are
         noted only at its last step here, or at one its next step here finds stale: a step's note
         is read only by the size's next step if that finds it stale, or by the prices at the end
-        (one note per step was most of composed's re-pricing, every 32 rounds)."""
+        (a note per step would be most of composed's re-pricing)."""
         next_at: dict[int, int] = {}
         noted = [True] * len(steps)
         for i in range(len(steps) - 1, -1, -1):

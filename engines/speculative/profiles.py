@@ -58,7 +58,7 @@ class Profile:
     context: int = 0  # tokens in the cache while the latency curve was measured
     batch_s: dict[int, dict[int, float]] = field(default_factory=dict)  # B -> width -> seconds (B sequences)
     # n-gram: every fixed k's rounds replayed on the calibration set's outputs (Rounds.record());
-    # a run's prior where it has one ({} in profiles of model drafters, and before this was stored)
+    # a run's prior where it has one ({} in profiles of model drafters and in older profiles)
     replayed: dict = field(default_factory=dict)
     created: float = field(default_factory=time.time)
     version: int = PROFILE_VERSION
@@ -76,7 +76,7 @@ class Profile:
         data = json.loads(Path(path).read_text())
         data["target_s"] = {int(w): float(s) for w, s in data["target_s"].items()}
         data["batch_s"] = {int(b): {int(w): float(s) for w, s in by_width.items()}
-                           for b, by_width in data.get("batch_s", {}).items()}  # absent before batch curves
+                           for b, by_width in data.get("batch_s", {}).items()}  # absent from older profiles
         return cls(**data)
 
     @classmethod

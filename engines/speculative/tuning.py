@@ -22,14 +22,14 @@ depth-2 overlap (MTP) the next chain is queued in the graph right behind the ver
 host's timer around propose sees almost nothing, while on a CPU the chain runs on the same
 cores between the two settles and lengthens the round by what it costs -- on a GPU it hides
 behind the host's work and costs nothing, and the round's time says so either way. Two
-consequences, each a fix of what made auto over-draft a drafter trained here for SmolLM2:
+consequences, each keeping auto from over-drafting (tests/engines/speculative/test_tuning.py):
 - a round that paid for drafts it did not verify (a chain anticipated at the last round's k,
   cut to a smaller one) is not a price of its own k (`record(..., priced=False)`), nor is a
   round launched before the last verdict whose neighbours drafted another k (part of its time
   is theirs);
 - a width narrower than every one measured is priced by the slope of the narrowest two, not as
-  dear as the narrowest: the fallback starts deep and probes go deeper, so the flat price kept
-  k = 1 (and plain rounds) from ever being chosen, hence measured.
+  dear as the narrowest: the fallback starts deep and probes go deeper, so a flat price would
+  keep k = 1 (and plain rounds) from ever being chosen, hence measured.
 
 N-gram lookup is priced another way (replay.py): what each fixed k would have done on the
 output so far, each k priced by those rounds at the costs now; the prior is the profile's
@@ -53,8 +53,7 @@ from engines.speculative.replay import Replay, Rounds
 # The profile's acceptance counts as this many rounds beside the run's own, at each position.
 # Not more: a position deep in the chain is reached only by the rounds whose drafts held until
 # there, so a heavy prior keeps it at the profile's figure long after the run shows otherwise
-# (measured at 20: a copy-heavy prompt whose drafts failed kept k = 7 for 80 rounds, each verify
-# 1.5x a plain step, because positions 2..7 still had the calibration set's 0.7-0.98).
+# (test_tuning.py: at 20, a copy-heavy profile meeting a prompt whose drafts fail keeps k = 7).
 PRIOR_ROUNDS = 5
 # Every PROBE_AFTER + 1 rounds, one round drafts one token more than the chooser picked. Why:
 # a position of the chain is measured only by rounds that draft that deep, so a choice is
@@ -64,24 +63,22 @@ PRIOR_ROUNDS = 5
 # is about the price of k + 1) and finds depth that pays when the text starts to repeat.
 # Each probe whose deepest draft fails while the choice stays doubles the wait before the next,
 # up to PROBE_MAX; a choice that moves, or a probe whose draft held, brings it back to
-# PROBE_AFTER. Why: where a verify of k + 2 rows costs more than one of k + 1 (a CPU whose 3-row
-# forward costs 1.3x its 2-row one: tests/engines/speculative/test_tuning.py's SMOLLM2_STEEP), one probe in nine cost
-# SmolLM2's drafter 5-10% of its speed (--steps auto 0.90x --steps 1) to learn, again and
-# again, that a second draft does not pay.
+# PROBE_AFTER. Why: where a verify of k + 2 rows costs more than one of k + 1 (test_tuning.py's
+# SMOLLM2_STEEP), a probe every nine rounds costs a drafter whose second draft never pays a share
+# of its speed, to learn that again and again.
 PROBE_AFTER = 8
 PROBE_MAX = 64
 # Every SHALLOW_AFTER + 1 rounds, SHALLOW_ROUNDS rounds draft one token less than chosen (to
 # k - 1 >= 1): a narrower width is otherwise measured only when chosen, so one measured dear
-# under a passing load kept its k from being chosen again (on a model of this CPU with 10% noise
-# on each round, one run in eight drafted 2.3 a round where 1 pays). Three rounds because only
+# under a passing load would keep its k from being chosen again (test_tuning.py's
+# test_a_narrower_width_priced_dear_by_a_passing_load_is_measured_again). Three rounds because only
 # the middle one is surely a price: with depth-2 overlap the first carries the chain anticipated
 # at k, and with rounds launched before the verdict the first and last share their time with
 # their neighbours of k (see the chat engine's `_priced`). Without a profile, one draft a round,
 # never measured, is tried at once: priced from the wider widths the fallback showed it can look
-# as dear as they are (where 2 rows cost what 1 does, 3 and 4 alike ~1.4x), and
-# one draft, the k that paid, was not tried for the first ~30 rounds. Not to k = 0: plain rounds
-# cost a drafter worth drafting most, and a plain round's price only decides between plain and
-# one draft.
+# as dear as they are, and one draft, often the k that pays, would wait SHALLOW_AFTER rounds.
+# Not to k = 0: plain rounds cost a drafter worth drafting most, and a plain round's price only
+# decides between plain and one draft.
 SHALLOW_AFTER = 26
 SHALLOW_ROUNDS = 3
 
@@ -91,14 +88,13 @@ def round_costs() -> LoadScaledCosts:
     drafter across requests). Why each half (tests/engines/speculative/test_tuning.py drives both on a
     model of this CPU whose load changes mid-run):
     - scaled by the load (LoadScaledCosts): a width measured before a load rose, or under one
-      that has passed, is priced at the load now -- kept as measured, widths chosen now looked
-      dear beside widths measured earlier, and auto drafted 2.2 a round where 1 pays;
+      that has passed, is priced at the load now -- kept as measured, widths chosen now look
+      dear beside widths measured earlier, and auto drafts more than pays;
     - monotone from below (StepCosts.from_below), each width at most the cheapest wider one:
-      from above, a narrow width priced dear lifted every wider one to its price, so the
-      deepest k looked as cheap as one draft; auto chose it, measuring it cheap changed
-      nothing (still lifted), and the narrow width, no longer chosen, was never measured
-      again (widths 1-2 turned dearer: 6.96 drafts a round where 2 pay). From below, a wide
-      width priced too cheap is chosen, and so measured again.
+      from above, a narrow width priced dear lifts every wider one to its price, so the
+      deepest k looks as cheap as one draft; auto chooses it, measuring it cheap changes
+      nothing (still lifted), and the narrow width, no longer chosen, is never measured
+      again. From below, a wide width priced too cheap is chosen, and so measured again.
     Neither alone holds both cases."""
     return LoadScaledCosts(from_below=True)
 
@@ -163,8 +159,8 @@ class PositionAcceptance:
 @dataclass
 class Probes:
     """When the next probe one draft deeper comes (PROBE_AFTER, PROBE_MAX). The chat engine keeps
-    it across requests with the costs and the acceptance it helps measure: a request of 45
-    rounds that started over at the first pace probed twice, every request."""
+    it across requests with the costs and the acceptance it helps measure: a short request that
+    started over at the first pace would probe at that pace every time."""
 
     since: int = 0  # rounds chosen since the last probe
     after: int = PROBE_AFTER  # the wait before the next: doubles while probes find nothing
@@ -186,9 +182,8 @@ class Probes:
         """A round's verdict: `asked` the drafts chosen for it, `proposed` those the drafter made
         (n-gram lookup may find fewer). The probe's round is told by the k asked, not as the
         round after the choice: when rounds launch before the last verdict, the next round is
-        chosen before the probe's verdict is known (read then, a probe's outcome was its
-        predecessor's, which held half the time, and the pace went back to PROBE_AFTER: probes
-        every ~10 rounds)."""
+        chosen before the probe's verdict is known (read then, a probe's outcome would be its
+        predecessor's, and the pace would keep going back to PROBE_AFTER)."""
         if self.probe is None or asked != self.probe:
             return
         self.probe = None
@@ -215,8 +210,8 @@ class AutoSteps:
     seen: PositionAcceptance | None = None
     # earlier requests with this drafter (the chat engine keeps it): every round is counted there
     # too, and without a profile its acceptance by position is this run's prior, weighing as
-    # PRIOR_ROUNDS rounds -- not one half at every position, which priced a second draft accepted
-    # 9% of the time at 50% until the run had reached it a dozen times, at every request
+    # PRIOR_ROUNDS rounds -- not one half at every position, which prices a rarely accepted second
+    # draft at 50% until the run has reached it a dozen times, at every request
     history: PositionAcceptance | None = None
     priced: tuple[tuple, StepCosts] | None = field(default=None, repr=False)  # latency() for the costs as
     # they were (composed drafting reads it width by width until it measures its own)
@@ -288,9 +283,9 @@ class AutoSteps:
         the narrowest price less the slope of the narrowest two per width (at least half the
         narrowest price). Why not the narrowest price itself: then a narrower k costs as much
         as a wider one and brings fewer tokens, so it is never chosen, hence never measured --
-        the fallback starts at the spec's steps and probes go deeper, and auto drafted 2.4 a
-        round for a drafter whose second draft was accepted 9% of the time. Priced this way it
-        is chosen when it would pay at that price, and then measured."""
+        the fallback starts at the spec's steps and probes go deeper, and auto over-drafts a
+        drafter whose second draft is rarely accepted. Priced this way it is chosen when it
+        would pay at that price, and then measured."""
         sizes = sorted(self.costs.seconds)
         if width >= sizes[0] or len(sizes) < 2:
             return self.costs.at(width)
