@@ -258,7 +258,8 @@ def build_app(config: ServeConfig, served: list[Served]) -> Starlette:
         return not config.api_key or http.headers.get("authorization", "") == f"Bearer {config.api_key}"
 
     def unauthorized() -> JSONResponse:
-        return error_response(ApiError(401, "a valid API key is required (Authorization: Bearer KEY)", "invalid_api_key"))
+        return error_response(ApiError(401, "a valid API key is required (Authorization: Bearer KEY)",
+                                       "invalid_api_key"))
 
     async def health(http: HttpRequest) -> Response:
         return health_report(queues, config.ranks)
