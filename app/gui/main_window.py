@@ -132,6 +132,34 @@ class MainWindow(QMainWindow):
 
         self.setWindowTitle(APP_NAME)
         self.setAcceptDrops(True)
+        self._build_panes()
+        output = self._build_output_column()
+        self._build_splits(output)
+        self._connect_controls()
+        actions = build_menus(self)
+        self.run_action, self.stop_action, self.clear_action, self.models_action = actions
+        self._check_autosave()
+        self.controls.apply_settings(self.settings)
+        self.mode = self.controls.engine
+        self._on_engine_changed(self.controls.engine)
+        self._restore_geometry()
+        if not self.settings.window_geometry:
+            self.resize(*self.default_size())
+        # The document beside its text, or above it (reflow_panes): as narrow as the narrower of
+        # the two arrangements, as low as the lower; chat shows its pane alone.
+        document = self.document.minimumSizeHint()
+        self.top_split.setMinimumSize(
+            max(document.width(), *(pane.minimumSizeHint().width() for pane in self.panes.values())),
+            max(self.chat.minimumSizeHint().height(),
+                document.height() + self.top_split.handleWidth() + self.ocr.minimumSizeHint().height()))
+        # An explicit minimum, what the content needs in its narrowest arrangement: without one
+        # the layout would raise the window's minimum when the plots arrive after the first paint,
+        # and offscreen Qt warns "This plugin does not support propagateSizeHints()" on every such
+        # change.
+        self.setMinimumSize(self.minimumSizeHint())
+
+    def _build_panes(self) -> None:
+        """The sidebar, the document, the chat and OCR panes and the telemetry's holder."""
         self.controls = ControlsPanel()
         # The sidebar scrolls when the window is lower than its controls, so that the window's
         # minimum height is the panes', not the sidebar's.
@@ -155,6 +183,9 @@ class MainWindow(QMainWindow):
         QVBoxLayout(self.telemetry_holder).setContentsMargins(0, 0, 0, 0)
         self.telemetry_holder.setMinimumHeight(TELEMETRY_MIN_HEIGHT)
 
+    def _build_output_column(self) -> QWidget:
+        """The mode's pane under its notices: the model offer, a crashed run's recovery, Tune…'s
+        offer and the server's load."""
         output = QWidget(objectName="outputPane")
         output_col = QVBoxLayout(output)
         output_col.setContentsMargins(0, 0, 0, 0)
@@ -176,7 +207,10 @@ class MainWindow(QMainWindow):
         self.server_watch.load_failed.connect(self.server_load.show_error)
         output_col.addWidget(self.server_load)
         output_col.addWidget(self.pane_stack, 1)
+        return output
 
+    def _build_splits(self, output: QWidget) -> None:
+        """Sidebar | (document | output) over the telemetry, and the status bar."""
         self.top_split = QSplitter(Qt.Orientation.Horizontal)
         self.top_split.addWidget(self.document)
         self.top_split.addWidget(output)
@@ -201,6 +235,8 @@ class MainWindow(QMainWindow):
         self.model_label = ElidedLabel(objectName="muted")
         self.statusBar().addPermanentWidget(self.model_label)
 
+    def _connect_controls(self) -> None:
+        """The sidebar's and the model jobs' events."""
         self.controls.run_requested.connect(self.run)
         self.controls.stop_requested.connect(self.stop)
         self.controls.compare_requested.connect(self.start_compare)
@@ -212,27 +248,6 @@ class MainWindow(QMainWindow):
         self.controls.draft_edit.textChanged.connect(self.update_model_offer)
         for event in (self.model_jobs.finished, self.model_jobs.cancelled, self.model_jobs.errored):
             event.connect(self.update_model_offer)
-        actions = build_menus(self)
-        self.run_action, self.stop_action, self.clear_action, self.models_action = actions
-        self._check_autosave()
-        self.controls.apply_settings(self.settings)
-        self.mode = self.controls.engine
-        self._on_engine_changed(self.controls.engine)
-        self._restore_geometry()
-        if not self.settings.window_geometry:
-            self.resize(*self.default_size())
-        # The document beside its text, or above it (reflow_panes): as narrow as the narrower of
-        # the two arrangements, as low as the lower; chat shows its pane alone.
-        document = self.document.minimumSizeHint()
-        self.top_split.setMinimumSize(
-            max(document.width(), *(pane.minimumSizeHint().width() for pane in self.panes.values())),
-            max(self.chat.minimumSizeHint().height(),
-                document.height() + self.top_split.handleWidth() + self.ocr.minimumSizeHint().height()))
-        # An explicit minimum, what the content needs in its narrowest arrangement: without one
-        # the layout would raise the window's minimum when the plots arrive after the first paint,
-        # and offscreen Qt warns "This plugin does not support propagateSizeHints()" on every such
-        # change.
-        self.setMinimumSize(self.minimumSizeHint())
 
     def resizeEvent(self, event) -> None:  # noqa: N802 (Qt's name)
         super().resizeEvent(event)
