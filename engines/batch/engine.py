@@ -19,6 +19,10 @@ One step:
     rollback  each row keeps its pending token and accepted drafts; its rejected drafts and
               padding die in the cache's slot table (engines/batch/cache.py), nothing moves;
               an MTP row keeps the target's hidden state at its last accepted position.
+    ahead     when every row decodes plainly (and none is waiting to join), the next step's
+              forward is launched on this step's tokens while they are still in the graph,
+              before they are read -- as the lone loop and mlx-lm's generate_step do -- so the
+              device never waits for the host's verdicts, Rounds and text.
     report    each row's Sequence (engines/speculative/sequence.py, as a lone run's) commits
               its verdict -- clipped at EOS, max_tokens and a repetition loop, its schedule
               taught, its proposer told -- and reports its Round (stop strings held back);
@@ -45,7 +49,7 @@ from engines.batch.drafter import BatchDrafter
 from engines.batch.mtp import BatchMTP
 from engines.batch.prompt_cache import PromptCache
 from engines.mlx_chat import sampling as mxs
-from engines.mlx_chat.engine import ChatEngine, Step, report, settle
+from engines.mlx_chat.engine import NO_DRAFTS, ChatEngine, Step, report, settle
 from engines.mlx_chat.prefill import PREFILL_CHUNK
 from engines.mlx_chat.proposers import mx_tokens
 from engines.speculative.proposer import Draft, DraftGroup
@@ -95,6 +99,8 @@ class BatchEngine:
     mtps: dict[str, BatchMTP] = field(default_factory=dict)  # MTP drafter path -> its batch
     prompt_cache: PromptCache | None = None  # prompts read before (None: every prompt is read)
     capped: dict[int, int] = field(default_factory=dict)  # sequence id -> the controller's cap last said to it
+    launches_ahead: bool = True  # plain steps launch the next forward before reading their tokens
+    ahead: list[Step] | None = None  # the next step, launched on this one's tokens still in the graph
     _ids: itertools.count = field(default_factory=itertools.count)
 
     def __post_init__(self):
@@ -175,8 +181,15 @@ class BatchEngine:
         rows = list(self.running)
         if rows:
             t0 = time.perf_counter()
-            steps = self._draft(rows, self._cap(rows))
-            self._verify_forward(rows, steps)
+            steps, self.ahead = self.ahead, None
+            if steps is None:
+                steps = self._draft(rows, self._cap(rows))
+                self._verify_forward(rows, steps)
+            else:
+                rows = rows[:len(steps)]  # rows that joined this step decode from the next
+            if len(rows) == len(self.running) and self._plain_ahead(rows, steps):
+                self.ahead = [Step(0, NO_DRAFTS) for _ in rows]
+                self._verify_forward(rows, self.ahead, after=steps)
             verdicts = self._verdicts(steps)
             forward_s = time.perf_counter() - t0
             now = time.perf_counter()
@@ -187,7 +200,8 @@ class BatchEngine:
                 kept = step.hidden[verdict.accepted] if step.hidden is not None else None
                 tokens, finish = seq.commit(step, verdict, kept)
                 out.append((seq, report(seq, step, verdict, tokens, finish)))
-            self.cache.settle([1 + v.accepted for v in verdicts])
+            if not all(step.k == 0 for step in steps):  # (plain steps settle at launch)
+                self.cache.settle([1 + v.accepted for v in verdicts])
         self._leave([s for s, r in out if r.finish])
         return out
 
@@ -323,11 +337,24 @@ class BatchEngine:
         if leave is not None:
             leave()
 
-    def _verify_forward(self, rows: list[Sequence], steps: list[Step]) -> None:
+    def _plain_ahead(self, rows: list[Sequence], steps: list[Step]) -> bool:
+        """Whether the next step can be launched now, on this one's tokens still in the graph:
+        every row plain this step and the next (no drafter, or speculation stopped), with
+        tokens left past this step's, and nobody waiting to join."""
+        return (self.launches_ahead and not self.joining
+                and all(step.k == 0 and not seq.drafting and seq.remaining > 1 for seq, step in zip(rows, steps)))
+
+    def _verify_forward(self, rows: list[Sequence], steps: list[Step], after: list[Step] | None = None) -> None:
         """One target forward over every row's [pending token, drafts], right-padded to the
         longest row; each row's verify results (and, for an MTP row, the final hidden states it
-        chains from) from its own slice, evaluated together."""
-        inputs = [[seq.ctx.tokens[-1], *step.draft.ids()] for seq, step in zip(rows, steps)]
+        chains from) from its own slice, evaluated here -- or, with `after` (a plain step not read
+        yet, whose tokens still in the graph are this plain step's inputs), asynchronously: read
+        by _verdicts. A plain step's rows each keep their one token, whatever it turns out to
+        be, so its slots are settled at launch."""
+        if after is None:
+            inputs = [[seq.ctx.tokens[-1], *step.draft.ids()] for seq, step in zip(rows, steps)]
+        else:
+            inputs = mx.concatenate([step.next_token.astype(mx.uint32) for step in after])[:, None]
         t0 = time.perf_counter()
         logits, hidden = self._forward(self.cache, inputs, rows)
         outputs = verify_rows(logits, steps, [seq.ctx.sampling for seq in rows], [next_key(s) for s in rows])
@@ -335,6 +362,11 @@ class BatchEngine:
             for b, (seq, step) in enumerate(zip(rows, steps)):
                 step.hidden = hidden[b] if seq.needs_hidden else None
             outputs.append(hidden)
+        if all(step.k == 0 for step in steps):
+            self.cache.settle([1] * len(rows))
+        if after is not None:
+            mx.async_eval(outputs)
+            return
         mx.eval(outputs)
         if self.budget is not None:
             self.budget.observe(len(inputs), max(len(r) for r in inputs), time.perf_counter() - t0)
@@ -348,21 +380,26 @@ class BatchEngine:
         _forward: its caches and forwards are mirrored on every rank.)"""
         return BatchCache(self.model, rows)
 
-    def _forward(self, cache: BatchCache, rows: list[list[int]],
+    def _forward(self, cache: BatchCache, rows: list[list[int]] | mx.array,
                  seqs: list[Sequence]) -> tuple[mx.array, mx.array | None]:
         """The target over ragged rows (right-padded with each row's last input; the padding's
-        slots die at settle): logits [B, width, V], and the final hidden states [B, width, D]
-        when one of `seqs` drafts with MTP (which reads them), else None."""
-        width = max(len(r) for r in rows)
-        padded = mx.array([r + [r[-1]] * (width - len(r)) for r in rows], dtype=mx.uint32)
-        cache.begin(width)
+        slots die at settle), or over [B, W] tokens still in the graph: logits [B, width, V],
+        and the final hidden states [B, width, D] when one of `seqs` drafts with MTP (which
+        reads them), else None."""
+        if isinstance(rows, mx.array):
+            padded = rows
+        else:
+            width = max(len(r) for r in rows)
+            padded = mx.array([r + [r[-1]] * (width - len(r)) for r in rows], dtype=mx.uint32)
+        cache.begin(padded.shape[1])
         reader = next((s.proposer for s in seqs if s.needs_hidden), None)
         if reader is not None:
             return reader.target_forward(padded, cache.layers)
         return self.model(padded, cache=cache.layers), None
 
     def _leave(self, done: list[Sequence]) -> None:
-        """Finished, cancelled and disconnected sequences leave; their rows are freed now."""
+        """Finished, cancelled and disconnected sequences leave; their rows are freed now (and
+        their part of a step launched ahead dropped)."""
         for seq in done:
             seq.finished = True
             self.capped.pop(seq.id, None)
@@ -373,6 +410,8 @@ class BatchEngine:
                 self.cache.compact_if_sparse(min_slots=self.compact_min_slots)
             return
         self.running = [self.running[b] for b in keep]
+        if self.ahead:  # (rows that joined since it launched come after its rows)
+            self.ahead = [self.ahead[b] for b in keep if b < len(self.ahead)] or None
         if self.running:
             self.cache.select(keep)
         else:
@@ -386,7 +425,7 @@ class BatchEngine:
         self.running.clear()
         self.joining.clear()
         self.capped.clear()
-        self.cache = None
+        self.cache, self.ahead = None, None
 
     # -- a batch of one -------------------------------------------------------------------------
     def generate(self, request: Request, should_stop: ShouldStop | None = None, *,

@@ -158,6 +158,8 @@ class StepCost:
 class RankZeroEngine(BatchEngine):
     """The batch loop on rank 0 of a tensor-parallel target (see the module's docstring)."""
 
+    launches_ahead: bool = False  # the ranks mirror forwards of tokens the host has read
+
     bus: Bus | None = None
     log: OpLog = field(default_factory=OpLog)
     timeout_s: float = DEFAULT_TIMEOUT_S

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from engines.types import Request, SpecConfig
+from engines.types import Request, Sampling, SpecConfig
 from engines.batch.cache import BatchCache
 from engines.batch.engine import BatchEngine
 
@@ -287,3 +287,37 @@ def test_steps_auto_in_a_batch_row_learns_its_rounds_costs(engines):
         assert auto is not None
         measured = auto.costs.seconds
         assert measured and all(s > 0 for s in measured.values()), measured
+
+
+@pytest.mark.parametrize("model", ["llama", "gemma3"])
+def test_plain_rows_launch_the_next_step_ahead_and_keep_their_lone_tokens(engines, model):
+    """Plain rows launch each step's forward on the last step's tokens still in the graph. With
+    rows leaving at different steps (max_tokens, a stop string, a cancel), two joining while a
+    step is in flight, and (Gemma 3) the cache compacted on nearly every step, each request
+    still gets its lone tokens -- and seeded T>0 rows the draws they get in a batch of one. Shown
+    to fail with the step launched ahead fed the wrong row's token."""
+    engine = engines[model]
+    greedy = [Request(prompt=p, max_tokens=n) for p, n in
+              ((FRESH, 30), ("big red", 7), (COPY, 24), ("the old moon", 40), (COPY + " the sun", 18))]
+    with_stop_string(engine, greedy, 3)
+    sampled = [Request(prompt=p, max_tokens=n, sampling=Sampling(temperature=0.9, seed=s))
+               for p, n, s in ((FRESH, 25, 1), ("big red", 9, 2), (COPY, 20, 3))]
+    for reqs, alone in ((greedy, [lone(engine, r) for r in greedy]),
+                        (sampled, [lone(BatchEngine(engine, max_batch=1), r) for r in sampled])):
+        batch = BatchEngine(engine, max_batch=4, compact_min_slots=4, budget=None)
+        ahead = []
+        real = batch._verify_forward
+
+        def counting(rows, steps, after=None):
+            ahead.append(after is not None)
+            return real(rows, steps, after)
+
+        batch._verify_forward = counting
+        got, _ = run_batch(batch, reqs, join_late=2, cancel=1 if reqs is greedy else None, cancel_after=3)
+        for i in range(len(reqs)):
+            tokens = [t for rnd in got[i] for t in rnd.tokens]
+            if reqs is greedy and i == 1:
+                assert got[i][-1].finish == "cancelled" and tokens == alone[i][0][: len(tokens)]
+                continue
+            assert (tokens, got[i][-1].finish) == alone[i][:2], (i, tokens, alone[i][0])
+        assert sum(ahead) > len(ahead) / 2, ahead  # most steps were launched ahead
