@@ -45,6 +45,7 @@ class AppSettings:
     ocr_runtime: str = "torch"  # "coreml" on a Mac with converted packages
     draft_model: str = ""
     task: str = "text"  # OCR task: text | table | formula
+    ocr_layout: str = "auto"  # "auto": pages read by region when the layout model is installed; "off": whole pages
     chat_method: str = "ngram"
     ocr_method: str = "mtp"
     steps: int | None = None  # None: the method's default (engines.speculative.schedule.DEFAULT_STEPS)

@@ -12,9 +12,10 @@ the window. It keeps the engine it loaded between jobs (the same model and optio
 
 The protocol, one pipe, pickled dataclasses:
 
-    parent -> child   Load | Run | Tune, one job at a time; Quit
+    parent -> child   Load | Run | Tune | ReadPage, one job at a time; Quit
     child -> parent   a job's replies (Loaded, PrefillProgressed, RoundFinished, TuneProgressed,
-                      Tuned), then exactly one Ended or Failed
+                      Tuned; a page read by region: app/gui/page_job.py's events), then
+                      exactly one Ended or Failed
 
 Stop is a multiprocessing Event that the child's `should_stop` reads between rounds. Each job
 has its own StopFlag on the parent's side, so that a stop asked for a run that has just ended
@@ -40,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from app.gui.page_job import PAGE_EVENTS, ReadPage, read_page
 from app.records.bursts import Burst, burst_of
 from engines.types import EngineError, PrefillProgress, Request, SpecConfig
 
@@ -169,6 +171,7 @@ class EngineHost:
         self.key: tuple | None = None
         self.engine = None
         self.model: dict = {}
+        self.layouts: dict = {}  # the layout model, loaded at the first page read by region
 
     def do(self, job) -> None:
         try:
@@ -179,6 +182,8 @@ class EngineHost:
                 self.run(job)
             elif isinstance(job, Tune):
                 self.tune(job)
+            elif isinstance(job, ReadPage):
+                self.send(Ended(read_page(self, job)))
             else:
                 self.send(Failed(f"the engine process got an unknown job: {type(job).__name__}"))
         except (BrokenPipeError, ConnectionResetError):
@@ -418,6 +423,16 @@ class EngineProcess:
             outcome = self._replies(job, on_progress=on_progress, on_tuned=tuned.append)
         return (tuned[0].profile, tuned[0].model_path) if outcome == "finished" and tuned else None
 
+    def read_page(self, job: ReadPage, model: str, stop: StopFlag, on_loaded: Callable[[dict], None],
+                  on_event: Callable[[object], None]) -> str:
+        """A page read by region in the child (app/gui/page_job.py): on_loaded(model info), then
+        on_event with each of the page's events as it comes; returns "finished" or "cancelled".
+        After a stop, the events already on their way are still delivered, up to the end."""
+        with self._job("ocr", model, job.options, stop) as running:
+            self._send(running, ReadPage(running.path, running.options, job.request, job.layout, job.page,
+                                         job.crop_dir, job.max_batch))
+            return self._replies(running, on_loaded=on_loaded, on_event=on_event)
+
     # -- from the GUI thread ---------------------------------------------------------------------
     def request_stop(self, stop: StopFlag) -> None:
         """Stops the job `stop` belongs to at its next round, if it is the one running (or
@@ -481,7 +496,7 @@ class EngineProcess:
         job.over = False
 
     def _replies(self, job: _Job, on_loaded=None, on_prefill=None, on_round=None, on_progress=None,
-                 on_tuned=None) -> str:
+                 on_tuned=None, on_event=None) -> str:
         """Reads the job's replies up to its Ended (returns the outcome) or Failed (raises
         EngineError). `on_round` returning True ends the reading early: the child's remaining
         replies are read and dropped as the job's frame closes."""
@@ -504,6 +519,8 @@ class EngineProcess:
                 on_progress(reply)
             elif isinstance(reply, Tuned) and on_tuned is not None:
                 on_tuned(reply)
+            elif isinstance(reply, PAGE_EVENTS) and on_event is not None:
+                on_event(reply)
 
     def _receive(self, job: _Job):
         try:

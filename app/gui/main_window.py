@@ -44,6 +44,7 @@ from app.gui.menus import build_menus
 from app.gui.model_jobs import ModelJobs
 from app.gui.views.chat_pane import ChatPane
 from app.gui.views.controls import ControlsPanel
+from app.gui.document_run import DocumentRun
 from app.gui.views.document import DocumentView
 from app.gui.views.elided_label import ElidedLabel
 from app.gui.views.models_dialog import ModelOffer, ModelsDialog, missing_model
@@ -136,6 +137,7 @@ class MainWindow(QMainWindow):
         output = self._build_output_column()
         self._build_splits(output)
         self._connect_controls()
+        self.document_run = DocumentRun(self)  # pages read by region (the layout stage)
         actions = build_menus(self)
         self.run_action, self.stop_action, self.clear_action, self.models_action = actions
         self._check_autosave()
@@ -348,7 +350,7 @@ class MainWindow(QMainWindow):
         worker.loaded.connect(self._on_preloaded)
         worker.failed.connect(self._on_preload_failed)
         thread = start_worker(worker)
-        thread.finished.connect(self._on_thread_finished)
+        thread.finished.connect(self.forget_finished_threads)
         self.threads.append((thread, worker))
         self.chat.status = "Loading the chat model in the background\u2026"
         if self.mode == "chat":
@@ -440,7 +442,8 @@ class MainWindow(QMainWindow):
         """The pane says what its mode is missing, with the one button that gets it."""
         c = self.controls
         try:
-            offer = missing_model(c.engine, c.model_path(), c.method, c.draft_edit.text().strip())
+            offer = missing_model(c.engine, c.model_path(), c.method, c.draft_edit.text().strip(),
+                                  layout=self.document.layout_button.isChecked())
         except EngineError as e:  # an unreadable model list: say so, and offer the dialog
             from app.gui.views.models_dialog import Offer
 
@@ -525,16 +528,25 @@ class MainWindow(QMainWindow):
         return self._start(label="")
 
     def read_document(self) -> bool:
-        """OCR: reads the pages not read yet, in order, one run per page (or the region drawn)."""
+        """OCR: reads the pages not read yet, in order, one run per page (or the region drawn);
+        by region when the layout model is there (app.gui.document_run)."""
         self.ocr.reading = self.ocr.plan_reading()
         if self.ocr.reading is None:
             return False
-        if not self._read_next_page():
+        if not self.read_next_page():
             self.ocr.reading = None
             return False
+        if not self.ocr.reading.region:
+            self.document_run.say_if_missing()
         return True
 
-    def _read_next_page(self) -> bool:
+    def read_next_page(self) -> bool:
+        layout = self.document_run.layout_for_next_page()
+        if layout is not None:
+            if not self.document_run.read_page(layout):
+                self.ocr.page_not_started()
+                return False
+            return True
         label, image = self.ocr.page_starting()
         if not self._start(label, image=image):
             self.ocr.page_not_started()
@@ -564,13 +576,9 @@ class MainWindow(QMainWindow):
             self.transcript.show_message(str(e), "info")
             return False
         self._pick_paired_drafter(request)
-        self.controls.store_settings(self.settings)
-        settings = asdict(self.settings)
-        settings.pop("window_geometry", None)
-        settings.pop("window_state", None)
         saving = self.autosave
         run = RunSpec(request=request, model=self.controls.model_path(),
-                      options=self.controls.engine_options(), settings=settings,
+                      options=self.controls.engine_options(), settings=self.run_settings(),
                       autosave=self._autosave_path(request.kind), label=label)
         self._begin_panes(request, label)
         if saving and not self.autosave:  # the autosave folder failed just now: say so with this run
@@ -579,19 +587,32 @@ class MainWindow(QMainWindow):
         self.worker.engine_loaded.connect(self._on_engine_loaded)
         self.worker.prefill_progressed.connect(self._on_prefill_progressed)
         self.worker.round_finished.connect(self._on_round)
-        self.worker.autosave_failed.connect(self._on_autosave_failed)
+        self.worker.autosave_failed.connect(self.show_autosave_failed)
         # bound methods of this window, never lambdas: a lambda would run on the worker thread
         self.worker.finished.connect(self._on_worker_finished)
         self.worker.cancelled.connect(self._on_worker_cancelled)
         self.worker.errored.connect(self._on_worker_errored)
         self.thread = start_worker(self.worker)
-        self.thread.finished.connect(self._on_thread_finished)
+        self.thread.finished.connect(self.forget_finished_threads)
         self.threads.append((self.thread, self.worker))  # both live until the thread has finished
         self.controls.set_running(True)
         self.chat.set_running(True)
         self.status.setText("Loading the model\u2026")
         self.run_started.emit(run)
         return True
+
+    def run_settings(self) -> dict:
+        """The window's settings as a run records them (the window's geometry left out)."""
+        self.controls.store_settings(self.settings)
+        settings = asdict(self.settings)
+        settings.pop("window_geometry", None)
+        settings.pop("window_state", None)
+        return settings
+
+    def show_model(self, model: dict, kind: str | None) -> None:
+        """The status bar's model line: name, runtime and compute units, hash."""
+        self.model_label.setText(f"{model.get('name', '?')} \u00b7 {runtime_text(kind, model)} "
+                                 f"\u00b7 {model.get('hash', '')}")
 
     def tune(self) -> bool:
         """Tune…: measures this machine's costs for the sidebar's chat model, method and
@@ -630,9 +651,7 @@ class MainWindow(QMainWindow):
     def _on_engine_loaded(self, session: Session) -> None:
         self.session = session
         self.session_settings = self.worker.spec.settings if self.worker else {}
-        m = session.model
-        self.model_label.setText(f"{m.get('name', '?')} \u00b7 {runtime_text(session.request.get('kind'), m)} "
-                                 f"\u00b7 {m.get('hash', '')}")
+        self.show_model(session.model, session.request.get("kind"))
         self.status.setText(self.ocr.progress_text() or "Running\u2026")  # "Reading page 2 (2 of 5)…"
         if self.telemetry is not None:
             self.tuner.show_in(self.telemetry, session)
@@ -691,7 +710,7 @@ class MainWindow(QMainWindow):
         else:
             handler(payload)
 
-    def _end_run(self) -> None:
+    def end_run(self) -> None:
         self.worker = None
         self.controls.set_running(False)
         self.chat.set_running(False)
@@ -699,7 +718,7 @@ class MainWindow(QMainWindow):
             self.save_settings()
 
     def _on_finished(self, session: Session) -> None:
-        self._end_run()
+        self.end_run()
         stats = session.stats()
         self.status.setText(f"Finished ({session.finish or 'done'}): {stats.tokens} tokens, "
                             f"{stats.rounds} rounds, {stats.decode_tok_s:.1f} tok/s"
@@ -717,7 +736,7 @@ class MainWindow(QMainWindow):
         if self.ocr.reading is not None:
             self._page_ended(session)
             if self.ocr.reading.queue:
-                if self._read_next_page():
+                if self.read_next_page():
                     return
                 self.ocr.reading = None
                 self.run_ended.emit("errored")
@@ -748,7 +767,7 @@ class MainWindow(QMainWindow):
                                      "copies end a run; Off lets it run to max tokens.)", "warning")
 
     def _on_cancelled(self, session: Session) -> None:
-        self._end_run()
+        self.end_run()
         self.status.setText(f"Stopped after {len(session.rounds)} rounds")
         if session.request.get("kind") == "chat" and session.text:
             self.chat.remember_turn(session)
@@ -764,7 +783,7 @@ class MainWindow(QMainWindow):
         self.run_ended.emit("cancelled")
 
     def _on_errored(self, message: str) -> None:
-        self._end_run()
+        self.end_run()
         self.compare = None
         if self.ocr.reading is not None:
             self.ocr.reading_failed(message)
@@ -772,7 +791,7 @@ class MainWindow(QMainWindow):
         self.status.setText("Error")
         self.run_ended.emit("errored")
 
-    def _on_thread_finished(self) -> None:
+    def forget_finished_threads(self) -> None:
         self.threads = [(t, w) for t, w in self.threads if t.isRunning()]
 
     # --- A/B compare ----------------------------------------------------------------------
@@ -864,7 +883,7 @@ class MainWindow(QMainWindow):
                                f"This run goes on unsaved; File \u203a Export keeps it.", show=False)
             return None
 
-    def _on_autosave_failed(self, message: str) -> None:
+    def show_autosave_failed(self, message: str) -> None:
         """The autosave stopped mid-run (full disk); the run goes on, and the window says so."""
         self.autosave_label.setText("Autosave stopped")
         self.autosave_label.setToolTip(message)

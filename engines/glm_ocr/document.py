@@ -29,6 +29,7 @@ from typing import Callable, Iterator
 
 from engines.glm_ocr.image import MAX_ASPECT_RATIO, ImageProcessorConfig
 from engines.glm_ocr.layout import Region
+from engines.speculative.rounds import Round
 from engines.speculative.session import Session
 from engines.types import Request
 
@@ -114,10 +115,12 @@ def read_regions(page, number: int, regions: list[Region], request: Request, cro
 
 def read_regions_together(page, number: int, regions: list[Region], request: Request, crop_dir: Path, batch,
                           should_stop: Callable[[], bool] | None = None,
-                          on_read: Callable[[ReadRegion], None] | None = None) -> list[ReadRegion]:
+                          on_read: Callable[[ReadRegion], None] | None = None,
+                          on_step: Callable[[list[tuple[Region, Round]]], None] | None = None) -> list[ReadRegion]:
     """Each region of one page, cut out as read_regions does, the readable ones read together
-    as rows of `batch` (an OcrBatch: submit, step, busy); `on_read` hears each region as it is
-    done (in the order they finish). Returns them in reading order."""
+    as rows of `batch` (an OcrBatch: submit, step, busy); `on_step` hears each step's rounds
+    (region, Round: the window shows them live), `on_read` each region as it is done (in the
+    order they finish). Returns them in reading order."""
     crops = [(region, *crop_region(page, region, crop_dir / f"page-{number:04d}-region-{region.index:03d}.png"))
              for region in regions]
     sessions: dict[int, Session] = {}
@@ -130,7 +133,10 @@ def read_regions_together(page, number: int, regions: list[Region], request: Req
         rows[seq.id] = (region, crop, note)
         sessions[region.index] = Session(request=region_request.to_dict(), model=batch.engine.model_info())
     while batch.busy:
-        for seq, rnd in batch.step():
+        stepped = batch.step()
+        if on_step is not None:
+            on_step([(rows[seq.id][0], rnd) for seq, rnd in stepped])
+        for seq, rnd in stepped:
             region, crop, note = rows[seq.id]
             session = sessions[region.index]
             session.add(rnd)

@@ -59,7 +59,10 @@ def test_ocr_with_nothing_installed_offers_glm_ocr_then_reads_a_dropped_image(qt
     model_id, path = done.args
     assert model_id == "glm-ocr" and (Path(path) / "config.json").is_file()
     assert progress and progress[-1].fraction == 1.0 and " of " in progress[-1].text and "/s" in progress[-1].text
-    assert not offer.isVisible()  # the model is there: nothing is missing any more
+    # GLM-OCR is there; what is missing now is its layout model (pages are read whole meanwhile)
+    assert offer.isVisible() and offer.model_id == "pp-doclayout-v3" and offer.button.isEnabled()
+    window.document.layout_button.click()  # Layout off: nothing is missing any more
+    assert not offer.isVisible()
 
     assert drop_files(window, [glm_ocr_repo[1]])
     with qtbot.waitSignal(window.run_ended, timeout=JOB_TIMEOUT_MS) as ended:

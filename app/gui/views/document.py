@@ -236,6 +236,7 @@ class DocumentView(QWidget):
     page_changed = Signal(int)
     load_failed = Signal(str)  # one line: a file that could not become pages
     region_changed = Signal(object)  # QRect in page pixels, or None
+    layout_toggled = Signal(bool)  # Layout on (pages read by region when the layout model is installed) or off
 
     def __init__(self, paste_dir: Path | None = None, parent: QWidget | None = None):
         super().__init__(parent)
@@ -275,6 +276,12 @@ class DocumentView(QWidget):
         for w in (self.prev_button, self.page_label, self.next_button):
             bar.addWidget(w)
         bar.addSpacing(6)
+        self.layout_button = self._tool("Layout", "Find each page's regions with the layout model and read them "
+                                        "together, each with its own task, as GLM-OCR's SDK does (when the layout "
+                                        "model is installed); off: read whole pages", self._on_layout_clicked)
+        self.layout_button.setCheckable(True)
+        self.layout_button.setChecked(True)
+        bar.addWidget(self.layout_button)
         self.region_button = self._tool("Region", "Drag a rectangle on the page to read just that region "
                                         "(the task applies to it); click Region again to read whole pages",
                                         self._on_region_toggled)
@@ -376,6 +383,9 @@ class DocumentView(QWidget):
         page = self.current_page()
         self.title.setText(Path(page.source).name if page else "Document")  # the page: "2 / 3" beside it
         self.region_button.setEnabled(page is not None)
+
+    def _on_layout_clicked(self) -> None:
+        self.layout_toggled.emit(self.layout_button.isChecked())
 
     # --- region ---------------------------------------------------------------------------
     def _on_region_toggled(self) -> None:

@@ -319,10 +319,11 @@ class Offer:
     model_id: str | None  # what the button downloads; None: it opens the Models dialog
 
 
-def missing_model(engine: str, model: str, method: str, draft_model: str) -> Offer | None:
+def missing_model(engine: str, model: str, method: str, draft_model: str, layout: bool = True) -> Offer | None:
     """What the chosen mode needs and does not have, and the one button that gets it: OCR with
-    no model chosen needs the downloaded GLM-OCR (and on macOS its Core ML conversion); a chat
-    target chosen by catalog id must be downloaded; MTP needs the target's paired assistant."""
+    no model chosen needs the downloaded GLM-OCR (and on macOS its Core ML conversion), and with
+    Layout on its layout model (pages are read whole meanwhile); a chat target chosen by catalog
+    id must be downloaded; MTP needs the target's paired assistant."""
     entries = catalog.load_catalog()
     if engine == "ocr":
         entry = catalog.find(DEFAULT_OCR_MODEL, entries)
@@ -336,6 +337,12 @@ def missing_model(engine: str, model: str, method: str, draft_model: str) -> Off
         if conversion_needed(entry):
             return Offer("GLM-OCR is downloaded but not converted for Core ML yet (a few minutes, once).",
                          "Convert GLM-OCR for Core ML", entry.id)
+        pair = catalog.pair_of(entry, entries)
+        if layout and pair is not None and pair.role == "layout" and not store.status(pair, entries).installed:
+            name = pair.title.split(" (")[0]
+            size = f", about {store.human_size(pair.size_bytes)}" if pair.size_bytes else ""
+            return Offer(f"Layout: GLM-OCR reads a page region by region with {name}, which is not downloaded"
+                         f"{size}; pages are read whole meanwhile.", f"Download {name}", pair.id)
         return None
     target = (catalog.find(model, entries) or store.entry_at(Path(model), entries)) if model else None
     if target is not None and target.source == "hub" and not store.status(target, entries).installed:

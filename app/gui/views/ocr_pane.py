@@ -11,10 +11,11 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, replace
 
-from PySide6.QtWidgets import QVBoxLayout, QWidget
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QSplitter, QVBoxLayout, QWidget
 
 from app.records.compare import CompareResult
-from app.records.documents import Page, PageResult, summarize
+from app.records.documents import LayoutPage, Page, PageResult, summarize
 from app.gui.views.document import DocumentView
 from app.gui.views.transcript import TranscriptView
 from engines.speculative.session import Session
@@ -41,7 +42,8 @@ class OcrPane(QWidget):
     def __init__(self, document: DocumentView, parent: QWidget | None = None):
         super().__init__(parent)
         self.document = document  # the window places it beside this pane; the pane marks its pages
-        self.results: list[PageResult] = []  # the pages read, in reading order
+        self.results: list[PageResult] = []  # the pages read whole, in reading order
+        self.layout_pages: list[LayoutPage] = []  # the pages read by region (app/gui/document_run.py)
         self.reading: Reading | None = None
         self.session: Session | None = None  # the run shown
         self.session_settings: dict = {}
@@ -51,9 +53,19 @@ class OcrPane(QWidget):
 
         self.transcript = TranscriptView()
         self.transcript.title.setText("Text")
+        self.split = QSplitter(Qt.Orientation.Vertical)  # the text over the document's Markdown
+        self.split.setChildrenCollapsible(False)
+        self.split.setHandleWidth(1)
+        self.split.addWidget(self.transcript)
         column = QVBoxLayout(self)
         column.setContentsMargins(0, 0, 0, 0)
-        column.addWidget(self.transcript)
+        column.addWidget(self.split)
+
+    def add_markdown_view(self, view: QWidget) -> None:
+        """The document's Markdown under the text, shown once a page is read by region."""
+        view.hide()
+        self.split.addWidget(view)
+        self.split.setSizes([300, 300])
 
     def fill(self, request: Request, image: str | None, task: str) -> None:
         """The OCR part of a Request: the image given, else the region drawn, else the page shown."""
@@ -74,14 +86,15 @@ class OcrPane(QWidget):
         if region is not None:
             index, page = self.document.index, self.document.current_page()
             queue = [(index, replace(page, image=region))]
-            self.results = []
+            self.results, self.layout_pages = [], []
         else:
             self.results = [r for r in self.results if r.page in pages]  # a region read is no page
-            done = {r.page for r in self.results}
+            self.layout_pages = [r for r in self.layout_pages if r.page in pages]
+            done = {r.page for r in self.results} | {r.page for r in self.layout_pages}
             queue = [(i, p) for i, p in enumerate(pages) if p not in done]
             if not queue:  # everything was read: read it all again
-                queue, self.results = list(enumerate(pages)), []
-        if not self.results:
+                queue, self.results, self.layout_pages = list(enumerate(pages)), [], []
+        if not self.results and not self.layout_pages:
             self.transcript.clear()
             for i in range(len(pages)):
                 self.document.set_page_state(i, "")
@@ -126,6 +139,15 @@ class OcrPane(QWidget):
         result = PageResult(page, session)
         self.results.append(result)
         return result
+
+    def layout_page_ended(self, page: LayoutPage, state: str, keep: bool) -> None:
+        """A page read by region has ended: mark it, keep it when it was read to its end, go on."""
+        index, _page = self.reading.current
+        tokens = sum(len(s.tokens) for s in page.sessions)
+        self.document.set_page_state(index, state, f"{len(page.regions)} regions \u00b7 {tokens} tokens")
+        self.reading.queue.popleft()
+        if keep:
+            self.layout_pages.append(page)
 
     def reading_ended(self) -> str | None:
         """The last page has been read: the document's summary line when it had several pages."""

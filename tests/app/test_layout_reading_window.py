@@ -1,0 +1,185 @@
+"""A page read by region in the window (issue 48, "the window"), on the real engines in the
+window's engine process: a tiny trained GLM-OCR checkpoint and a tiny random PP-DocLayoutV3
+checkpoint, both in the real formats, installed through the model manager from the loopback hub
+as a user gets them (`models get`), and a page on which the layout finds a title and a formula.
+
+Shown: the boxes appear with their states (waiting / reading / done) while the regions are read
+together; clicking a box shows that region's rounds in the transcript and the speculation strip;
+the batch's rows and aggregate speed; the Markdown view is engines.glm_ocr.document.markdown_pages'
+output for the run (and the engine process's own); each region's rounds are autosaved; Stop ends
+the page mid-read; without the layout model pages are read whole, the window says so in one line
+and offers the download, after which the same Read goes by region; Layout off reads whole pages."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from PySide6.QtCore import QPointF, Qt
+from PySide6.QtTest import QTest
+
+from app.gui.main_window import MainWindow
+from app.settings import AppSettings
+from tests.app.engine_loaders import load_refusing_qt
+from tests.hub.fixtures import hub, hub_env  # noqa: F401  (pytest fixtures)
+
+pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    from tests.engines.glm_ocr.checkpoints import trained_glm_ocr
+    from tests.engines.glm_ocr.layout_checkpoints import layout_page, make_tiny_layout
+
+    root = tmp_path_factory.mktemp("layout-window")
+    model, _images = trained_glm_ocr()
+    return {"glm-ocr": model, "layout": make_tiny_layout(root / "layout"), "page": layout_page(root / "page.png")
+            and root / "page.png"}
+
+
+def install(hub, checkpoints, *ids):
+    """`models get` through the model manager, from the loopback hub at the catalog's repo ids."""
+    from app.models import catalog, download
+
+    for model_id in ids:
+        hub.serve_repo(catalog.find(model_id).repo_id, checkpoints["layout" if model_id != "glm-ocr" else model_id])
+        download.download(model_id)
+
+
+def window_for(qtbot, max_tokens=24, **overrides):
+    settings = dict(engine="ocr", ocr_model="", ocr_method="mtp", steps=2, preset=None, max_tokens=max_tokens,
+                    task="text")
+    window = MainWindow(AppSettings(**(settings | overrides)), engine_loader=load_refusing_qt, persist=False)
+    qtbot.addWidget(window)
+    window.show()
+    window.ensure_telemetry()
+    return window
+
+
+def read(qtbot, window, timeout=240_000):
+    with qtbot.waitSignal(window.run_ended, timeout=timeout) as ended:
+        assert window.run()
+    return ended.args[0]
+
+
+def autosaved(home):
+    files = sorted((home / "data" / "sessions").glob("*-ocr*.ndjson"))
+    return [[json.loads(line) for line in f.read_text().splitlines()] for f in files]
+
+
+def test_a_page_is_read_by_region_with_its_boxes_rounds_batch_and_markdown(qtbot, hub, hub_env, checkpoints,
+                                                                            specscope_home):
+    from engines.glm_ocr.document import markdown_pages
+
+    install(hub, checkpoints, "glm-ocr", "pp-doclayout-v3")
+    window = window_for(qtbot)
+    run = window.document_run
+    assert window.model_offer.isHidden()  # nothing is missing
+    window.open_documents([checkpoints["page"]])
+    events = []
+    run.regions_found.connect(lambda found: events.append(("found", [r.label for r in found.regions])))
+    run.region_changed.connect(lambda index, state: events.append((index, state)))
+    boxes_when_reading = []
+    run.region_changed.connect(lambda index, state: state == "reading" and boxes_when_reading.append(
+        {i: box.isVisible() for i, box in run.overlay.boxes.items()}))
+    assert read(qtbot, window) == "finished"
+
+    # the boxes came first, then each region was read: waiting -> reading -> done, live
+    assert events[0] == ("found", ["doc_title", "display_formula"])
+    for index in (0, 1):
+        assert [state for i, state in events[1:] if i == index] == ["reading", "done"]
+    assert boxes_when_reading and all(shown == {0: True, 1: True} for shown in boxes_when_reading)
+    assert [run.overlay.state_colour(i) for i in (0, 1)] == ["#1f9d55", "#1f9d55"]
+    [page] = window.ocr.layout_pages
+    assert [rr.region.label for rr in page.regions] == ["doc_title", "display_formula"]
+    assert window.document.page_list.states == [] or window.document.page_list.states[0] in ("read", "length")
+    # read together: the batch's steps had both regions as rows; its speed is drawn
+    assert max(run.batch.rows) == 2 and run.batch.last_tok_s() > 0
+    assert sum(s.stats().proposed for s in page.sessions) > 0  # the MTP layer drafted
+
+    # the Markdown view: markdown_pages' output for this run, and the engine process's own
+    expected = markdown_pages([page.regions])[0]
+    assert run.markdown.markdown == expected == run.page_markdown[0]
+    assert expected.startswith("# ") and "$$" in expected
+    assert run.markdown.isVisible() and run.markdown.browser.toPlainText().strip()
+
+    # clicking the formula's box shows its rounds in the transcript and the speculation strip
+    formula = page.regions[1].session
+    title, box = run.overlay.boxes[0].rect(), run.overlay.boxes[1].rect()
+    where = QPointF(box.center().x(), (box.top() + title.top()) / 2)  # the formula's box holds most of the title's
+    assert box.contains(where) and not title.contains(where)
+    view = window.document.view
+    with qtbot.waitSignal(run.region_selected, timeout=5000) as selected:
+        QTest.mouseClick(view.viewport(), Qt.MouseButton.LeftButton, pos=view.mapFromScene(where))
+    assert selected.args == [1]
+    assert window.transcript.response_text() == formula.text
+    assert window.telemetry.series.n == len(formula.rounds)
+    assert list(window.telemetry.series.column("accepted")) == [r.accepted for r in formula.rounds]
+    assert run.overlay.states.selected == 1
+
+    # every region's rounds are autosaved, one file a region
+    saved = autosaved(specscope_home)
+    assert sorted(len([e for e in f if e.get("event") == "round"]) for f in saved) == sorted(
+        len(s.rounds) for s in page.sessions)
+    assert all(f[-1]["event"] == "end" and f[-1]["outcome"] == "finished" for f in saved)
+
+    # Layout off: the page is read whole again
+    window.document.layout_button.click()
+    assert window.settings.ocr_layout == "off"
+    assert read(qtbot, window) == "finished"
+    assert len(window.ocr.results) == 1 and window.ocr.layout_pages == []
+    window.shutdown()
+
+
+def test_stop_ends_a_page_mid_read_and_keeps_what_was_read(qtbot, hub, hub_env, checkpoints, specscope_home):
+    install(hub, checkpoints, "glm-ocr", "pp-doclayout-v3")
+    window = window_for(qtbot, max_tokens=400, max_repeat=0)
+    run = window.document_run
+    window.open_documents([checkpoints["page"]])
+    stopped = []
+
+    def stop_at_the_first_round(index, state):
+        if state == "reading" and not stopped:
+            stopped.append(index)
+            window.stop()
+
+    run.region_changed.connect(stop_at_the_first_round)
+    assert read(qtbot, window) == "cancelled"
+    states = run.boxes[0].states
+    assert "stopped" in states.values() and not {"reading", "waiting"} & set(states.values())
+    assert window.document.page_list.states[0] == "cancelled" and window.ocr.layout_pages == []
+    assert "read are kept" in window.status.text()
+    # what was received is kept: the rounds shown, and autosaved with the page's end
+    received = {i: len(b) for (p, i), b in run.bursts.items() if p == 0}
+    assert sum(received.values()) > 0 and sum(received.values()) < 2 * 400
+    saved = autosaved(specscope_home)
+    assert sorted(len([e for e in f if e.get("event") == "round"]) for f in saved) == sorted(received.values())
+    assert all(f[-1]["event"] == "end" and f[-1]["outcome"] == "cancelled" for f in saved
+               if any(e.get("finish") == "cancelled" for e in f))
+    window.shutdown()
+
+
+def test_without_the_layout_model_pages_are_read_whole_said_and_it_is_offered(qtbot, hub, hub_env, checkpoints):
+    install(hub, checkpoints, "glm-ocr")
+    window = window_for(qtbot, max_tokens=8)
+    offer = window.model_offer
+    assert offer.isVisible() and offer.model_id == "pp-doclayout-v3"
+    assert offer.button.text() == "Download PP-DocLayoutV3" and "read whole meanwhile" in offer.text.text()
+    window.open_documents([checkpoints["page"]])
+    assert read(qtbot, window) == "finished"
+    assert len(window.ocr.results) == 1 and window.ocr.layout_pages == [] and not window.document_run.overlay.boxes
+    message = window.transcript.message_text
+    assert "The layout model pp-doclayout-v3 is not installed: pages are read whole meanwhile" in message
+    assert message.count("\n") == 0
+
+    # the offer's button gets it through the model manager; the next Read goes by region
+    from app.models import catalog
+
+    hub.serve_repo(catalog.find("pp-doclayout-v3").repo_id, checkpoints["layout"])
+    with qtbot.waitSignal(window.model_jobs.finished, timeout=120_000):
+        offer.button.click()
+    qtbot.waitUntil(lambda: offer.isHidden(), timeout=5000)
+    assert read(qtbot, window) == "finished"
+    assert [rr.region.label for rr in window.ocr.layout_pages[0].regions] == ["doc_title", "display_formula"]
+    assert not window.transcript.message_text
+    window.shutdown()
