@@ -153,7 +153,7 @@ def main() -> None:
         positions, rt, n = prompt.positions, engine.runtime, len(prompt.ids)
         t0 = time.perf_counter()
         rt.reset()
-        hiddens = engine._prefill(prompt)
+        hiddens = engine.prefill(prompt)
         target_prefill = time.perf_counter() - t0
         cos, sin = text_rope(positions.rows(0, n - 1), cfg)
         nxt = prompt.embeds[1:]

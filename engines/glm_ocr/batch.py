@@ -1,16 +1,15 @@
 """GLM-OCR sequences read together -- pages, or a page's regions, as the rows of one batch: one
 target forward per step over every row's [pending token, drafts], each row verified on its own
 (THE step is `OcrBatch.step`). The shape of the chat batch (engines/batch/engine.py) on GLM-OCR's
-runtimes, through the same Sequence as the lone loop (engine.OcrEngine.generate).
+runtimes; a lone request is a batch of one (engine.OcrEngine.generate).
 
 One step:
 
     admit     waiting sequences (their images read into prompts when submitted) take free rows:
-              each prompt is prefilled alone -- the lone loop's forward, so the lone loop's first
-              token -- which is reported, and its cache is copied into a new row of the batch's
-              K/V (runtime_fast.BatchKV.join).
-    stop      rows cancelled, or whose context is full, leave before the forward, as the lone loop
-              stops before its next round.
+              each prompt is prefilled alone -- the same forward whether the page is read alone
+              or beside others, so the same first token -- which is reported, and its cache is
+              copied into a new row of the batch's K/V (runtime_fast.BatchKV.join).
+    stop      rows cancelled, or whose context is full, leave before the forward.
     draft     each row asks its own schedule for k and drafts with its own proposer: n-gram
               lookup, composed drafting, or its MTP drafter -- the MTP rows together
               (engine.MtpGroup): each chain step runs the MTP layer row after row, each row with
@@ -50,7 +49,7 @@ from engines.speculative.verify import Verdict
 
 def row_sampler(request: Request) -> Sampler:
     """A row's own verifier: greedy, or rejection sampling on an RNG of its own seeded from its
-    request -- the lone loop's Sampler, so a seeded request draws what it draws alone."""
+    request, so a seeded request draws what it draws alone."""
     return Sampler(request.sampling)
 
 
@@ -96,29 +95,22 @@ class Rows:
 
 class OneRow:
     """Core ML and its twin: the runtime's own caches (one decoder state, one MTP state), so one
-    sequence at a time -- a batch of one; its prefill in the runtime's chunks, as the lone loop's."""
+    sequence at a time -- a batch of one; its prefill in the runtime's chunks (OcrEngine.prefill)."""
 
     max_batch = 1
 
     def __init__(self, engine: OcrEngine):
-        self.runtime, self.config = engine.runtime, engine.config
+        self.engine = engine
 
     def prefill(self, prompt: Prompt):
-        self.runtime.reset()
-        s, out = self.runtime.prefill_len, []
-        for start in range(0, len(prompt.embeds), s):
-            n = min(s, len(prompt.embeds) - start)
-            cos, sin = text_rope(prompt.positions.rows(start, n), self.config.text)
-            out.append(self.runtime.decode(prompt.embeds[start : start + n], start, cos, sin))
-        return np.concatenate(out), None
+        return self.engine.prefill(prompt), None
 
     def join(self, alone, length: int) -> None:
         pass
 
     def forward(self, inputs, starts, positions) -> np.ndarray:
         (tokens,), (start,), (pos,) = inputs, starts, positions
-        cos, sin = text_rope(pos.rows(start, len(tokens)), self.config.text)
-        return self.runtime.decode(self.runtime.embeddings[np.asarray(tokens)], start, cos, sin)[None]
+        return self.engine.forward(tokens, start, pos)[None]
 
     def settle(self, kept: list[int]) -> None:
         pass  # the next forward writes right after the kept rows; the runtime masks the rest
@@ -252,8 +244,7 @@ class OcrBatch:
         return rnd
 
     def _stop(self, seq: Sequence) -> Round | None:
-        """Before the forward, as the lone loop checks before each round: cancelled, or the
-        context has no room for another round."""
+        """Before the forward: cancelled, or the context has no room for another round."""
         if seq.should_stop():
             return seq.out.stopped("cancelled")
         if seq.ctx.position + self.runtime.seq_len > self.runtime.cache_length:
@@ -324,10 +315,11 @@ class OcrBatch:
         self.joining.clear()
 
     # -- a batch of one -------------------------------------------------------------------------
-    def generate(self, request: Request, should_stop: ShouldStop | None = None, *, on_prefill=None) -> Iterator[Round]:
-        """A lone request through the batch (the Engine protocol). `on_prefill` is accepted for
-        the protocol; a page's prefill reports no progress."""
-        seq = self.submit(request, should_stop)
+    def generate(self, request: Request, should_stop: ShouldStop | None = None, *, drafter: Proposer | None = None,
+                 on_prefill=None) -> Iterator[Round]:
+        """A lone request through the batch (the Engine protocol; OcrEngine.generate is a batch
+        of one). `on_prefill` is accepted for the protocol; a page's prefill reports no progress."""
+        seq = self.submit(request, should_stop, drafter=drafter)
         while self.busy:
             for s, rnd in self.step():
                 if s is seq:

@@ -1,27 +1,25 @@
-"""The OCR engine: GLM-OCR decoding with chained MTP drafts, one Round per target forward.
+"""The OCR engine: GLM-OCR's model host -- its runtime (fast torch, Core ML, or the Core ML
+modules' torch twin), tokenizer and drafters -- and what makes a request's Sequence. The round
+loop is the batch's (batch.py, `OcrBatch.step`); a lone request is a batch of one.
 
-Where things happen (read `OcrEngine.generate` top to bottom):
-  prefill        the prompt (image tokens included) in prefill_len chunks -> the first token
-  draft          Sequence.propose -> MtpDrafter.propose: the verified pairs waiting, then k
-                 chained MTP steps (or, with --with-ngram, engines/speculative/composed.py's
-                 ComposedProposer, as chat's: the n-gram continuation of the output so far,
-                 the chain, or the chain and the n-gram tokens after it, as the costs say)
-  verify         one target forward over [token, draft_1 .. draft_k] -> verify_greedy /
-                 rejection sampling -> accepted drafts + exactly one target token
-  roll back      nothing to undo here: the next forward is written right after the accepted
-                 rows (runtime_fast crops its cache there; Core ML and its twin mask the stale
-                 rows, then overwrite them); the MTP layer is told the verified rows
-                 (Sequence.commit -> MtpDrafter.commit)
-
-Each round feeds [token, drafts...] at main cache rows ctx.position.. and keeps 1 + accepted
-rows; the Sequence (engines/speculative/sequence.py) turns each verdict into the Round the app
-shows, as it does for chat.
+Where a token is:
+  drafted        Sequence.propose -> MtpDrafter.propose (below): the verified pairs waiting,
+                 then k chained MTP steps; or, with --with-ngram, engines/speculative/composed.py's
+                 ComposedProposer, as chat's; or NGramProposer (--spec ngram)
+  verified       one target forward over [token, draft_1 .. draft_k] of every row (batch.py);
+                 Sampler.verify (below): verify_greedy, or rejection sampling at T > 0 ->
+                 accepted drafts + exactly one target token
+  rolled back    nothing to undo: a row's next forward is written right after its accepted
+                 rows (runtime_fast's BatchKV; Core ML and its twin mask the stale rows, then
+                 overwrite them); the MTP layer is told the verified rows (Sequence.commit ->
+                 MtpDrafter.commit)
+  reported       the Sequence (engines/speculative/sequence.py) turns each verdict into the
+                 Round the app shows, as it does for chat.
 """
 
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -40,7 +38,7 @@ from engines.speculative.repetition import RepetitionDetector
 from engines.speculative.rounds import Round
 from engines.speculative.sampling import rejection_verify, target_probs
 from engines.speculative.schedule import DraftSchedule
-from engines.speculative.sequence import Sequence, Step, never
+from engines.speculative.sequence import Sequence, never
 from engines.speculative.verify import Verdict, verify_greedy
 
 
@@ -302,60 +300,22 @@ class OcrEngine:
 
     def generate(self, request: Request, should_stop: ShouldStop | None = None, *,
                  drafter: Proposer | None = None, on_prefill=None) -> Iterator[Round]:
-        """One Round per target forward. `drafter` replaces the MTP drafter (tests, benchmarks).
-        `on_prefill` is accepted for the Engine protocol; the image prompt's prefill, bounded
-        by the converted cache length, reports no progress yet."""
-        seq, prompt = self.sequence(request, should_stop, drafter)
-        sampler = Sampler(request.sampling)
+        """One Round per target forward: a lone request is a batch of one (batch.py's OcrBatch,
+        the one round loop). `drafter` replaces the MTP drafter (tests, benchmarks). `on_prefill`
+        is accepted for the Engine protocol; the image prompt's prefill, bounded by the
+        converted cache length, reports no progress."""
+        from engines.glm_ocr.batch import OcrBatch
 
-        # prefill: the prompt in prefill_len chunks; the last row's logits give the first token
-        t0 = time.perf_counter()
-        self.runtime.reset()
-        hiddens = self._prefill(prompt)
-        first = Verdict(0, [sampler.first(self.runtime.logits(hiddens[-1:]))])
-        seq.ctx.rows = hiddens
-        tokens, finish = seq.start(first, hiddens[-1])
-        seq.last_settled = time.perf_counter()
-        step = Step(0, verify_s=seq.last_settled - t0, wall_s=seq.last_settled - t0)
-        rnd = seq.report(step, first, tokens, finish, prefill=True)
-        yield rnd
-
-        while rnd.finish is None:
-            if seq.should_stop():
-                yield seq.out.stopped("cancelled")
-                return
-            if seq.ctx.position + self.runtime.seq_len > self.runtime.cache_length:
-                yield seq.out.stopped("length", f"stopped: the context of {self.runtime.cache_length} tokens is full")
-                return
-            t0 = time.perf_counter()
-            steps = min(seq.next_steps(), self.runtime.seq_len - 1)
-            step = Step(steps, expected=seq.expected())
-            step.draft = seq.propose(steps)
-            t1 = time.perf_counter()
-
-            # verify: one target forward over [token, drafts...]
-            drafts = step.draft.ids()
-            rows = self._forward([seq.ctx.tokens[-1], *drafts], seq.ctx.position, prompt.positions)
-            verdict = sampler.verify(drafts, self.runtime.logits(rows))
-            t2 = time.perf_counter()
-
-            # roll forward: the rows of the fed token and the accepted drafts are kept (the next
-            # forward overwrites the rest); the MTP layer learns them (Sequence.commit)
-            step.draft_s, step.verify_s = t1 - t0, t2 - t1
-            step.wall_s = t2 - t0
-            seq.ctx.rows = rows[: verdict.accepted + 1]
-            tokens, finish = seq.commit(step, verdict, rows[verdict.accepted])
-            rnd = seq.report(step, verdict, tokens, finish)
-            yield rnd
+        return OcrBatch(self, max_batch=1).generate(request, should_stop, drafter=drafter)
 
     def sequence(self, request: Request, should_stop: ShouldStop | None = None,
                  drafter: Proposer | None = None) -> tuple[Sequence, Prompt]:
         """The request checked (EngineError), its image read into the prompt, and its Sequence:
-        what the lone loop above and the batch (batch.py) start from."""
+        what the batch (batch.py) starts from."""
         prompt = self._prompt(request)
         return self._sequence(request, prompt, drafter, should_stop), prompt
 
-    # -- helpers, in the order the loop uses them ------------------------------------------
+    # -- helpers ------------------------------------------------------------------------------
 
     def _prompt(self, request: Request) -> Prompt:
         """Prompt ids, their embeddings (image features in place of the image tokens), the
@@ -457,7 +417,10 @@ class OcrEngine:
             return None
         return RepetitionDetector(copies=request.max_repeat, min_span=r.min_span, max_period=r.max_period)
 
-    def _prefill(self, prompt: Prompt) -> np.ndarray:
+    def prefill(self, prompt: Prompt) -> np.ndarray:
+        """The prompt through the runtime's own cache in prefill_len chunks (reset first): the
+        final-normed hidden state of every prompt row."""
+        self.runtime.reset()
         s = self.runtime.prefill_len
         out = []
         for start in range(0, len(prompt.embeds), s):
@@ -466,7 +429,7 @@ class OcrEngine:
             out.append(self.runtime.decode(prompt.embeds[start : start + n], start, cos, sin))
         return np.concatenate(out)
 
-    def _forward(self, tokens: list[int], start: int, positions: Positions) -> np.ndarray:
+    def forward(self, tokens: list[int], start: int, positions: Positions) -> np.ndarray:
         """One target forward over `tokens` at cache rows start..: their final-normed hidden states."""
         cos, sin = text_rope(positions.rows(start, len(tokens)), self.config.text)
         return self.runtime.decode(self.runtime.embeddings[np.asarray(tokens)], start, cos, sin)

@@ -335,7 +335,7 @@ class FastRuntime:
 
     @torch.no_grad()
     def decode(self, embeds, cache_position, cos, sin, cache: KVCache | None = None):
-        """`cache`: the one to write (default: the runtime's own, the lone loop's)."""
+        """`cache`: the one to write (default: the runtime's own, OcrEngine.prefill / forward's)."""
         n = embeds.shape[0]
         assert 1 <= n and cache_position + n <= self.cache_length, (n, cache_position)
         cache = self.cache if cache is None else cache
@@ -351,7 +351,8 @@ class FastRuntime:
 
     def prefill(self, embeds, cos, sin) -> tuple[np.ndarray, KVCache]:
         """A joining sequence's prompt read alone, in a cache of its own (BatchKV.join copies it
-        into the batch): the same forward as the lone loop's prefill, so the same first token."""
+        into the batch): the same forward whether the page is read alone or beside others, so the
+        same first token."""
         cache = KVCache()
         return self.decode(embeds, 0, cos, sin, cache), cache
 

@@ -126,7 +126,7 @@ def plain_forward(engine, prompt: Prompt, emitted: list[int]):
     forward over it."""
     embeds = np.concatenate([prompt.embeds, engine.runtime.embeddings[np.asarray(emitted)]])
     engine.runtime.reset()
-    return engine._prefill(Prompt(prompt.ids + emitted, embeds, prompt.positions, None)), embeds
+    return engine.prefill(Prompt(prompt.ids + emitted, embeds, prompt.positions, None)), embeds
 
 
 @pytest.mark.parametrize("mtp", [MtpDrafter, ForgetsNgramRounds])

@@ -208,18 +208,17 @@ def test_steps_auto_picks_k_from_this_runs_costs(engine, trained_glm_ocr, monkey
     _, images = trained_glm_ocr
     plain = [t for r in engine.generate(Request(kind="ocr", image=str(images[0]), max_tokens=48, spec=SpecConfig()))
              for t in r.tokens]
-    decode = engine.runtime.decode
+    decode_rows = engine.runtime.decode_rows  # the round's verify forward (a batch of one)
 
     def costed(blocks):
-        def decode_at_a_cost(embeds, start, cos, sin):
-            if embeds.shape[0] <= 8:  # round forwards, not the prompt
-                time.sleep(0.03 * blocks(embeds.shape[0]))
-            return decode(embeds, start, cos, sin)
+        def decode_at_a_cost(kv, embeds, cos, sin):
+            time.sleep(0.03 * blocks(embeds.shape[1]))
+            return decode_rows(kv, embeds, cos, sin)
         return decode_at_a_cost
 
     chosen = {}
     for shape, blocks in (("steps", lambda rows: math.ceil(rows / 3)), ("flat", lambda rows: 1)):
-        monkeypatch.setattr(engine.runtime, "decode", costed(blocks))
+        monkeypatch.setattr(engine.runtime, "decode_rows", costed(blocks))
         rounds, ks = auto_run(engine, images[0])
         assert [t for r in rounds for t in r.tokens] == plain
         assert not [r.note for r in rounds if r.note]  # no "not tuned" line: it measured itself
