@@ -65,3 +65,24 @@ def load_with_cheap_rounds(kind: str, path: str, **options):
 
     _once("cheap", lambda: _patches.setattr(AutoSteps, "record", priced))
     return load_engine(kind, path, **options)
+
+
+def load_dying_mid_page(kind: str, path: str, **options):
+    """The engine process is killed (SIGKILL, as the OOM killer does) at a page's fifth batch
+    step, while its regions are being read together."""
+    import os
+    import signal
+
+    from engines.glm_ocr.batch import OcrBatch
+
+    step = OcrBatch.step
+    calls = []
+
+    def dying(self):
+        calls.append(1)
+        if len(calls) == 5:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return step(self)
+
+    _once("dying", lambda: _patches.setattr(OcrBatch, "step", dying))
+    return load_engine(kind, path, **options)

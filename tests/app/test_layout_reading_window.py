@@ -46,10 +46,10 @@ def install(hub, checkpoints, *ids):
         download.download(model_id)
 
 
-def window_for(qtbot, max_tokens=24, **overrides):
+def window_for(qtbot, max_tokens=24, loader=load_refusing_qt, **overrides):
     settings = dict(engine="ocr", ocr_model="", ocr_method="mtp", steps=2, preset=None, max_tokens=max_tokens,
                     task="text")
-    window = MainWindow(AppSettings(**(settings | overrides)), engine_loader=load_refusing_qt, persist=False)
+    window = MainWindow(AppSettings(**(settings | overrides)), engine_loader=loader, persist=False)
     qtbot.addWidget(window)
     window.show()
     window.ensure_telemetry()
@@ -182,4 +182,25 @@ def test_without_the_layout_model_pages_are_read_whole_said_and_it_is_offered(qt
     assert read(qtbot, window) == "finished"
     assert [rr.region.label for rr in window.ocr.layout_pages[0].regions] == ["doc_title", "display_formula"]
     assert not window.transcript.message_text
+    window.shutdown()
+
+
+def test_an_engine_process_dying_mid_page_is_one_line_and_keeps_what_was_received(qtbot, hub, hub_env, checkpoints,
+                                                                                    specscope_home):
+    from tests.app.engine_loaders import load_dying_mid_page
+
+    install(hub, checkpoints, "glm-ocr", "pp-doclayout-v3")
+    window = window_for(qtbot, max_tokens=200, loader=load_dying_mid_page, max_repeat=0)
+    window.open_documents([checkpoints["page"]])
+    assert read(qtbot, window) == "errored"
+    message = window.transcript.message_text
+    assert "was killed by SIGKILL" in message and "What was received is kept" in message
+    assert window.document.page_list.states[0] == "errored" and window.status.text() == "Error"
+    run = window.document_run
+    assert set(run.boxes[0].states.values()) <= {"stopped", "done"}
+    received = sorted(len(b) for (p, _i), b in run.bursts.items() if p == 0)
+    assert received and sum(received) >= 2  # the first steps' rounds arrived and stay on screen
+    saved = autosaved(specscope_home)
+    assert sorted(len([e for e in f if e.get("event") == "round"]) for f in saved) == received
+    assert all(f[-1]["event"] == "end" and f[-1]["outcome"] == "errored" for f in saved)
     window.shutdown()
