@@ -38,13 +38,36 @@ from typing import Iterator
 
 import numpy as np
 
-from engines.types import EngineError, Request, ShouldStop
-from engines.glm_ocr.engine import OcrEngine, Positions, Prompt, Sampler
-from engines.glm_ocr.positions import text_rope
+from engines.types import EngineError, Request, Sampling, ShouldStop
+# (engine.py's OcrEngine is named in annotations only: it imports this module, for its generate)
+from engines.glm_ocr.positions import Positions, text_rope
+from engines.glm_ocr.prompts import Prompt
 from engines.speculative.proposer import Draft, DraftGroup, Proposer
 from engines.speculative.rounds import Round
 from engines.speculative.sequence import Sequence, Step
-from engines.speculative.verify import Verdict
+from engines.speculative.sampling import rejection_verify, target_probs
+from engines.speculative.verify import Verdict, verify_greedy
+
+
+class Sampler:
+    """The target's side: the first token, and the verdict on a round's drafts. Row i of a
+    verify forward's logits follows [token, drafts[:i]]: it checks drafts[i]; the last row
+    gives the bonus token. T > 0: rejection sampling (engines/speculative/sampling.py) with
+    point-mass proposals, since the MTP layer drafts greedily."""
+
+    def __init__(self, sampling: Sampling):
+        self.sampling = sampling
+        self.rng = np.random.default_rng(sampling.seed)
+
+    def first(self, logits: np.ndarray) -> int:
+        return self.verify([], logits[-1:]).tokens[0]
+
+    def verify(self, drafts: list[int], logits: np.ndarray) -> Verdict:
+        s = self.sampling
+        if s.greedy:
+            return verify_greedy(drafts, [int(t) for t in np.argmax(logits, axis=-1)])
+        p = target_probs(logits, s.temperature, s.top_p, s.top_k, s.min_p)
+        return rejection_verify(p, None, drafts, self.rng)
 
 
 def row_sampler(request: Request) -> Sampler:

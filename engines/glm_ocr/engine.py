@@ -7,7 +7,7 @@ Where a token is:
                  then k chained MTP steps; or, with --with-ngram, engines/speculative/composed.py's
                  ComposedProposer, as chat's; or NGramProposer (--spec ngram)
   verified       one target forward over [token, draft_1 .. draft_k] of every row (batch.py);
-                 Sampler.verify (below): verify_greedy, or rejection sampling at T > 0 ->
+                 batch.Sampler.verify: verify_greedy, or rejection sampling at T > 0 ->
                  accepted drafts + exactly one target token
   rolled back    nothing to undo: a row's next forward is written right after its accepted
                  rows (runtime_fast's BatchKV; Core ML and its twin mask the stale rows, then
@@ -25,10 +25,10 @@ from typing import Iterator
 
 import numpy as np
 
-from engines.types import EngineError, Request, Sampling, ShouldStop
+from engines.types import EngineError, Request, ShouldStop
 from engines.glm_ocr.config import GlmOcrConfig
-from engines.glm_ocr.positions import prompt_positions, text_positions, text_rope
-from engines.glm_ocr.prompts import GlmTokenizer, prompt_ids
+from engines.glm_ocr.positions import Positions, prompt_positions, text_rope
+from engines.glm_ocr.prompts import GlmTokenizer, Prompt, prompt_ids
 from engines.glm_ocr.runtime import Runtime
 from engines.speculative.composed import ComposedProposer, DraftingCosts
 from engines.speculative.ngram import NGramProposer
@@ -36,30 +36,8 @@ from engines.speculative.output import Output
 from engines.speculative.proposer import Context, Draft, Proposer
 from engines.speculative.repetition import RepetitionDetector
 from engines.speculative.rounds import Round
-from engines.speculative.sampling import rejection_verify, target_probs
 from engines.speculative.schedule import DraftSchedule
 from engines.speculative.sequence import Sequence, never
-from engines.speculative.verify import Verdict, verify_greedy
-
-
-# ----------------------------------------------------------------------------- positions
-
-
-@dataclass
-class Positions:
-    """mRoPE positions by sequence index: the prompt's own (image tokens are 3-D), then text
-    positions shifted by the prompt's delta."""
-
-    prompt: np.ndarray  # (3, P)
-    delta: int
-
-    def rows(self, start: int, count: int) -> np.ndarray:
-        p = self.prompt.shape[1]
-        if start + count <= p:
-            return self.prompt[:, start : start + count]
-        head = self.prompt[:, start:p] if start < p else np.zeros((3, 0), np.int64)
-        tail_start = max(start, p)
-        return np.concatenate([head, text_positions(tail_start, start + count - tail_start, self.delta)], axis=1)
 
 
 # ----------------------------------------------------------------------------- drafters
@@ -201,38 +179,6 @@ class MtpGroup:
 
     def _greedy(self, heads: list[np.ndarray]) -> list[int]:
         return [int(t) for t in np.argmax(self.runtime.logits(np.stack(heads)), axis=-1)]
-
-
-# ----------------------------------------------------------------------------- the run
-
-
-@dataclass
-class Prompt:
-    ids: list[int]
-    embeds: np.ndarray  # (P, hidden): token embeddings, image features in place of image tokens
-    positions: Positions
-    note: str | None  # set when the image was read at a lower resolution to fit the context
-
-
-class Sampler:
-    """The target's side: the first token, and the verdict on a round's drafts. Row i of a
-    verify forward's logits follows [token, drafts[:i]]: it checks drafts[i]; the last row
-    gives the bonus token. T > 0: rejection sampling (engines/speculative/sampling.py) with
-    point-mass proposals, since the MTP layer drafts greedily."""
-
-    def __init__(self, sampling: Sampling):
-        self.sampling = sampling
-        self.rng = np.random.default_rng(sampling.seed)
-
-    def first(self, logits: np.ndarray) -> int:
-        return self.verify([], logits[-1:]).tokens[0]
-
-    def verify(self, drafts: list[int], logits: np.ndarray) -> Verdict:
-        s = self.sampling
-        if s.greedy:
-            return verify_greedy(drafts, [int(t) for t in np.argmax(logits, axis=-1)])
-        p = target_probs(logits, s.temperature, s.top_p, s.top_k, s.min_p)
-        return rejection_verify(p, None, drafts, self.rng)
 
 
 # ----------------------------------------------------------------------------- the engine

@@ -13,6 +13,8 @@ row is [c_0 .. c_{R/2-1}, c_0 .. c_{R/2-1}].
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from engines.glm_ocr.config import TextConfig, VisionConfig
@@ -80,3 +82,20 @@ def vision_rope(grid_thw: tuple[int, int, int], cfg: VisionConfig) -> tuple[np.n
     freqs = np.concatenate([hpos[:, None] * inv_freq, wpos[:, None] * inv_freq], axis=-1)
     table = np.concatenate([freqs, freqs], axis=-1)
     return np.cos(table).astype(np.float32), np.sin(table).astype(np.float32)
+
+
+@dataclass
+class Positions:
+    """mRoPE positions by sequence index: the prompt's own (image tokens are 3-D), then text
+    positions shifted by the prompt's delta."""
+
+    prompt: np.ndarray  # (3, P)
+    delta: int
+
+    def rows(self, start: int, count: int) -> np.ndarray:
+        p = self.prompt.shape[1]
+        if start + count <= p:
+            return self.prompt[:, start : start + count]
+        head = self.prompt[:, start:p] if start < p else np.zeros((3, 0), np.int64)
+        tail_start = max(start, p)
+        return np.concatenate([head, text_positions(tail_start, start + count - tail_start, self.delta)], axis=1)

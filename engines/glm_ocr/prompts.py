@@ -6,9 +6,13 @@ checkpoint's tokenizer.json: no transformers needed at run time).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from engines.types import EngineError
+from engines.glm_ocr.positions import Positions
 
 # The task prompts GLM-OCR was trained with.
 TASK_PROMPTS = {
@@ -84,3 +88,11 @@ class DecodeText:
         full = self.tokenizer.decode(self.ids, skip_special_tokens=True)
         rest, self.shown = full[self.shown:], len(full)
         return rest
+
+
+@dataclass
+class Prompt:
+    ids: list[int]
+    embeds: np.ndarray  # (P, hidden): token embeddings, image features in place of image tokens
+    positions: Positions
+    note: str | None  # set when the image was read at a lower resolution to fit the context

@@ -11,8 +11,8 @@ import torch
 
 from engines.types import EngineError, Request, Sampling, SpecConfig
 from engines.glm_ocr import batch as batch_module
-from engines.glm_ocr.batch import OcrBatch
-from engines.glm_ocr.engine import OcrEngine, Sampler
+from engines.glm_ocr.batch import OcrBatch, Sampler
+from engines.glm_ocr.engine import OcrEngine
 
 MAX_TOKENS = 48
 

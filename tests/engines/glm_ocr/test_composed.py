@@ -23,7 +23,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from engines.glm_ocr.engine import MtpDrafter, OcrEngine, Prompt
+from engines.glm_ocr.engine import MtpDrafter, OcrEngine
+from engines.glm_ocr.prompts import Prompt
 from engines.speculative import composed
 from engines.speculative.composed import ComposedProposer, DraftingCosts
 from engines.speculative.ngram import NGramProposer
@@ -239,7 +240,7 @@ def test_each_drafted_position_emits_its_draft_with_the_target_probability(engin
 def test_a_broken_verifier_fails_the_drafted_positions_law(engine, trained_glm_ocr, flat, monkeypatch, defect):
     from tests.engines.glm_ocr.test_mtp_sampled import broken_verifier
 
-    monkeypatch.setattr("engines.glm_ocr.engine.rejection_verify", broken_verifier(defect))
+    monkeypatch.setattr("engines.glm_ocr.batch.rejection_verify", broken_verifier(defect))
     hits = draft_hits(engine, trained_glm_ocr[1][1], PIT_SAMPLING, PIT_RUNS)
     print(defect, f"z {calibration_z(hits['ngram']):.1f}")
     assert calibration_z(hits["ngram"]) > 4

@@ -173,7 +173,7 @@ BROKEN = [("resample_from_p", k) for k in (1, 3, 5)] + [("accept_q_over_p", k) f
 @pytest.mark.slow  # 9 cases x RUNS runs of the real loop
 @pytest.mark.parametrize("defect, drafts", BROKEN)
 def test_a_broken_verifier_fails_the_same_test(engine, image, exact, monkeypatch, defect, drafts):
-    monkeypatch.setattr("engines.glm_ocr.engine.rejection_verify", broken_verifier(defect))
+    monkeypatch.setattr("engines.glm_ocr.batch.rejection_verify", broken_verifier(defect))
     try:
         counts, _, _, whole_rounds = sample(engine, image, drafts)
     except AssertionError:  # the batch's own check: a row's K/V kept as many rows as it emitted tokens
@@ -188,6 +188,6 @@ def test_a_broken_verifier_fails_the_composed_law(engine, image, exact, monkeypa
     from engines.speculative import composed
 
     monkeypatch.setattr(composed, "MEASURED", False)
-    monkeypatch.setattr("engines.glm_ocr.engine.rejection_verify", broken_verifier(defect))
+    monkeypatch.setattr("engines.glm_ocr.batch.rejection_verify", broken_verifier(defect))
     counts, _, _, whole_rounds = sample(engine, image, 2, compose=True)
     assert not (whole_rounds and matches_the_target(counts, exact))
