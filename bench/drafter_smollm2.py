@@ -32,6 +32,7 @@ preload_cpu_libraries()  # the process environment `specscope` runs in (engines/
 import resources  # noqa: E402
 from engines.types import Request, SpecConfig  # noqa: E402
 from engines.mlx_chat.engine import ChatEngine  # noqa: E402
+from engines.mlx_chat.options import MtpOptions  # noqa: E402
 from engines.mlx_chat.models import default_chat_model  # noqa: E402
 
 
@@ -91,7 +92,7 @@ def alternating(engine, prompts, specs: dict, max_tokens) -> dict:
     totals = {name: Totals() for name in names}
     for i, (_, prompt) in enumerate(prompts):
         for name in names[i % len(names):] + names[: i % len(names)]:
-            set_pipeline(name)
+            set_pipeline(engine, name)
             totals[name].add(*run(engine, prompt, specs[name], max_tokens))
     results = {name: t.result() for name, t in totals.items()}
     plain = results["plain"]["outputs"]
@@ -100,10 +101,10 @@ def alternating(engine, prompts, specs: dict, max_tokens) -> dict:
     return results
 
 
-def set_pipeline(name: str) -> None:
+def set_pipeline(engine, name: str) -> None:
     """A case named `...:after` (e.g. mtp-1:after) launches each round after the last verdict is
     read (rollback caches); any other, before it where the target allows (slot caches)."""
-    os.environ["SPECSCOPE_MTP_PIPELINE"] = "0" if name.partition(":")[2] == "after" else "1"
+    engine.mtp_options = MtpOptions(pipeline=name.partition(":")[2] != "after")
 
 
 def main() -> int:
@@ -150,11 +151,10 @@ def main() -> int:
         report("plain", results["plain"])
         plain = results["plain"]["outputs"]
         for name in names:
-            set_pipeline(name)
+            set_pipeline(engine, name)
             spec = cases[name.partition(":")[0]]
             results[name] = measure(engine, prompts[: args.limit], spec, args.max_tokens, plain)
             report(name, results[name])
-    os.environ.pop("SPECSCOPE_MTP_PIPELINE")
     print(f"SmolLM2-135M, {len(prompts[: args.limit])} open chat prompts, T=0, {args.max_tokens} tokens; "
           f"load average {load0:.2f} at start, {os.getloadavg()[0]:.2f} at end; {time.time() - t0:.0f} s")
     if args.json:

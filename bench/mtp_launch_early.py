@@ -1,5 +1,5 @@
 """MTP rounds launched before the last verdict is read (slot caches) against each round launched
-after it (rollback caches, SPECSCOPE_MTP_PIPELINE=0), alternating in one process: plain, early,
+after it (rollback caches, MtpOptions(pipeline=False)), alternating in one process: plain, early,
 after, `--reps` times over the first N held-out open chat prompts (64 tokens, T=0); every output
 checked equal to plain's.
 
@@ -21,11 +21,12 @@ preload_cpu_libraries()  # the process environment `specscope` runs in
 import resources  # noqa: E402
 from engines.types import Request, SpecConfig  # noqa: E402
 from engines.mlx_chat.engine import ChatEngine  # noqa: E402
+from engines.mlx_chat.options import MtpOptions  # noqa: E402
 from engines.mlx_chat.models import default_chat_model  # noqa: E402
 
 
 def run(engine, prompts, spec, early: bool):
-    os.environ["SPECSCOPE_MTP_PIPELINE"] = "1" if early else "0"  # read by each request
+    engine.mtp_options = MtpOptions(pipeline=early)  # each request's cache is chosen by it
     outputs, seconds, tokens, proposed, accepted, launched = [], 0.0, 0, 0, 0, 0
     for prompt in prompts:
         rounds = list(engine.generate(Request(prompt=prompt, max_tokens=64, spec=spec)))

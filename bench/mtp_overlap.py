@@ -27,8 +27,8 @@ Figures, all measured in this process:
   realized / ideal  = how much of the ideal the round loop keeps (goal >= 0.95); against the
                       alternating ideal that is the loop's own cost, against the apart ideal
                       the loop is also charged for switching models.
-  overlap gain      = decode tok/s with depth-2 overlap / without (SPECSCOPE_MTP_OVERLAP=0).
-  compile gain      = decode tok/s with the compiled drafter step / eager (SPECSCOPE_MTP_COMPILE=0).
+  overlap gain      = decode tok/s with depth-2 overlap / without (MtpOptions.overlap off).
+  compile gain      = decode tok/s with the compiled drafter step / eager (MtpOptions.compiled off).
   memory            = drafter parameter bytes; peak MLX memory of a plain run and an MTP run.
 
 One BLAS thread, unless OPENBLAS_NUM_THREADS says otherwise. What this measures is whether the
@@ -66,6 +66,7 @@ from engines.types import Request, Sampling, SpecConfig  # noqa: E402
 from engines.mlx_chat.cache import make_rollback_cache, rollback  # noqa: E402
 from engines.mlx_chat.engine import ChatEngine  # noqa: E402
 from engines.mlx_chat.gemma4_assistant import assistant_info  # noqa: E402
+from engines.mlx_chat.options import MtpOptions  # noqa: E402
 from engines.mlx_chat.mtp import Gemma4Target, MTPProposer, preload_drafter  # noqa: E402
 from engines.mlx_chat.proposers import ProposerContext  # noqa: E402
 from engines.speculative.rounds import session_stats  # noqa: E402
@@ -231,11 +232,14 @@ def main() -> None:
                                  error_rate=args.error_rate, seed=0)
     info = assistant_info(drafter)
 
+    def replaying(drafter, target, overlap: bool, compiled: bool):  # as the engine's options say
+        return ReplayMTPProposer(drafter, target, overlap, compiled, reference=reference,
+                                 error_rate=args.error_rate, seed=0)
+
+    engine.mtp_proposer = replaying
+
     def mtp_run(overlap: bool = True, compiled: bool = True):
-        def make(drafter, target, **_):
-            return ReplayMTPProposer(drafter, target, overlap, compiled, reference=reference,
-                                     error_rate=args.error_rate, seed=0)
-        engine.mtp_proposer = make
+        engine.mtp_options = MtpOptions(overlap=overlap, compiled=compiled)
         rounds, stats = decode(engine, spec, args.tokens)
         assert [t for r in rounds for t in r.tokens] == reference[len(ids):], "MTP output differs from plain"
         return stats

@@ -66,7 +66,7 @@ class BatchMTP:
 
     drafter: Any
     target: Any
-    step: Callable  # the drafter's step (compiled unless SPECSCOPE_MTP_COMPILE=0), rows at once
+    step: Callable  # the drafter's step (compiled unless the engine's mtp_options.compiled is off), rows at once
 
     @classmethod
     def of(cls, proposer) -> "BatchMTP":

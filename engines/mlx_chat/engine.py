@@ -27,7 +27,6 @@ nothing is rolled back -- the target's cache keeps rejected drafts as holes its 
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator
@@ -39,6 +38,7 @@ from engines.types import EngineError, OnPrefill, Request, ShouldStop
 from engines.mlx_chat import sampling as mxs
 from engines.mlx_chat.cache import (Holes, SlotKVCache, UnsupportedCache, make_rollback_cache, make_slot_cache,
                                     rollback)
+from engines.mlx_chat.options import MtpOptions
 from engines.mlx_chat.loading import LoadedModel, TokenizerMismatch, check_same_tokenizer, load_model
 from engines.mlx_chat.prefill import feed_prompt
 from engines.mlx_chat.context import check_fits, context_length
@@ -99,6 +99,7 @@ class Step(BaseStep):
 class ChatEngine:
     target: LoadedModel
     draft_path: str | None = None
+    mtp_options: MtpOptions = field(default_factory=MtpOptions)
     _drafts: dict[str, LoadedModel] = field(default_factory=dict)
     _hash: str | None = None
     _composed_costs: dict[tuple[str, str], Any] = field(default_factory=dict)  # (method, drafter) -> DraftingCosts
@@ -107,8 +108,9 @@ class ChatEngine:
 
     # -- construction ------------------------------------------------------------------------
     @classmethod
-    def load(cls, model_path: str, draft_model: str | None = None, **_options) -> "ChatEngine":
-        engine = cls(load_model(model_path), draft_path=draft_model)
+    def load(cls, model_path: str, draft_model: str | None = None, mtp_options: MtpOptions | None = None,
+             **_options) -> "ChatEngine":
+        engine = cls(load_model(model_path), draft_path=draft_model, mtp_options=mtp_options or MtpOptions())
         if draft_model:
             from engines.mlx_chat.mtp import is_assistant_dir, preload_drafter
 
@@ -263,13 +265,13 @@ class ChatEngine:
     def _cache_for(self, proposer: Proposer | None) -> list[Any]:
         """The target's cache for a lone run: mlx-lm's own when plain; slot caches when the
         proposer can chain on a verdict still in the graph and every target layer is full
-        attention -- rounds then launch before the last verdict is read
-        (SPECSCOPE_MTP_PIPELINE=0 turns it off, for A/B runs) --, else caches that roll back
+        attention -- rounds then launch before the last verdict is read (unless
+        `mtp_options.pipeline` is off, for A/B runs) --, else caches that roll back
         (recurrent / hybrid layers cannot: make_rollback_cache says so, EngineError)."""
         if proposer is None:
             return make_prompt_cache(self.model)
         if getattr(proposer, "launches_ahead", False):
-            slots = make_slot_cache(self.model) if os.environ.get("SPECSCOPE_MTP_PIPELINE", "1") != "0" else None
+            slots = make_slot_cache(self.model) if self.mtp_options.pipeline else None
             if slots is not None:
                 return slots
             proposer.launches_ahead = False  # each round launched after the last verdict: say so to it

@@ -11,7 +11,6 @@ What the drafter needs from the target (see gemma4_assistant.py for the drafter 
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -352,12 +351,8 @@ def make_mtp_proposer(engine, request) -> MTPProposer:
         target = drafter.target  # the view that returns the layers this drafter reads
     else:  # the Gemma 4 assistant (or a test's wrapper of one)
         target = Gemma4Target.of(engine.model)
-    # Depth-2 overlap is on by default; SPECSCOPE_MTP_OVERLAP=0 turns it off for A/B runs
-    # (the reference's LLAMA_PIPELINE_DEPTH2=0).
-    overlap = os.environ.get("SPECSCOPE_MTP_OVERLAP", "1") != "0"
-    # The drafter step is compiled by default; SPECSCOPE_MTP_COMPILE=0 runs it eagerly.
-    compiled = os.environ.get("SPECSCOPE_MTP_COMPILE", "1") != "0"
+    options = engine.mtp_options  # depth-2 overlap and the compiled step: on unless an A/B run turns them off
     # `engine.mtp_proposer` (a class or factory with MTPProposer's signature) lets the benchmark
     # and the tests run a replaying drafter through the real loop.
     factory = engine.__dict__.get("mtp_proposer", MTPProposer)
-    return factory(drafter, target, overlap=overlap, compiled=compiled)
+    return factory(drafter, target, overlap=options.overlap, compiled=options.compiled)

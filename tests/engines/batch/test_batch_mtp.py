@@ -36,17 +36,13 @@ def lone_rounds(engine, request):
     a lone MTP run otherwise launches the next verify before reading the last verdict, and its
     schedule (skip streak, adaptive k) then decides one round later -- the same tokens, other
     draft lengths (tests/engines/training/test_slot_cache.py checks that loop)."""
-    import os
+    from engines.mlx_chat.options import MtpOptions
 
-    before = os.environ.get("SPECSCOPE_MTP_PIPELINE")
-    os.environ["SPECSCOPE_MTP_PIPELINE"] = "0"
+    before, engine.mtp_options = engine.mtp_options, MtpOptions(pipeline=False)
     try:
         return list(engine.generate(request))
     finally:
-        if before is None:
-            del os.environ["SPECSCOPE_MTP_PIPELINE"]
-        else:
-            os.environ["SPECSCOPE_MTP_PIPELINE"] = before
+        engine.mtp_options = before
 
 
 def summary(rounds):

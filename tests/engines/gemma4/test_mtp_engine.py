@@ -17,6 +17,7 @@ mx = pytest.importorskip("mlx.core")
 from engines.types import Request, SpecConfig  # noqa: E402
 from engines.mlx_chat.engine import ChatEngine  # noqa: E402
 from engines.mlx_chat.mtp import Gemma4Target, MTPProposer  # noqa: E402
+from engines.mlx_chat.options import MtpOptions  # noqa: E402
 from tests.engines.gemma4.checkpoints import SLIDING_WINDOW  # noqa: E402
 from tests.engines.gemma4.reference import drafter_kv  # noqa: E402
 from tests.engines.gemma4.replay import replay_factory  # noqa: E402
@@ -193,14 +194,16 @@ def test_depth2_overlap_on_and_off_agree(edge_engine, edge_pair):
     assert sum(r.accepted for r in on) > 0
 
 
-def test_overlap_switch_from_the_environment(edge_engine, edge_pair, monkeypatch):
-    monkeypatch.setenv("SPECSCOPE_MTP_OVERLAP", "0")
+def test_overlap_and_compile_switches_from_the_engines_options(edge_engine, edge_pair, monkeypatch):
     from engines.mlx_chat.mtp import make_mtp_proposer
 
+    monkeypatch.setattr(edge_engine, "mtp_options", MtpOptions(overlap=False, compiled=False))
     proposer = make_mtp_proposer(edge_engine, Request(spec=mtp(edge_pair, 3)))
     assert isinstance(proposer, MTPProposer) and not proposer.drafts_ahead
-    monkeypatch.delenv("SPECSCOPE_MTP_OVERLAP")
-    assert make_mtp_proposer(edge_engine, Request(spec=mtp(edge_pair, 3))).drafts_ahead
+    assert proposer.drafter_step == proposer.drafter.step  # eager
+    monkeypatch.setattr(edge_engine, "mtp_options", MtpOptions())
+    proposer = make_mtp_proposer(edge_engine, Request(spec=mtp(edge_pair, 3)))
+    assert proposer.drafts_ahead and proposer.drafter_step != proposer.drafter.step  # compiled
 
 
 def test_published_gemma4_layout_with_draft_model_at_load(tmp_path_factory):
@@ -243,11 +246,11 @@ class RaisingDrafter:
         return lambda *args: self._call(compiled, args)
 
 
-@pytest.mark.parametrize("overlap", ["1", "0"])
+@pytest.mark.parametrize("overlap", [True, False])
 def test_drafter_that_raises_mid_run(edge_engine, edge_pair, overlap, monkeypatch):
     from engines.mlx_chat.mtp import load_drafter
 
-    monkeypatch.setenv("SPECSCOPE_MTP_OVERLAP", overlap)
+    monkeypatch.setattr(edge_engine, "mtp_options", MtpOptions(overlap=overlap))
     path = str(edge_pair.assistant)
     plain = tokens_of(run(edge_engine))
     drafters = edge_engine.__dict__.setdefault("mtp_drafters", {})

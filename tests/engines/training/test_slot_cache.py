@@ -10,6 +10,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from engines.types import Request, Sampling, SpecConfig
 from engines.mlx_chat.cache import RollbackError, SlotKVCache, make_slot_cache
+from engines.mlx_chat.options import MtpOptions
 from tests.engines.mlx_chat import checkpoints
 from tests.engines.training.test_trained_drafter import FRESH, TRAINED_ON, tokens_of
 
@@ -21,6 +22,15 @@ def llama(tmp_path_factory):
     from engines.mlx_chat.loading import load_model
 
     return load_model(str(checkpoints.make_tiny_llama(tmp_path_factory.mktemp("slots") / "llama"))).model
+
+
+def launched_after(engine, request: Request) -> list:
+    """The request's rounds, each launched after the last verdict is read (rollback caches)."""
+    engine.mtp_options = MtpOptions(pipeline=False)
+    try:
+        return list(engine.generate(request))
+    finally:
+        engine.mtp_options = MtpOptions()
 
 
 def logits(model, tokens: list[int], cache) -> mx.array:
@@ -79,7 +89,7 @@ def verdicts_alike(rounds, after) -> int:
 
 
 @pytest.mark.parametrize("steps", [1, 2, 3])
-def test_mtp_rounds_launch_before_the_verdict_and_equal_plain_greedy(targets, steps, monkeypatch):
+def test_mtp_rounds_launch_before_the_verdict_and_equal_plain_greedy(targets, steps):
     engine, _, drafter_dir = targets["llama"]
     spec = SpecConfig(method="mtp", steps=steps, draft_model=str(drafter_dir))
     proposed = accepted = launched = 0
@@ -91,16 +101,14 @@ def test_mtp_rounds_launch_before_the_verdict_and_equal_plain_greedy(targets, st
         proposed += sum(r.proposed for r in rounds)
         accepted += sum(r.accepted for r in rounds)
         launched += early(rounds)
-        monkeypatch.setenv("SPECSCOPE_MTP_PIPELINE", "0")  # rounds launched after each verdict: none early
-        after = list(engine.generate(Request(prompt=prompt, max_tokens=48, spec=spec)))
-        monkeypatch.delenv("SPECSCOPE_MTP_PIPELINE")
+        after = launched_after(engine, Request(prompt=prompt, max_tokens=48, spec=spec))  # none early
         assert tokens_of(after) == plain and early(after) == 0
         assert verdicts_alike(rounds, after) >= 24  # the drafter read the same K/V: the holes hidden
     assert 0 < accepted < proposed  # drafts kept and drafts made holes
     assert launched > len(rounds) // 2  # most rounds were launched on a verdict still in the graph
 
 
-def test_seeded_sampling_is_the_same_launched_early_or_not(targets, monkeypatch):
+def test_seeded_sampling_is_the_same_launched_early_or_not(targets):
     """At T>0 the random draws are made in the same order either way (verify r, chain r+1,
     verify r+1, ...), so a seeded run gives the same tokens and verdicts while both draft alike:
     the exact-law tests (test_trained_sampled.py), which run with rounds launched early, speak
@@ -111,9 +119,7 @@ def test_seeded_sampling_is_the_same_launched_early_or_not(targets, monkeypatch)
         spec = SpecConfig(method="mtp", steps=steps, draft_model=str(drafter_dir))
         for prompt in TRAINED_ON[:2]:
             rounds = list(engine.generate(Request(prompt=prompt, max_tokens=40, spec=spec, sampling=sampling)))
-            monkeypatch.setenv("SPECSCOPE_MTP_PIPELINE", "0")
-            after = list(engine.generate(Request(prompt=prompt, max_tokens=40, spec=spec, sampling=sampling)))
-            monkeypatch.delenv("SPECSCOPE_MTP_PIPELINE")
+            after = launched_after(engine, Request(prompt=prompt, max_tokens=40, spec=spec, sampling=sampling))
             assert early(rounds) > 0 and early(after) == 0
             assert verdicts_alike(rounds, after) >= 24, (steps, prompt)
 

@@ -11,6 +11,7 @@ import pytest
 
 from engines.types import Request, SpecConfig
 from engines.mlx_chat.drafter import load_drafter
+from engines.mlx_chat.options import MtpOptions
 from tests.engines.mlx_chat import checkpoints
 from tests.engines.training.trained import prompts
 
@@ -62,10 +63,10 @@ def test_training_lifts_acceptance_far_above_chance(targets, model, tmp_path):
 
 
 @pytest.mark.parametrize("model", ["llama", "gemma3"])
-@pytest.mark.parametrize("overlap", ["1", "0"])
+@pytest.mark.parametrize("overlap", [True, False])
 def test_mtp_with_a_trained_drafter_equals_plain_greedy(targets, model, overlap, monkeypatch):
-    monkeypatch.setenv("SPECSCOPE_MTP_OVERLAP", overlap)
     engine, _, drafter_dir = targets[model]
+    monkeypatch.setattr(engine, "mtp_options", MtpOptions(overlap=overlap))
     proposed = accepted = 0
     for prompt in TRAINED_ON[:2] + FRESH:
         plain = tokens_of(run(engine, prompt, max_tokens=56))
