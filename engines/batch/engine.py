@@ -51,7 +51,9 @@ from engines.batch.prompt_cache import PromptCache
 from engines.mlx_chat import sampling as mxs
 from engines.mlx_chat.engine import NO_DRAFTS, ChatEngine, Step, report, settle
 from engines.mlx_chat.prefill import PREFILL_CHUNK
-from engines.mlx_chat.proposers import mx_tokens
+from engines.mlx_chat.proposers import extend_draft, mx_tokens
+from engines.speculative.composed import ComposedGroup, ComposedProposer, DraftingCosts
+from engines.speculative.ngram import NGramProposer
 from engines.speculative.proposer import Draft, DraftGroup
 from engines.speculative.rounds import Round
 from engines.speculative.schedule import MAX_STEPS
@@ -97,6 +99,7 @@ class BatchEngine:
     budget: DraftBudget | None = field(default_factory=DraftBudget.new)  # None: rows draft what they ask
     drafters: dict[str, BatchDrafter] = field(default_factory=dict)  # draft model path -> its batch
     mtps: dict[str, BatchMTP] = field(default_factory=dict)  # MTP drafter path -> its batch
+    composed: dict[tuple, tuple] = field(default_factory=dict)  # (method, path) -> (ComposedGroup, DraftingCosts)
     prompt_cache: PromptCache | None = None  # prompts read before (None: every prompt is read)
     capped: dict[int, int] = field(default_factory=dict)  # sequence id -> the controller's cap last said to it
     launches_ahead: bool = True  # plain steps launch the next forward before reading their tokens
@@ -146,27 +149,37 @@ class BatchEngine:
         return seq
 
     def _proposer(self, request: Request):
+        """A row's proposer: n-gram lookup its own; a draft model's or an MTP drafter's row in
+        that drafter's batch (its rows draft together); composed (--with-ngram), the model
+        drafter's row beside the row's own n-gram lookup, its rows' chains drafted together
+        (ComposedGroup). Or plain decoding and the reason."""
         if not request.spec.enabled:
             return None, None
-        alone = ("composed drafting runs in a lone run only: in the batch this request drafts with "
-                 f"{request.spec.method} alone") if request.spec.compose_ngram else None
+        spec = request.spec
         try:
-            if request.spec.method == "mtp":  # one MTP drafter drafts for all its rows at once
+            if spec.method not in ("mtp", "draft"):
+                return self.chat.make_proposer(request), None
+            path = spec.draft_model or self.chat.draft_path
+            if spec.method == "mtp":  # one MTP drafter drafts for all its rows at once
                 from engines.mlx_chat.mtp import make_mtp_proposer
 
                 lone = make_mtp_proposer(self.chat, request)  # loads and checks the drafter
-                path = request.spec.draft_model or self.chat.draft_path
                 if path not in self.mtps:
                     self.mtps[path] = BatchMTP.of(lone)
-                return self.mtps[path].row(), alone
-            if request.spec.method == "draft":  # one draft model drafts for all its rows at once
-                path = request.spec.draft_model or self.chat.draft_path
+                row, group = self.mtps[path].row(), self.mtps[path]
+            else:  # one draft model drafts for all its rows at once
                 if not path:
                     raise EngineError("spec method 'draft' needs a draft model (--draft-model PATH)")
                 if path not in self.drafters:
                     self.drafters[path] = BatchDrafter(self.chat.draft_model(path).model)
-                return self.drafters[path].row(), alone
-            return self.chat.make_proposer(request), None
+                row, group = self.drafters[path].row(), self.drafters[path]
+            if not spec.compose_ngram:
+                return row, None
+            # each drafter's composed rows: one group (their chains together), one cost book (a
+            # batch step's time is the batch's, not a lone run's: kept apart from the chat engine's)
+            composed, costs = self.composed.setdefault((spec.method, path), (ComposedGroup(group), DraftingCosts()))
+            return ComposedProposer(row, NGramProposer(spec.ngram_min, spec.ngram_max), costs,
+                                    extend=extend_draft, group=composed), None
         except EngineError as e:
             return None, f"speculation unavailable: {e}"
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable
 
 import mlx.core as mx
@@ -199,6 +199,11 @@ class RankZeroEngine(BatchEngine):
     def _proposer(self, request):
         if request.spec.enabled and request.spec.method == "mtp" and self.stage is None:
             return None, NO_MTP
+        if request.spec.enabled and request.spec.compose_ngram and request.spec.method in ("draft", "mtp"):
+            # the followers mirror the draft model's own rows only (MirroredDrafter.announce)
+            proposer, note = super()._proposer(replace(request, spec=replace(request.spec, compose_ngram=False)))
+            return proposer, note or (f"composed drafting is not available across ranks: this request drafts with "
+                                      f"{request.spec.method} alone")
         return super()._proposer(request)
 
     def _draft_together(self, group, asks: list) -> dict:

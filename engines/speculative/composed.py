@@ -90,7 +90,7 @@ from __future__ import annotations
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from engines.speculative.costs import LoadScaledCosts, StepCosts
 from engines.speculative.ngram import NGramProposer
@@ -351,8 +351,10 @@ def extend_list(draft: Draft, tail: list[int]) -> Draft:
 
 class ComposedProposer:
     def __init__(self, model, ngram: NGramProposer, costs: DraftingCosts | None = None,
-                 max_drafts: int = MAX_STEPS, extend: Callable[[Draft, list[int]], Draft] = extend_list):
+                 max_drafts: int = MAX_STEPS, extend: Callable[[Draft, list[int]], Draft] = extend_list,
+                 group: "ComposedGroup | None" = None):
         self.model = model  # the model drafter: chat's MTP or draft model, GLM-OCR's MTP layer
+        self.group = group  # in a batch whose model drafter drafts for many rows at once: the rows' ComposedGroup
         self.ngram = ngram
         self.name = f"{model.name}+ngram"
         self.extend = extend  # the chain with a tail after it, in the model drafter's arrays
@@ -379,6 +381,13 @@ class ComposedProposer:
         self._price()  # what earlier requests measured, from the first round
 
     def propose(self, ctx: Context, k: int) -> Draft:
+        plan = self.plan(ctx, k)
+        return self.chained(ctx, self.model.propose(ctx, plan)) if isinstance(plan, int) else plan
+
+    def plan(self, ctx: Context, k: int) -> Draft | int:
+        """This round's form: its Draft when no chain is drafted (the n-gram continuation, or
+        none), else how long a chain the model drafter is to draft -- `chained` finishes the
+        round with it (in a batch, the ComposedGroup asks the model's rows together between)."""
         found = self.ngram.index.propose(self.chooser.max_drafts)
         m, chain = self.chooser.plan(len(found), k)
         if MEASURED and found and not chain and self.costs.whole_continuation_due(m, len(found)):
@@ -399,17 +408,23 @@ class ComposedProposer:
             # a stale state -- all rejected)
             self.model.pending = None
         if chain:
-            draft = self.model.propose(ctx, chain)
-            chain = draft.size
-            draft = self._with_tail(draft)
-            draft.source = self.chooser.source(chain, draft.size)
-            drafted = None  # read from the draft at commit, once evaluated
-        elif m:  # the n-gram continuation
+            self.last = (chain, EMPTY, len(ctx.tokens), [] if m else found, None)  # (chained completes it)
+            return chain
+        if m:  # the n-gram continuation
             drafted = found[:m]
             draft = Draft(drafted, source=self.chooser.source(0, m))
         else:  # no drafts: a plain round (no array made: on a tiny model that is a share of it)
             drafted, draft = [], EMPTY
-        self.last = (chain, draft, len(ctx.tokens), [] if m else found, drafted)
+        self.last = (0, draft, len(ctx.tokens), [] if m else found, drafted)
+        return draft
+
+    def chained(self, ctx: Context, draft: Draft) -> Draft:
+        """The round's Draft from the model's chain: the n-gram tail after it if it pays."""
+        chain = draft.size
+        draft = self._with_tail(draft)
+        draft.source = self.chooser.source(chain, draft.size)
+        _, _, before, undrafted, _ = self.last
+        self.last = (chain, draft, before, undrafted, None)  # drafts read from the draft at commit, once evaluated
         return draft
 
     def _with_tail(self, draft: Draft) -> Draft:
@@ -451,6 +466,11 @@ class ComposedProposer:
         if MEASURED and chain_token_s is not None:
             self.chooser.measured(self.costs.verify_costs(), chain_token_s)
 
+    def leave(self) -> None:
+        leave = getattr(self.model, "leave", None)
+        if leave is not None:
+            leave()
+
     def commit(self, ctx: Context) -> None:
         if self.last is not None:
             chain, draft, before, undrafted, drafted = self.last
@@ -465,3 +485,33 @@ class ComposedProposer:
             self.last = None
         self.model.commit(ctx)
         self.ngram.commit(ctx)
+
+
+@dataclass
+class ModelAsk:
+    """A composed row as its model drafter's group sees it: the model's own row (the group's
+    proposer) and the sequence's context."""
+
+    proposer: Any
+    ctx: Context
+
+
+class ComposedGroup:
+    """The composed rows of a batch whose model drafter drafts for many rows at once (a
+    DraftGroup, engines/speculative/proposer.py): each row plans its round alone (n-gram, a
+    chain, or nothing), the rows that chain ask the model's group together, and each finishes
+    its draft (the n-gram tail after its chain)."""
+
+    def __init__(self, model_group):
+        self.model_group = model_group
+
+    def propose_rows(self, target_cache, asks: list) -> list[Draft]:
+        plans = [seq.proposer.plan(seq.ctx, k) for _, seq, k, _ in asks]
+        chains = [i for i, plan in enumerate(plans) if isinstance(plan, int)]
+        if chains:
+            chain_asks = [(asks[i][0], ModelAsk(asks[i][1].proposer.model, asks[i][1].ctx), plans[i], asks[i][3])
+                          for i in chains]
+            for i, draft in zip(chains, self.model_group.propose_rows(target_cache, chain_asks)):
+                seq = asks[i][1]
+                plans[i] = seq.proposer.chained(seq.ctx, draft)
+        return plans
