@@ -227,10 +227,8 @@ class DocumentRun(QObject):
         if states is None or self.batch is None:
             return
         counts = {s: list(states.states.values()).count(s) for s in ("reading", "waiting", "done")}
-        rate = self.batch.last_tok_s()
-        speed = f" \u00b7 {rate:.1f} tok/s aggregate" if rate else ""
-        self.batch.set_progress(f"{counts['reading']} reading \u00b7 {counts['waiting']} waiting \u00b7 "
-                                f"{counts['done']} of {len(states.regions)} done{speed}")
+        waiting = f" \u00b7 {counts['waiting']} waiting" if counts["waiting"] else ""
+        self.batch.set_progress(f"{counts['reading']} reading{waiting} \u00b7 {counts['done']}/{len(states.regions)} done")
 
     # --- the page's end ---------------------------------------------------------------------------
     def _on_finished(self, page: LayoutPage) -> None:
@@ -326,7 +324,10 @@ class DocumentRun(QObject):
                           for r in states.regions if states.states.get(r.index) in ("done", "stopped")])
         markdown = "\n\n".join(md for md in markdown_pages(pages) if md)
         n = len(self.window.ocr.layout_pages)
-        self.markdown.show_markdown(markdown, f"{n} page{'s' * (n != 1)} read" + (" \u00b7 reading" if reading else ""))
+        status = [f"{n} page{'s' * (n != 1)}"] if n else []
+        if reading:
+            status.append(f"reading {self.window.document.pages[self.index].label}")
+        self.markdown.show_markdown(markdown, " \u00b7 ".join(status))
         self.markdown.show()
         self.markdown_changed.emit(markdown)
 

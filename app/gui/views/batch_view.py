@@ -8,14 +8,14 @@ from __future__ import annotations
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QSize
-from PySide6.QtGui import QColor
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QVBoxLayout, QWidget
 
+from app.gui.views.elided_label import ElidedLabel
 from app.gui.views.layout_boxes import STATE_COLOURS
 from app.gui.views.telemetry import BLUE, GREY, legend_headroom, make_plot
 
 SMOOTH_STEPS = 8  # steps in the moving average of the aggregate speed
-HEIGHT = 150
+HEIGHT = 140
 
 
 def state_legend() -> QWidget:
@@ -23,7 +23,7 @@ def state_legend() -> QWidget:
     legend = QWidget()
     row = QHBoxLayout(legend)
     row.setContentsMargins(0, 0, 0, 0)
-    row.setSpacing(8)
+    row.setSpacing(6)
     for state in ("waiting", "reading", "done", "skipped"):
         row.addWidget(QLabel(f"<span style='color:{STATE_COLOURS[state]}'>\u25a0</span> {state}", objectName="muted"))
     return legend
@@ -37,17 +37,21 @@ class BatchView(QWidget):
         self.tokens: list[int] = []
         self.rows: list[int] = []
         self.title = QLabel("Batch", objectName="paneTitle")
-        self.figures = QLabel(objectName="muted")
+        self.figures = ElidedLabel(objectName="muted")
         self.plot = make_plot("", "time since the page's regions began (s)", "tokens / s")
         self.plot.setTitle(None)
+        self.plot.setMinimumSize(160, 70)  # (the speculation strip's plots are taller)
+        for side in ("bottom", "left"):  # the legend names the lines; the tooltip says the units
+            self.plot.getAxis(side).showLabel(False)
         self.rows_box, self.rows_curve = self._rows_axis()
         self.speed = self.plot.plot(pen=pg.mkPen(BLUE, width=2), name="aggregate tok/s")
-        self.plot.setToolTip("aggregate tok/s: every row's tokens of a step over the step's time (moving average "
-                             f"of {SMOOTH_STEPS} steps); rows (right axis): how many regions each step read")
+        self.plot.setToolTip("aggregate tok/s (left axis): every row's tokens of a step over the step's time (moving "
+                             f"average of {SMOOTH_STEPS} steps); rows (right axis): how many regions each step read; "
+                             "x: seconds since the page's regions began to be read")
         header = QHBoxLayout()
         header.setContentsMargins(12, 6, 8, 0)
         header.addWidget(self.title)
-        header.addSpacing(8)
+        header.addSpacing(6)
         header.addWidget(self.figures, 1)
         header.addWidget(state_legend())
         col = QVBoxLayout(self)
@@ -65,14 +69,12 @@ class BatchView(QWidget):
         item.scene().addItem(box)
         axis = item.getAxis("right")
         axis.linkToView(box)
-        axis.setLabel("rows")
         axis.setTickFont(item.getAxis("left").style["tickFont"])
         axis.setTextPen(pg.mkPen("#6e6e73"))
         axis.setPen(pg.mkPen("#d2d2d7"))
         box.setXLink(item)
         item.vb.sigResized.connect(lambda: box.setGeometry(item.vb.sceneBoundingRect()))
-        curve = pg.PlotDataItem(pen=pg.mkPen(GREY, width=1.5), stepMode="right", fillLevel=0,
-                                brush=pg.mkBrush(QColor(142, 142, 147, 50)))
+        curve = pg.PlotDataItem(pen=pg.mkPen(GREY, width=2), stepMode="right")
         box.addItem(curve)
         item.legend.addItem(curve, "rows")
         return box, curve

@@ -21,7 +21,7 @@ from app.records.bursts import Burst
 
 STATES = ("waiting", "reading", "done", "skipped", "stopped")
 STATE_COLOURS = {"waiting": "#8e8e93", "reading": "#0a84ff", "done": "#1f9d55", "skipped": "#aeaeb2",
-                 "stopped": "#ff9f0a"}
+                 "stopped": "#ff453a"}
 STATE_TIPS = {"waiting": "waiting for a row of the batch", "reading": "being read", "done": "read",
               "skipped": "not read (a figure: kept as an image reference; or empty at the page's pixels)",
               "stopped": "stopped by you"}
@@ -150,7 +150,7 @@ class LayoutOverlay(QObject):
         region, state = s.region(index), s.states.get(index, "waiting")
         colour = QColor(STATE_COLOURS[state])
         selected = s.selected == index
-        pen = QPen(SELECTED if selected else colour, 3 if selected else 1.5)
+        pen = QPen(SELECTED if selected else colour, 2.5 if selected else 1.5)
         pen.setCosmetic(True)
         pen.setStyle({"waiting": Qt.PenStyle.DashLine, "skipped": Qt.PenStyle.DotLine}.get(state, Qt.PenStyle.SolidLine))
         box.setPen(pen)
@@ -160,7 +160,7 @@ class LayoutOverlay(QObject):
         box.setZValue(2 + self._smallness(region))  # a box inside another stays clickable
         tokens = s.tokens.get(index)
         detail = f" \u00b7 {tokens} tok" if tokens else ""
-        box.tag.fill = QColor(SELECTED if selected else colour)
+        box.tag.fill = colour
         box.tag.setHtml(f"<span style='color:white'><b>{index + 1}</b>&nbsp; {html.escape(region.label)}"
                         f"<span style='color:rgba(255,255,255,0.82)'>{detail}</span></span>")
         box.tag.setZValue(6 if selected else 4 + self._smallness(region))
