@@ -7,8 +7,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from app.cli.common import (Parser, UsageError, add_spec_arguments, advanced, check_images, checked, load_chat_engine,
-                            load_prompts, pick_drafter, resolve_models, sampling, save_bench, spec_config)
+from app.cli.common import (Parser, UsageError, add_ocr_compute_arguments, add_spec_arguments, advanced, check_images,
+                            checked, load_chat_engine, load_prompts, ocr_load_options, pick_drafter, resolve_models,
+                            sampling, save_bench, spec_config)
 from app.cli.bench_concurrency import add_serve_parser, cmd_bench_chat_concurrency, cmd_bench_serve
 from app.cli.connect import add_server_arguments, connect
 from engines.types import Request
@@ -38,6 +39,7 @@ def bench_parser() -> Parser:
                      help="default: coreml for a converted directory on macOS, else torch")
     ocr.add_argument("--task", choices=["text", "table", "formula"], default="text", help="what to read (default text)")
     add_spec_arguments(ocr, ["mtp"], "mtp")
+    add_ocr_compute_arguments(advanced(ocr))
     add_serve_parser(sub)
     for q in (chat, ocr):
         q.add_argument("--runs", type=int, default=3, metavar="N", help="runs of each case, alternating (default 3)")
@@ -77,7 +79,7 @@ def cmd_bench(argv: list[str]) -> int:
                                                   spec=spec, sampling=sampling(args)))) for img in args.images]
         check_images(args.images)
         resolve_models(args, spec, "ocr")
-        engine = load_engine("ocr", args.model, runtime=args.runtime)
+        engine = load_engine("ocr", args.model, **ocr_load_options(args))
     cases = cases[: args.limit] if args.limit else cases
     results = []
     print(f"{'case':<22} {'plain tok/s':>11} {'spec tok/s':>10} {'speedup':>8} {'tau':>5} {'accept':>7} {'same':>5}", file=sys.stderr)

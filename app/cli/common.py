@@ -237,6 +237,36 @@ def load_chat_engine(model: str | None, draft_model: str | None):
     return load_engine("chat", model, draft_model=draft_model)
 
 
+# engines.glm_ocr.runtime_fast.DTYPES, spelled here: importing it would load torch to parse flags
+OCR_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def thread_count(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"a whole number of threads, at least 1; got {text!r}")
+    return int(text)
+
+
+def add_ocr_compute_arguments(group, prefix: str = "") -> None:
+    """How GLM-OCR's torch runtime computes: --dtype and --threads (`serve`: --ocr-dtype,
+    --ocr-threads). The Core ML runtimes have neither."""
+    group.add_argument(f"--{prefix}dtype", choices=OCR_DTYPES, default=None,
+                       help="the torch runtime's compute dtype (default float32; bfloat16 holds the weights in a "
+                            "third of the memory and decodes faster, but its speculative output may differ from "
+                            "its plain output)")
+    group.add_argument(f"--{prefix}threads", type=thread_count, default=None, metavar="N",
+                       help="the torch runtime's threads for decode and the vision tower (default: one per core; "
+                            "1 is steadier on a machine busy with other work)")
+
+
+def ocr_load_options(args: argparse.Namespace, prefix: str = "") -> dict:
+    """load_engine("ocr", ...)'s options as the command line gave them (None: the engine's default)."""
+    def given(name: str):
+        return getattr(args, prefix.replace("-", "_") + name)
+
+    return {"runtime": given("runtime"), "dtype": given("dtype"), "threads": given("threads")}
+
+
 DEFAULT_CHAT_ID = "smollm2-135m-instruct"  # the catalog id of the embedded default (no --model)
 
 

@@ -6,9 +6,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from app.cli.common import (Parser, UsageError, add_output_arguments, add_spec_arguments, advanced, check_images,
-                            checked, exit_code, open_trace, resolve_models, run_and_report, runtime_label, sampling,
-                            spec_config, stats_line, write_stdout)
+from app.cli.common import (Parser, UsageError, add_ocr_compute_arguments, add_output_arguments, add_spec_arguments,
+                            advanced, check_images, checked, exit_code, ocr_load_options, open_trace, resolve_models,
+                            run_and_report, runtime_label, sampling, spec_config, stats_line, write_stdout)
 from app.cli.io import Interrupt
 from app.cli.connect import add_server_arguments, run_on_server
 from app.records.documents import EXPORT_FORMATS, PageResult, export_text, pages_of, parse_page_ranges, summarize
@@ -41,6 +41,7 @@ def ocr_parser() -> Parser:
     advanced(p).add_argument("--max-batch", type=int, default=8, metavar="N",
                              help="with layout: a page's regions read N at a time, in one batch (1: one after "
                                   "another; Core ML reads one at a time)")
+    add_ocr_compute_arguments(advanced(p))
     return p
 
 
@@ -78,7 +79,7 @@ def cmd_ocr(argv: list[str]) -> int:
     try:
         with leases(args.model, layout_path):
             layout = load_layout(layout_path)
-            engine = load_engine("ocr", args.model, runtime=args.runtime)
+            engine = load_engine("ocr", args.model, **ocr_load_options(args))
             if layout is not None:
                 return read_document(engine, layout, pages, requests, args, trace)
             results = read_pages(engine, pages, requests, args, trace)

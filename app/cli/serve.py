@@ -7,8 +7,8 @@ import os
 import sys
 from pathlib import Path
 
-from app.cli.common import (Parser, UsageError, add_spec_arguments, advanced, load_chat_engine, pick_drafter, resolve_models,
-                            spec_config)
+from app.cli.common import (Parser, UsageError, add_ocr_compute_arguments, add_spec_arguments, advanced, load_chat_engine,
+                            ocr_load_options, pick_drafter, resolve_models, spec_config)
 from app.serve.protocol import ServedModel
 from app.serve.server import DEFAULT_MAX_BATCH, ServeConfig, Served, build_app, serve_forever
 
@@ -31,6 +31,7 @@ def serve_parser(parser_class) -> argparse.ArgumentParser:
     more = advanced(p)
     more.add_argument("--ocr-runtime", choices=["torch", "coreml", "coreml-twin"], default=None,
                       help="GLM-OCR's runtime (default: coreml for a converted directory on macOS, else torch)")
+    add_ocr_compute_arguments(more, prefix="ocr-")
     more.add_argument("--no-chat", action="store_true", help="serve only the OCR model")
     more.add_argument("--insecure", action="store_true", help="allow a non-loopback --host without --api-key")
     more.add_argument("--queue-size", metavar="N", type=int, default=4, help="requests that may wait for a row of the batch (or behind the running one; default 4)")
@@ -101,7 +102,7 @@ def cmd_serve(argv: list[str]) -> int:
 
         ocr_args = argparse.Namespace(**vars(args) | {"spec": "mtp" if args.spec != "off" else "off"})
         spec = spec_config(ocr_args, builtin_drafter=True)
-        engine = load_engine("ocr", model_path(args.ocr_model, "ocr"), runtime=args.ocr_runtime)
+        engine = load_engine("ocr", model_path(args.ocr_model, "ocr"), **ocr_load_options(args, prefix="ocr-"))
         served.append(Served(ServedModel(Path(args.ocr_model).name, "ocr", spec), engine))
     app = build_app(config, served)
     print(f"specscope serve: {', '.join(s.model.id for s in served)} on http://{args.host}:{args.port}/v1",

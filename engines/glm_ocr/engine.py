@@ -237,6 +237,7 @@ class OcrEngine:
             "kind": "ocr", "path": self.model_path, "runtime": self.runtime.name,
             "compute_units": getattr(self.runtime, "compute_units", "cpu"),  # Core ML: all | cpu_and_ne | ...; torch: the CPU
             "dtype": getattr(self.runtime, "dtype_name", None),  # the fast runtime's compute dtype
+            "threads": getattr(self.runtime, "threads", None),  # the fast runtime's torch threads (None: torch's own)
             "layers": t.num_hidden_layers, "hidden": t.hidden_size, "vocab": t.vocab_size,
             "seq_len": self.runtime.seq_len, "cache_length": self.runtime.cache_length,
             "mtp": self.runtime.mtp_unavailable is None, "mtp_note": self.runtime.mtp_unavailable,

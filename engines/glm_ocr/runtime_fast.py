@@ -47,22 +47,17 @@ from engines.glm_ocr.config import GlmOcrConfig
 from engines.glm_ocr.weights import load_model, load_with_mtp, mtp_missing_reason
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-DTYPE_ENV = "SPECSCOPE_OCR_DTYPE"  # overrides the default choice (e.g. float32 for parity checks)
-# torch's intra-op threads for decode and the vision tower. Default: torch's own (one per core),
-# 1.6x (decode) and 1.9x (vision) faster than one thread on an idle 2-core machine; on a machine
-# kept busy by other work each op waits for its slower half, and one thread is the safer choice
-# (docs/benchmarks.md, issue 27's measurements).
-THREADS_ENV = "SPECSCOPE_OCR_THREADS"
-
-
-def default_dtype(model_dir: Path) -> str:
-    """The compute dtype when the caller chooses none: the environment's SPECSCOPE_OCR_DTYPE,
-    else float32. Why not bfloat16 by default, though it decodes 1.24x faster here and holds
-    the weights in 2.3 GB instead of 6.9 (docs/benchmarks.md): in bfloat16 a verify forward of
-    1 + k rows rounds differently from a one-row step, so at published shapes speculation
-    emitted other tokens than plain bfloat16 decoding -- it breaks the lossless promise (T=0
-    output equals plain greedy decoding). bfloat16 is there for who accepts that."""
-    return os.environ.get(DTYPE_ENV) or "float32"
+# The compute dtype when the caller chooses none (`specscope ocr --dtype`). Why not bfloat16,
+# though it decodes 1.24x faster here and holds the weights in 2.3 GB instead of 6.9
+# (docs/benchmarks.md): in bfloat16 a verify forward of 1 + k rows rounds differently from a
+# one-row step, so at published shapes speculation emits other tokens than plain bfloat16
+# decoding -- it breaks the lossless promise (T=0 output equals plain greedy decoding). bfloat16
+# is there for who accepts that.
+DEFAULT_DTYPE = "float32"
+# torch's intra-op threads for decode and the vision tower when the caller sets none
+# (`specscope ocr --threads`): torch's own (one per core), 1.6x (decode) and 1.9x (vision)
+# faster than one thread on an idle 2-core machine; on a machine kept busy by other work each op
+# waits for its slower half, and one thread is the safer choice (docs/benchmarks.md).
 
 
 def stored_dtype(model_dir: Path) -> str | None:
@@ -269,7 +264,7 @@ class FastRuntime:
     compute_units = "cpu"
 
     def __init__(self, model: nn.Module, config: GlmOcrConfig, mtp: MtpModule | None, mtp_reason: str | None,
-                 cache_length: int, dtype: torch.dtype, decode_threads: int | None, vision_threads: int | None):
+                 cache_length: int, dtype: torch.dtype, threads: int | None):
         self.model = model
         self.visual = model.model.visual
         self.visual.patch_embed.proj = PatchProduct(self.visual.patch_embed.proj)
@@ -287,25 +282,24 @@ class FastRuntime:
         self.cache_length = cache_length
         self.embeddings = EmbeddingRows(self.lm.embed_tokens.weight)
         self.mtp_unavailable = mtp_reason
-        self.decode_threads, self.vision_threads = decode_threads, vision_threads
+        self.threads = threads  # torch's intra-op threads for each stage; None: torch's own
         self.cache, self.mtp_cache = KVCache(), KVCache()
 
     @classmethod
     def load(cls, model_dir: str | os.PathLike, cache_length: int = 8192, dtype: str | None = None,
-             decode_threads: int | None = None, vision_threads: int | None = None, **_twin_options) -> "FastRuntime":
-        """`dtype`: float32 | bfloat16 | float16 (default: default_dtype). `seq_len`, a Core ML
-        twin option, is accepted and ignored: this runtime has no fixed window."""
+             threads: int | None = None, **_twin_options) -> "FastRuntime":
+        """`dtype`: float32 | bfloat16 | float16 (default: DEFAULT_DTYPE). `threads`: torch's
+        intra-op threads for decode and the vision tower, the process's own count restored after
+        each (default: torch's own). `seq_len`, a Core ML twin option, is accepted and ignored:
+        this runtime has no fixed window."""
         model_dir = Path(model_dir)
         if not any(model_dir.glob("*.safetensors")):
             raise EngineError(f"the torch runtime needs a Hugging Face GLM-OCR checkpoint; {model_dir} has no safetensors")
-        dtype = dtype or default_dtype(model_dir)
+        dtype = dtype or DEFAULT_DTYPE
         if dtype not in DTYPES:
             raise EngineError(f"unknown dtype {dtype!r} (expected {', '.join(DTYPES)})")
-        if os.environ.get(THREADS_ENV):
-            threads = os.environ[THREADS_ENV]
-            if not threads.isdigit() or int(threads) < 1:
-                raise EngineError(f"{THREADS_ENV} must be a whole number of threads, at least 1; got {threads!r}")
-            decode_threads, vision_threads = decode_threads or int(threads), vision_threads or int(threads)
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+            raise EngineError(f"threads must be a whole number, at least 1; got {threads!r}")
         config = GlmOcrConfig.load(model_dir)
         model, reference = load_with_mtp(model_dir, config, lambda: load_model(model_dir, DTYPES[dtype]))
         mtp = None
@@ -313,14 +307,14 @@ class FastRuntime:
             mtp = MtpModule(reference).to(DTYPES[dtype]).eval()
             mtp.requires_grad_(False)
         return cls(model, config, mtp, mtp_missing_reason(model_dir, config, mtp is not None), cache_length,
-                   DTYPES[dtype], decode_threads, vision_threads)
+                   DTYPES[dtype], threads)
 
     # -- the Runtime interface ------------------------------------------------------------------
 
     @torch.no_grad()
     def encode_image(self, pixel_values, grid_thw):
         grid = torch.tensor([[int(x) for x in grid_thw]])
-        with intra_op_threads(self.vision_threads):
+        with intra_op_threads(self.threads):
             out = self.visual(torch.from_numpy(np.asarray(pixel_values, dtype=np.float32)).to(self.dtype), grid_thw=grid)
         return out.pooler_output.float().numpy()
 
@@ -342,7 +336,7 @@ class FastRuntime:
         x = self._rows(embeds)
         rope, mask = self._rope(cos, sin), self._mask(cache_position, n)
         cache.position = cache_position  # the rollback: rows from here on are rewritten
-        with intra_op_threads(self.decode_threads):
+        with intra_op_threads(self.threads):
             for layer in self.lm.layers:
                 x = layer(x, position_embeddings=rope, attention_mask=mask, cache=cache)
             return self.lm.norm(x)[0].float().numpy()
@@ -364,14 +358,14 @@ class FastRuntime:
         assert embeds.shape[0] == kv.rows and max(kv.lengths) + embeds.shape[1] <= self.cache_length
         x = torch.from_numpy(np.ascontiguousarray(embeds, dtype=np.float32)).to(self.dtype)
         rope, mask = self._rope(cos, sin), kv.begin(embeds.shape[1])
-        with intra_op_threads(self.decode_threads):
+        with intra_op_threads(self.threads):
             for layer in self.lm.layers:
                 x = layer(x, position_embeddings=rope, attention_mask=mask, cache=kv)
             return self.lm.norm(x).float().numpy()
 
     @torch.no_grad()
     def logits(self, hidden):
-        with intra_op_threads(self.decode_threads):
+        with intra_op_threads(self.threads):
             return self.lm_head(self._rows(hidden))[0].float().numpy()
 
     @torch.no_grad()
@@ -383,7 +377,7 @@ class FastRuntime:
         assert cache_position + n <= self.cache_length
         cache = self.mtp_cache if cache is None else cache
         cache.position = cache_position
-        with intra_op_threads(self.decode_threads):
+        with intra_op_threads(self.threads):
             raw, head = self.mtp_module(self._rows(previous_hidden), self._rows(embeds), cache_position,
                                         self._rope(cos, sin), self._mask(cache_position, n), cache)
         return raw[0].float().numpy(), head[0].float().numpy()

@@ -55,6 +55,27 @@ def test_bench_ocr_writes_json_and_csv(model_and_image, tmp_path, capsys):
     assert next(tmp_path.glob("bench-*.csv")).read_text().startswith("name,plain_tok_s")
 
 
+def test_dtype_and_threads_reach_the_torch_runtime(model_and_image, tmp_path, capsys):
+    from app.cli.main import main
+
+    model, image = model_and_image
+    rc = main(["bench", "ocr", str(image), "--model", str(model), "--runtime", "torch", "--dtype", "bfloat16",
+               "--threads", "1", "--max-tokens", "4", "--runs", "1", "--warmup", "0", "--out", str(tmp_path)])
+    assert rc == 0, capsys.readouterr().err
+    doc = json.loads(next(tmp_path.glob("bench-*.json")).read_text())
+    assert (doc["model"]["dtype"], doc["model"]["threads"]) == ("bfloat16", 1)
+
+
+def test_serve_spells_them_for_its_ocr_engine():
+    from app.cli.common import Parser, ocr_load_options
+    from app.cli.serve import serve_parser
+
+    args = serve_parser(Parser).parse_args(["--ocr-runtime", "torch", "--ocr-dtype", "bfloat16", "--ocr-threads", "2"])
+    assert ocr_load_options(args, prefix="ocr-") == {"runtime": "torch", "dtype": "bfloat16", "threads": 2}
+    assert ocr_load_options(serve_parser(Parser).parse_args([]), prefix="ocr-") == \
+        {"runtime": None, "dtype": None, "threads": None}  # the engine's defaults
+
+
 def test_two_page_pdf_gives_two_page_entries(model_and_image, tmp_path, capsys, monkeypatch):
     from app.cli.main import main
     from tests.pdfs import pdf_of_images

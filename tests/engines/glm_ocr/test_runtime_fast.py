@@ -26,7 +26,7 @@ from PIL import Image
 from engines.types import Request, SpecConfig
 from engines.glm_ocr.engine import OcrEngine
 from engines.glm_ocr.positions import text_positions, text_rope
-from engines.glm_ocr.runtime_fast import DTYPE_ENV, THREADS_ENV, FastRuntime, default_dtype, stored_dtype
+from engines.glm_ocr.runtime_fast import DEFAULT_DTYPE, FastRuntime, stored_dtype
 from engines.types import EngineError
 from engines.glm_ocr.weights import load_reference, read_mtp_tensors
 from tests.engines.glm_ocr.checkpoints import hf_greedy, reference_prompt
@@ -209,7 +209,7 @@ def native_bfloat16_cpu() -> bool:
     """Whether this x86 CPU has bfloat16 dot-product instructions (AVX512-BF16, AMX), which
     PyTorch's CPU kernels use: there a verify of 1 + k rows rounds differently from a one-row
     step even on the tiny model (measured on an AMD EPYC with avx512_bf16, 2026-11-26: tokens
-    differ from plain bfloat16 decoding; runtime_fast.default_dtype says why bfloat16 is not the
+    differ from plain bfloat16 decoding; runtime_fast.DEFAULT_DTYPE says why bfloat16 is not the
     default, and the float32 tests hold the lossless promise)."""
     try:
         flags = next((line for line in open("/proc/cpuinfo") if line.startswith("flags")), "").split()
@@ -218,30 +218,30 @@ def native_bfloat16_cpu() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-def test_the_default_dtype_is_float32_and_the_environment_overrides_it(tmp_path, monkeypatch, trained_glm_ocr):
+def test_the_default_dtype_is_float32_and_the_load_option_chooses_another(tmp_path, trained_glm_ocr):
     """float32 by default, even for a checkpoint stored in bfloat16 (as GLM-OCR is published):
-    bfloat16 speculation is not bit-exact (runtime_fast.default_dtype says why);
-    SPECSCOPE_OCR_DTYPE chooses another."""
+    bfloat16 speculation is not bit-exact (runtime_fast.DEFAULT_DTYPE says why); `dtype`
+    (`specscope ocr --dtype`) chooses another."""
     from tests.engines.glm_ocr.checkpoints import make_published_glm_ocr
 
-    monkeypatch.delenv(DTYPE_ENV, raising=False)
     published = make_published_glm_ocr(tmp_path / "published")
     assert stored_dtype(published) == "bfloat16" and stored_dtype(trained_glm_ocr[0]) == "float32"
-    assert default_dtype(published) == "float32" and default_dtype(trained_glm_ocr[0]) == "float32"
-    monkeypatch.setenv(DTYPE_ENV, "bfloat16")
-    assert default_dtype(published) == "bfloat16"
+    assert DEFAULT_DTYPE == "float32"
+    assert FastRuntime.load(published, cache_length=64).dtype_name == "float32"
+    assert FastRuntime.load(published, cache_length=64, dtype="bfloat16").dtype_name == "bfloat16"
+    with pytest.raises(EngineError, match="unknown dtype"):
+        FastRuntime.load(published, dtype="int8")
 
 
 
-def test_the_thread_count_comes_from_the_environment_and_applies_to_each_stage(monkeypatch, trained_glm_ocr):
-    """SPECSCOPE_OCR_THREADS sets torch's intra-op threads for decode and the vision tower (for a
-    busy machine, where one thread is safer); the process's own count is restored after each."""
+def test_the_thread_count_is_a_load_option_and_applies_to_each_stage(trained_glm_ocr):
+    """`threads` (`specscope ocr --threads`) sets torch's intra-op threads for decode and the
+    vision tower (for a busy machine, where one thread is safer); the process's own count is
+    restored after each."""
     model_dir, images = trained_glm_ocr
-    monkeypatch.setenv(THREADS_ENV, "0")
-    with pytest.raises(EngineError, match=THREADS_ENV):
-        OcrEngine.load(model_dir, runtime="torch")
-    monkeypatch.setenv(THREADS_ENV, "3")
-    engine = OcrEngine.load(model_dir, runtime="torch")
+    with pytest.raises(EngineError, match="threads"):
+        OcrEngine.load(model_dir, runtime="torch", threads=0)
+    engine = OcrEngine.load(model_dir, runtime="torch", threads=3)
     seen = {"vision": [], "decode": []}
     hooks = [engine.runtime.visual.blocks[0].register_forward_pre_hook(lambda *_: seen["vision"].append(torch.get_num_threads())),
              engine.runtime.lm.layers[0].register_forward_pre_hook(lambda *_: seen["decode"].append(torch.get_num_threads()))]
