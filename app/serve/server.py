@@ -34,6 +34,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from app.serve.guard import RequestGuard, normalized_origins
+from app.serve.memory import check_memory, physical_memory
 from app.serve.metrics import CONTENT_TYPE_LATEST, ServeMetrics
 from app.serve.protocol import (ApiError, ParsedRequest, ServedModel, chunk, completion, completion_id, finish_reason,
                                 parse_chat_request, reply_chunks, reply_completion, round_record, timings, usage)
@@ -176,16 +177,16 @@ def batch_queue(served: Served, config: ServeConfig, metrics: ServeMetrics):
         from app.serve.batching import BatchQueue
         from engines.glm_ocr.batch import OcrBatch
 
-        # (no memory check yet: a row's K/V grows with its page; the chat batch's check_memory
-        # reads an MLX model)
-        return BatchQueue(OcrBatch(served.engine, max_batch=config.max_batch), config.queue_size, metrics,
-                          check_prompt)
+        batch = OcrBatch(served.engine, max_batch=config.max_batch)
+        check_memory(batch.kv_bytes_per_token(), batch.max_batch, served.engine.runtime.cache_length,
+                     batch.weights_bytes(), config.memory_bytes or physical_memory())
+        return BatchQueue(batch, config.queue_size, metrics, check_prompt)
     if config.max_batch < 2 or served.model.kind != "chat" or not isinstance(served.engine, ChatEngine):
         return None
     from mlx.utils import tree_flatten
 
     from app.serve.batching import BatchQueue
-    from engines.batch.cache import UnbatchableModel, check_memory, physical_memory
+    from engines.batch.cache import UnbatchableModel, kv_bytes_per_token
     from engines.batch.controller import DraftBudget
     from engines.batch.engine import BatchEngine
     from engines.batch.prompt_cache import PromptCache
@@ -198,7 +199,8 @@ def batch_queue(served: Served, config: ServeConfig, metrics: ServeMetrics):
         return None
     weights = sum(v.nbytes for _, v in tree_flatten(served.engine.model.parameters()))
     kept = config.prompt_cache_mb * 2**20
-    check_memory(served.engine.model, config.max_batch, served.engine.context_length or 4096, weights + kept,
+    check_memory(kv_bytes_per_token(served.engine.model), config.max_batch, served.engine.context_length or 4096,
+                 weights + kept,
                  config.memory_bytes or physical_memory())
     if kept:
         engine.prompt_cache = PromptCache(engine.prefill_chunk, kept)

@@ -305,24 +305,6 @@ def kv_bytes_per_token(model: Any) -> int:
     return sum(c.keys[..., :1, :].nbytes + c.values[..., :1, :].nbytes for c in cache.layers if c.keys is not None)
 
 
-def check_memory(model: Any, max_batch: int, context: int, weights_bytes: int, total_bytes: int) -> None:
-    """Refuse a batch whose KV caches at full context cannot fit beside the weights in this
-    machine's memory (three quarters of it: the OS and the server need the rest)."""
-    need = max_batch * context * kv_bytes_per_token(model)
-    room = 0.75 * total_bytes - weights_bytes
-    if need > room:
-        gb = lambda n: f"{n / 2**30:.1f} GB"  # noqa: E731
-        raise EngineError(f"--max-batch {max_batch} x {context} tokens of context needs {gb(need)} of KV cache, "
-                          f"but this machine ({gb(total_bytes)}, {gb(weights_bytes)} of it the weights and the prompt cache) has room for "
-                          f"{gb(max(room, 0))}: lower --max-batch")
-
-
-def physical_memory() -> int:
-    import os
-
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
 def check_batchable(model: Any) -> None:
     """Raises UnbatchableModel, naming the cache, for a model the batch cannot hold."""
     for c in make_prompt_cache(model):

@@ -120,3 +120,31 @@ def test_concurrent_pages_are_read_in_one_batch_each_as_alone(ocr):
         got = list(pool.map(read, asks))
     assert got == local
     assert multi_row_steps() > before
+
+
+def test_an_ocr_batch_that_cannot_fit_in_memory_is_refused_at_start_in_one_line(ocr):
+    """A row's K/V per token is counted from the config (every decoder layer and the row's own
+    MTP cache, in the compute dtype) -- equal to what a row of the batch really holds per token --
+    and a batch whose rows at full context cannot sit beside the weights is refused at start."""
+    from engines.glm_ocr.batch import OcrBatch
+    from engines.types import EngineError
+
+    engine, image, _ = ocr
+    batch = OcrBatch(engine, max_batch=2)
+    seq = batch.submit(Request(kind="ocr", image=str(image), max_tokens=4, spec=SpecConfig(method="mtp", steps=2)))
+    batch.step()
+    batch.step()  # the row in the batch, its MTP cache written
+    kv = batch.target.kv
+    held = sum(kv.keys[i][0, :, :1].nbytes + kv.values[i][0, :, :1].nbytes for i in kv.keys)
+    mtp = seq.proposer.cache  # the row's own MTP cache (runtime_fast.KVCache): one layer
+    held += sum(t[0, :, :1].nbytes for kind in (mtp.keys, mtp.values) for t in kind.values())
+    assert batch.kv_bytes_per_token() == held
+    batch.clear()
+
+    served = [Served(ServedModel("glm-ocr", "ocr", SpecConfig(method="mtp", steps=2)), engine)]
+    weights = OcrBatch(engine).weights_bytes()
+    room = weights + 8 * engine.runtime.cache_length * held  # 8 rows at full context and the weights
+    with pytest.raises(EngineError) as refused:
+        build_app(ServeConfig(max_batch=8, memory_bytes=int(room / 0.75) - 1), served)
+    assert "--max-batch 8" in str(refused.value) and "\n" not in str(refused.value)
+    build_app(ServeConfig(max_batch=8, memory_bytes=int(room / 0.75) + 1), served)  # it fits
