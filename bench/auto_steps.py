@@ -32,11 +32,26 @@ from engines.cpu.preload import preload_cpu_libraries  # noqa: E402
 preload_cpu_libraries()  # the process environment `specscope` runs in (engines/cpu: MLX on OpenBLAS)
 
 
+# Short, highly repetitive requests (about 100 tokens each): what a user asks when a reply copies
+# most of its prompt -- a list, a table, a sentence said again.
+SHORT_REPETITIVE = [
+    "Copy this list exactly: apples, bread, butter, cheese, eggs, flour, honey, jam, milk, oats, pasta, "
+    "rice, salt, sugar, tea, yoghurt, apples, bread, butter, cheese.",
+    "Repeat this table exactly:\n| name | age | city |\n|---|---|---|\n| Ann | 31 | Oslo |\n"
+    "| Ben | 42 | Rome |\n| Cat | 27 | Lima |\n| Dan | 35 | Kyiv |",
+    "Write the sentence 'The quick brown fox jumps over the lazy dog.' five times, one per line.",
+    "Repeat after me, word for word: To be, or not to be, that is the question: whether 'tis nobler "
+    "in the mind to suffer the slings and arrows of outrageous fortune.",
+]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--open", type=int, default=4, help="open chat prompts used (the first N)")
+    ap.add_argument("--sets", default="copy-heavy,open chat,short repetitive",
+                    help="which prompt sets to run (comma-separated)")
     ap.add_argument("--confirm", type=int, default=0,
                     help="passes that run the sweep's best k again beside auto, plain and the default")
     args = ap.parse_args()
@@ -50,13 +65,16 @@ def main() -> None:
     from engines.types import SpecConfig
 
     load = lambda name: [p["prompt"] for p in json.loads(resources.path("prompts", name).read_text())["prompts"]]  # noqa: E731
-    sets = {"copy-heavy": load("copy_heavy.json"), "open chat": load("open_chat.json")[: args.open]}
+    sets = {"copy-heavy": load("copy_heavy.json"), "open chat": load("open_chat.json")[: args.open],
+            "short repetitive": SHORT_REPETITIVE}
+    sets = {name: sets[name] for name in args.sets.split(",")}
     engine = ChatEngine.load(str(default_chat_model()))
     folder = Path(tempfile.mkdtemp(prefix="specscope-profiles-"))
     t0 = time.perf_counter()
-    context = engine.tokenizer.encode(" ".join(sets["copy-heavy"]))[:256]
+    copy_heavy = load("copy_heavy.json")  # the profile is tuned on it, whichever sets run
+    context = engine.tokenizer.encode(" ".join(copy_heavy))[:256]
     latency = forward_latency(engine.model, context)
-    cal = calibrate(engine, sets["copy-heavy"], SpecConfig("ngram", 5), args.max_tokens)
+    cal = calibrate(engine, copy_heavy, SpecConfig("ngram", 5), args.max_tokens)
     profile = Profile(machine_id(), engine.model_path, "ngram", "", latency, cal.draft_s, cal.acceptance, len(context),
                       replayed=cal.replayed.record())
     profile.save(profile_file(folder, engine.model_path, "ngram"))
