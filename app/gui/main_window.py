@@ -35,6 +35,7 @@ from app import APP_NAME
 from app.records.bursts import Burst
 from app.records.compare import CompareResult, compare_sessions
 from app.records.documents import PageResult, export_text
+from app.records.round_series import RoundSeries
 from app.records.sessions import (
     SavedSession, autosave_problem, crashed_sessions, export_csv, export_json, export_png, export_text_file,
     load_session, mark_interrupted, new_autosave_path, sessions_dir,
@@ -831,8 +832,6 @@ class MainWindow(QMainWindow):
         self.compare_finished.emit(result)
 
     def _series_of(self, session: Session):
-        from app.gui.views.telemetry import RoundSeries
-
         series = RoundSeries()
         for rnd in session.rounds:
             series.append(rnd)

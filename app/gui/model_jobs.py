@@ -147,7 +147,8 @@ class DrafterJob(Job):
 
         from app.models.lookup import model_path, register_drafter
         from engines.mlx_chat.loading import load_model
-        from engines.training.train import TrainConfig, train
+        from engines.training.config import TrainConfig
+        from engines.training.train import train
 
         target = model_path(self.model_id, "chat")
         loaded = load_model(target)

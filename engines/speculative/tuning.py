@@ -46,8 +46,7 @@ from typing import Callable
 
 from engines.speculative.costs import LoadScaledCosts, StepCosts
 from engines.speculative.expected import expected_tokens
-# ProfileError and profile_file: still imported from here by app/gui/tuning.py and engines/batch/controller.py
-from engines.speculative.profiles import Profile, ProfileError, profile_file  # noqa: F401
+from engines.speculative.profiles import Profile
 from engines.speculative.replay import Replay, Rounds
 
 # The profile's acceptance counts as this many rounds beside the run's own, at each position.

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from PySide6.QtCore import QTimer
 
-from app.gui.views.telemetry import REDRAW_HZ, RoundSeries, TelemetryView
+from app.gui.views.telemetry import REDRAW_HZ, TelemetryView
+from app.records.round_series import RoundSeries
 from engines.speculative.rounds import session_stats
 from tests.app.conftest import Heartbeat, replayed
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from app.gui.tuning import TuneSettings
-from app.gui.views.telemetry import ROLLING, finite_rolling_mean
+from app.records.round_series import ROLLING, finite_rolling_mean
 from app.gui.views.transcript import DRAFT_BG, NGRAM_BG
 from app.settings import AppSettings, profiles_dir
 from engines.speculative.profiles import Profile

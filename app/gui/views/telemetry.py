@@ -2,8 +2,8 @@
 time, acceptance by draft position, and the running figures (tau, acceptance %, decode tok/s,
 time to first token, rounds).
 
-Every plot has a legend and axes with units. Appending a round is O(1) (growable NumPy arrays
-and running sums); the plots redraw on a timer at most REDRAW_HZ times a second, clipped to the
+Every plot has a legend and axes with units. Appending a round is O(1) (app.records.round_series:
+growable NumPy arrays and running sums); the plots redraw on a timer at most REDRAW_HZ times a second, clipped to the
 view and peak-downsampled, so 10,000 rounds stay responsive. Past RAW_ROUNDS rounds the
 per-round lines give way to their rolling means alone, over a window that grows with the run
 (one point in a hundred), so a 2,000-round run reads as a trend, not spaghetti. The x axes
@@ -31,11 +31,12 @@ from PySide6.QtGui import QBrush, QColor, QFont
 from PySide6.QtWidgets import QBoxLayout, QFrame, QGridLayout, QHBoxLayout, QLabel, QScrollArea, QVBoxLayout, QWidget
 
 from app.gui.views.elided_label import ElidedLabel
-from engines.speculative.rounds import Round, RunningStats
-from engines.speculative.tuning import Profile, best_k, break_even
+from app.records.round_series import ROLLING, RoundSeries, finite_rolling_mean, rolling_window
+from engines.speculative.profiles import Profile
+from engines.speculative.rounds import Round
+from engines.speculative.tuning import best_k, break_even
 
 REDRAW_HZ = 20  # timer ticks per second; each tick redraws one plot (see refresh)
-ROLLING = 16  # rounds in the moving averages, at least
 RAW_ROUNDS = 300  # beyond this many rounds only the moving averages are drawn
 MIN_ROUNDS_SHOWN = 10
 MIN_SECONDS_SHOWN = 1.0
@@ -51,139 +52,6 @@ SOURCE_NAMES = {NGRAM: "n-gram", "mtp": "MTP drafter", "draft": "draft model"}
 
 def source_name(source: str) -> str:
     return SOURCE_NAMES.get(source, source)
-
-
-def finite_rolling_mean(values: np.ndarray, window: int) -> np.ndarray:
-    """The mean of the finite values among the last `window`; NaN where the value itself is
-    not finite (a round Auto did not choose: the line breaks there)."""
-    finite = np.isfinite(values)
-    total = np.cumsum(np.where(finite, values, 0.0))
-    count = np.cumsum(finite.astype(float))
-    lag = lambda a: np.concatenate([np.zeros(window), a])[: len(a)]  # noqa: E731
-    with np.errstate(divide="ignore", invalid="ignore"):
-        mean = (total - lag(total)) / (count - lag(count))
-    mean[~finite] = np.nan
-    return mean
-
-
-class RoundSeries:
-    """The per-round numbers the plots need, plus the session's running sums (`totals`: the very
-    RunningStats engines.speculative.rounds.session_stats adds rounds to)."""
-
-    def __init__(self, capacity: int = 1024):
-        self.n = 0
-        self._cols = ("index", "proposed", "accepted", "tokens", "wall", "t", "prefill", "steps",
-                      "expected_tok_s", "expected_tokens")  # the expected ones NaN where Auto did not choose
-        for c in self._cols:
-            setattr(self, "_" + c, np.zeros(capacity))
-        self.totals = RunningStats()
-        self.by_source: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # the same per Round.draft_source
-        self.auto_rounds = 0  # rounds whose k Auto chose (they carry what it expected)
-
-    def _grow(self) -> None:
-        for c in self._cols:
-            old = getattr(self, "_" + c)
-            new = np.zeros(len(old) * 2)
-            new[: self.n] = old[: self.n]
-            setattr(self, "_" + c, new)
-
-    def append(self, r: Round) -> None:
-        if self.n == len(self._index):
-            self._grow()
-        i = self.n
-        self._index[i], self._proposed[i], self._accepted[i] = r.index, r.proposed, r.accepted
-        self._tokens[i], self._wall[i], self._t[i], self._prefill[i] = len(r.tokens), r.wall_s, r.t_s, r.prefill
-        self._steps[i] = r.steps
-        chosen = r.expected_tok_s is not None and r.expected_tokens is not None and r.steps < len(r.expected_tok_s)
-        self._expected_tok_s[i] = r.expected_tok_s[r.steps] if chosen else np.nan
-        self._expected_tokens[i] = r.expected_tokens[r.steps] if chosen else np.nan
-        self.auto_rounds += chosen
-        self.n += 1
-        self.totals.add(r)
-        depth = len(r.accept_flags)
-        if r.draft_source and depth:
-            # a chain with n-gram tokens after it ("mtp+ngram"): its first `steps` positions are
-            # the model drafter's, the rest n-gram's, each counted under its own source
-            chain = min(r.steps, depth) if "+" in r.draft_source else depth
-            model, _, after = r.draft_source.partition("+")
-            for source, positions in ((model, range(chain)), (after, range(chain, depth))):
-                if not source or not len(positions):
-                    continue
-                offered, accepted = self.by_source.get(source, (np.zeros(0), np.zeros(0)))
-                if depth > len(offered):
-                    offered, accepted = np.pad(offered, (0, depth - len(offered))), np.pad(accepted, (0, depth - len(accepted)))
-                offered[positions.start:positions.stop] += 1
-                accepted[positions.start:positions.stop] += np.asarray(r.accept_flags[positions.start:positions.stop], dtype=float)
-                self.by_source[source] = (offered, accepted)
-
-    def column(self, name: str) -> np.ndarray:
-        return getattr(self, "_" + name)[: self.n]
-
-    def tok_s(self) -> np.ndarray:
-        """Per-round decode speed; NaN for the prefill round (its time is TTFT, not decode)."""
-        wall, tokens = self.column("wall"), self.column("tokens")
-        with np.errstate(divide="ignore", invalid="ignore"):
-            rate = np.where((wall > 0) & (self.column("prefill") == 0), tokens / wall, np.nan)
-        return rate
-
-    def rolling_tok_s(self, window: int = ROLLING) -> np.ndarray:
-        decode = self.column("prefill") == 0
-        tokens = np.cumsum(np.where(decode, self.column("tokens"), 0.0))
-        wall = np.cumsum(np.where(decode, self.column("wall"), 0.0))
-        lag_tokens = np.concatenate([np.zeros(window), tokens])[: self.n]
-        lag_wall = np.concatenate([np.zeros(window), wall])[: self.n]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            rate = (tokens - lag_tokens) / (wall - lag_wall)
-        rate[~decode] = np.nan
-        return rate
-
-    def rolling_mean(self, name: str, window: int = ROLLING) -> np.ndarray:
-        """Mean of a column over the last `window` rounds (fewer at the start)."""
-        total = np.cumsum(self.column(name))
-        lagged = np.concatenate([np.zeros(window), total])[: self.n]
-        count = np.minimum(np.arange(1, self.n + 1), window)
-        return (total - lagged) / count
-
-    def rolling_finite_mean(self, name: str, window: int = ROLLING) -> np.ndarray:
-        return finite_rolling_mean(self.column(name), window)
-
-    def per_position(self, source: str | None = None) -> np.ndarray:
-        """Acceptance by draft position: of all rounds, or of those `source` drafted."""
-        if source is None:
-            offered, accepted = np.asarray(self.totals.offered_at, float), np.asarray(self.totals.accepted_at, float)
-        else:
-            offered, accepted = self.by_source[source]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            return np.where(offered > 0, accepted / offered, 0.0)
-
-    @property
-    def tau(self) -> float:
-        return self.totals.tau
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.totals.acceptance_rate
-
-    @property
-    def decode_tok_s(self) -> float:
-        return self.totals.decode_tok_s
-
-    def nearest_round(self, x: float, by_time: bool = False) -> int | None:
-        """The row of the round nearest to x (a round index, or seconds when by_time)."""
-        if self.n == 0:
-            return None
-        if by_time:
-            t = self.column("t")
-            i = int(np.searchsorted(t, x))
-            i = min(max(i, 0), self.n - 1)
-            if i > 0 and abs(t[i - 1] - x) < abs(t[i] - x):
-                i -= 1
-            return i
-        i = int(np.searchsorted(self.column("index"), x))
-        i = min(max(i, 0), self.n - 1)
-        if i > 0 and abs(self._index[i - 1] - x) < abs(self._index[i] - x):
-            i -= 1
-        return i
 
 
 VALUE_SAMPLE = "8888.8 s"  # about the widest figure a card shows: its width is the card's minimum
@@ -203,11 +71,6 @@ def figure_card(title: str) -> tuple[QWidget, QLabel]:
 
 PLOT_MIN = QSize(170, 150)  # a plot's minimum (what it was before the strip reflowed)
 SPACING = 6
-
-
-def rolling_window(rounds: int) -> int:
-    """Rounds per moving-average point: ROLLING, growing to 1% of a long run."""
-    return max(ROLLING, rounds // 100)
 
 
 def plot_title(title: str) -> str:
@@ -269,7 +132,28 @@ class TelemetryView(QWidget):
         self.turn = 0
         self.redraws = 0
         self.selected: int | None = None
+        self.profile: Profile | None = None  # this machine's tuning profile for the shown run's model
+        self.auto = False  # the shown run chose its draft length with Auto
+        self.break_even: tuple[int, float | None] | None = None  # (k, acceptance) as drawn
+        self.window_rounds = ROLLING  # the moving averages' window, as titled
 
+        self._build_cards()
+        self._build_drafts_plot()
+        self._build_speed_plot()
+        self._build_position_plot()
+        self._build_round_lines()
+        self._build_layout()
+        self.arrange(2)
+
+        self.timer = QTimer(self)
+        self.timer.setInterval(1000 // REDRAW_HZ)
+        self.timer.timeout.connect(self.refresh)
+        self.timer.start()
+        self.refresh(force=True)
+
+    # --- building -------------------------------------------------------------------------
+    def _build_cards(self) -> None:
+        """The running figures, one card each, in a grid arrange() fills."""
         self.cards: dict[str, QLabel] = {}
         self.card_widgets: list[QWidget] = []
         self.figure_grid = QGridLayout()
@@ -285,6 +169,7 @@ class TelemetryView(QWidget):
         self.figure_box = QWidget(objectName="figures")
         self.figure_box.setLayout(self.figure_grid)
 
+    def _build_drafts_plot(self) -> None:
         self.drafts_plot = make_plot("Drafts per round", "round", "drafts (tokens)")
         # raw per-round values as thin lines (one point per round), and their moving averages
         # on top so a trend stays readable; no fills (they are slow to paint). Only the
@@ -302,6 +187,8 @@ class TelemetryView(QWidget):
             "asked: drafts proposed per round; accepted: those the target kept (moving averages, thin: per round).\n"
             "With Auto: k, the draft length it chose each round, and expected (dashed), the drafts it "
             "expected to be accepted at that k (tokens per round minus the target's own).")
+
+    def _build_speed_plot(self) -> None:
         self.speed_plot = make_plot("Decode speed", "time since start (s)", "tokens / s")
         self.baseline_curve = self.speed_plot.plot(pen=pg.mkPen(BASELINE, width=2, style=pg.QtCore.Qt.PenStyle.DashLine))
         self.speed_dots = self.speed_plot.plot(pen=pg.mkPen(QColor(10, 132, 255, 70), width=1))  # per round
@@ -310,6 +197,8 @@ class TelemetryView(QWidget):
                                                    connect="finite")
         self.speed_plot.setToolTip("tok/s: the decode speed measured (moving average; faint: per round). With Auto, "
                                    "expected (dashed): the tok/s it expected of the k it chose.")
+
+    def _build_position_plot(self) -> None:
         self.position_plot = make_plot("By draft position", "draft position", "accepted (%)")
         self.position_plot.getPlotItem().setDownsampling(False)
         self.position_plot.getAxis("left").setTicks([[(v, str(v)) for v in range(0, 101, 20)]])
@@ -324,11 +213,10 @@ class TelemetryView(QWidget):
             "model drafter green.\nDash-dot line: the break-even acceptance from this machine's tuning profile at "
             "the k shown; below it, drafting that many per round is slower here than plain decoding.")
         self.legend_shown: dict[int, str | None] = {id(self.bars): "accepted"}  # id(item) -> its legend name
-        self.profile: Profile | None = None  # this machine's tuning profile for the shown run's model
-        self.auto = False  # the shown run chose its draft length with Auto
-        self.break_even: tuple[int, float | None] | None = None  # (k, acceptance) as drawn
-        self.window_rounds = ROLLING  # the moving averages' window, as titled
 
+    def _build_round_lines(self) -> None:
+        """The vertical lines on the drafts and speed plots at the round hovered and the round
+        selected, and the mouse handlers that move them."""
         self.hover_lines = []
         self.select_lines = []
         for plot in (self.drafts_plot, self.speed_plot):
@@ -345,9 +233,11 @@ class TelemetryView(QWidget):
         self.hover_label = QLabel(objectName="muted")
         self.hover_label.setMinimumWidth(10)
 
-        # The strip reflows (arrange): the cards beside the plots (2 columns) or above them (6 or 3
-        # columns) when it is tall enough for that; the plots share the rest. Whatever the
-        # arrangement, nothing shrinks below its minimum: the strip scrolls sideways instead.
+    def _build_layout(self) -> None:
+        """The title row over the strip. The strip reflows (arrange): the cards beside the plots
+        (2 columns) or above them (6 or 3 columns) when it is tall enough for that; the plots
+        share the rest. Whatever the arrangement, nothing shrinks below its minimum: the strip
+        scrolls sideways instead."""
         plots = QWidget(objectName="plots")
         plot_row = QHBoxLayout(plots)
         plot_row.setContentsMargins(0, 0, 0, 0)
@@ -383,13 +273,6 @@ class TelemetryView(QWidget):
         col.addLayout(title_row)
         col.addLayout(row, 1)
         self.margins = 8 + 6 + 8  # the view's right margin, the row's, the strip's left one
-        self.arrange(2)
-
-        self.timer = QTimer(self)
-        self.timer.setInterval(1000 // REDRAW_HZ)
-        self.timer.timeout.connect(self.refresh)
-        self.timer.start()
-        self.refresh(force=True)
 
     # --- data -----------------------------------------------------------------------------
     def clear(self) -> None:
