@@ -18,8 +18,8 @@ A mode is how every region drafts:
   mtp:K      the checkpoint's own MTP layer, K chained drafts (random: nothing accepted -- what
              drafting costs; its chains run row after row, the target's forward is batched)
 
-Per mode, `--repeats` times in turn: the regions one after another through the lone loop
-(OcrEngine.generate), then all of them submitted at once to an OcrBatch (--max-batch rows).
+Per mode, `--repeats` times in turn: the regions one after another (OcrEngine.generate:
+a batch of one), then all of them submitted at once to an OcrBatch (--max-batch rows).
 Figures: aggregate tok/s over the whole job (every region's tokens / wall time, image encoding
 and prefill included on both sides), decode tok/s (tokens after each region's first / the time
 after it: for the batch, after the last region's first token), the ratio batch / one at a time

@@ -131,6 +131,7 @@ def test_a_page_is_read_by_region_with_its_boxes_rounds_batch_and_markdown(qtbot
     window.shutdown()
 
 
+@pytest.mark.slow  # (the quick suite's time; a document's stop stays quick: tests/app/test_documents_window.py)
 def test_stop_ends_a_page_mid_read_and_keeps_what_was_read(qtbot, hub, hub_env, checkpoints, specscope_home):
     install(hub, checkpoints, "glm-ocr", "pp-doclayout-v3")
     window = window_for(qtbot, max_tokens=400, max_repeat=0)
@@ -185,6 +186,7 @@ def test_without_the_layout_model_pages_are_read_whole_said_and_it_is_offered(qt
     window.shutdown()
 
 
+@pytest.mark.slow  # (the quick suite's time; a child killed mid-document stays quick: tests/app/test_engine_process.py)
 def test_an_engine_process_dying_mid_page_is_one_line_and_keeps_what_was_received(qtbot, hub, hub_env, checkpoints,
                                                                                     specscope_home):
     from tests.app.engine_loaders import load_dying_mid_page
