@@ -30,6 +30,9 @@ INLINE = 1024  # ints per message buffer: a decode step of 64 rows x 15 tokens f
 DEFAULT_TIMEOUT_S = 30.0  # longest a collective may take before a rank is declared lost
 
 
+LOSS_SETTLE_S = 1.0  # how long describe_loss waits for a lost local rank's process to show its state
+
+
 class RankLost(EngineError):
     """A rank died or stopped answering: the distributed target cannot go on."""
 
@@ -191,6 +194,13 @@ class Bus:
         here = host_id()
         others = [p for p in self.peers if p.rank != self.rank]
         seen = [(p, p.state(here)) for p in others]
+        # A killed rank's sockets close while its process is still being torn down: the ring can
+        # report the loss a few milliseconds before /proc shows the process exited. Look again
+        # for up to a second (this runs once, as the server goes down).
+        deadline = time.monotonic() + LOSS_SETTLE_S
+        while waited_s is None and not any(state for _, state in seen) and time.monotonic() < deadline:
+            time.sleep(0.02)
+            seen = [(p, p.state(here)) for p in others]
         known = [f"rank {p.rank} (pid {p.pid}) {state}" for p, state in seen if state]
         if known:
             return "; ".join(known)
