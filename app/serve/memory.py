@@ -1,7 +1,7 @@
 """Whether a batch's K/V caches fit this machine: `serve --max-batch N` refuses at start, in one
 line, a batch whose caches at full context cannot sit beside the weights -- for chat models
-(engines/batch/cache.kv_bytes_per_token measures a token) and GLM-OCR (OcrBatch.kv_bytes_per_token
-counts one) alike."""
+(engines/batch/cache.kv_bytes_per_token measures a token) and GLM-OCR (its torch runtime's
+kv_bytes_per_token counts one) alike."""
 
 from __future__ import annotations
 

@@ -178,8 +178,10 @@ def batch_queue(served: Served, config: ServeConfig, metrics: ServeMetrics):
         from engines.glm_ocr.batch import OcrBatch
 
         batch = OcrBatch(served.engine, max_batch=config.max_batch)
-        check_memory(batch.kv_bytes_per_token(), batch.max_batch, served.engine.runtime.cache_length,
-                     batch.weights_bytes(), config.memory_bytes or physical_memory())
+        runtime = served.engine.runtime
+        if batch.max_batch > 1:  # (Core ML holds one row: OcrBatch makes it a batch of one)
+            check_memory(runtime.kv_bytes_per_token(), batch.max_batch, runtime.cache_length,
+                         runtime.weights_bytes(), config.memory_bytes or physical_memory())
         return BatchQueue(batch, config.queue_size, metrics, check_prompt)
     if config.max_batch < 2 or served.model.kind != "chat" or not isinstance(served.engine, ChatEngine):
         return None

@@ -180,7 +180,9 @@ class BatchEngine:
                 return row, None
             # each drafter's composed rows: one group (their chains together), one cost book (a
             # batch step's time is the batch's, not a lone run's: kept apart from the chat engine's)
-            composed, costs = self.composed.setdefault((spec.method, path), (ComposedGroup(group), DraftingCosts()))
+            if (spec.method, path) not in self.composed:
+                self.composed[spec.method, path] = ComposedGroup(group), DraftingCosts()
+            composed, costs = self.composed[spec.method, path]
             return ComposedProposer(row, NGramProposer(spec.ngram_min, spec.ngram_max), costs,
                                     extend=extend_draft, group=composed), None
         except EngineError as e:

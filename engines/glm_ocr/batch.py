@@ -70,9 +70,6 @@ class Sampler:
         return rejection_verify(p, None, drafts, self.rng)
 
 
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-
-
 def row_sampler(request: Request) -> Sampler:
     """A row's own verifier: greedy, or rejection sampling on an RNG of its own seeded from its
     request, so a seeded request draws what it draws alone."""
@@ -182,21 +179,6 @@ class OcrBatch:
     @property
     def runtime(self):
         return self.engine.runtime
-
-    def kv_bytes_per_token(self) -> int:
-        """K/V bytes one token of one row takes: every decoder layer's keys and values in the
-        runtime's compute dtype, and one layer more for the row's own MTP cache when MTP drafts."""
-        t = self.engine.config.text
-        layers = t.num_hidden_layers + (1 if self.runtime.mtp_unavailable is None else 0)
-        itemsize = DTYPE_BYTES.get(getattr(self.runtime, "dtype_name", None), 4)
-        return layers * 2 * t.num_key_value_heads * t.head_dim * itemsize
-
-    def weights_bytes(self) -> int:
-        """The runtime's weights in memory (its torch modules'; a Core ML runtime's are not counted)."""
-        model = getattr(self.runtime, "model", None)
-        if model is None or not hasattr(model, "parameters"):
-            return 0
-        return sum(p.numel() * p.element_size() for p in model.parameters())
 
     @property
     def busy(self) -> bool:

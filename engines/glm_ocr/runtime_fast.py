@@ -285,6 +285,17 @@ class FastRuntime:
         self.threads = threads  # torch's intra-op threads for each stage; None: torch's own
         self.cache, self.mtp_cache = KVCache(), KVCache()
 
+    def kv_bytes_per_token(self) -> int:
+        """K/V bytes one token of one sequence takes: every decoder layer's keys and values in the
+        compute dtype, and the MTP layer's when it drafts (each sequence keeps its own MTP cache)."""
+        t = self.config.text
+        layers = t.num_hidden_layers + (self.mtp_module is not None)
+        return layers * 2 * t.num_key_value_heads * t.head_dim * self.dtype.itemsize
+
+    def weights_bytes(self) -> int:
+        modules = [self.model] + ([self.mtp_module] if self.mtp_module is not None else [])
+        return sum(p.numel() * p.element_size() for m in modules for p in m.parameters())
+
     @classmethod
     def load(cls, model_dir: str | os.PathLike, cache_length: int = 8192, dtype: str | None = None,
              threads: int | None = None, **_twin_options) -> "FastRuntime":

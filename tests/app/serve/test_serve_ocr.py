@@ -138,11 +138,11 @@ def test_an_ocr_batch_that_cannot_fit_in_memory_is_refused_at_start_in_one_line(
     held = sum(kv.keys[i][0, :, :1].nbytes + kv.values[i][0, :, :1].nbytes for i in kv.keys)
     mtp = seq.proposer.cache  # the row's own MTP cache (runtime_fast.KVCache): one layer
     held += sum(t[0, :, :1].nbytes for kind in (mtp.keys, mtp.values) for t in kind.values())
-    assert batch.kv_bytes_per_token() == held
+    assert engine.runtime.kv_bytes_per_token() == held
     batch.clear()
 
     served = [Served(ServedModel("glm-ocr", "ocr", SpecConfig(method="mtp", steps=2)), engine)]
-    weights = OcrBatch(engine).weights_bytes()
+    weights = engine.runtime.weights_bytes()
     room = weights + 8 * engine.runtime.cache_length * held  # 8 rows at full context and the weights
     with pytest.raises(EngineError) as refused:
         build_app(ServeConfig(max_batch=8, memory_bytes=int(room / 0.75) - 1), served)
