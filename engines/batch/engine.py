@@ -19,10 +19,12 @@ One step:
     rollback  each row keeps its pending token and accepted drafts; its rejected drafts and
               padding die in the cache's slot table (engines/batch/cache.py), nothing moves;
               an MTP row keeps the target's hidden state at its last accepted position.
-    ahead     on a GPU, when every row decodes plainly (and none is waiting to join), the next
-              step's forward is launched on this step's tokens while they are still in the
-              graph, before they are read -- as the lone loop and mlx-lm's generate_step do --
-              so the device never waits for the host's verdicts, Rounds and text.
+    ahead     the next step's forward is launched on this step's verdicts while they are still
+              in the graph, before they are read, so the device never waits for the host's
+              verdicts, Rounds and text: when every row drafts with an MTP drafter, its chain
+              drafted from its lazy verdict and queued behind this verify (the slot table
+              defers this step's kept counts); on a GPU also when every row decodes plainly
+              (as mlx-lm's generate_step does). Nobody waiting to join either way.
     report    each row's Sequence (engines/speculative/sequence.py, as a lone run's) commits
               its verdict -- clipped at EOS, max_tokens and a repetition loop, its schedule
               taught, its proposer told -- and reports its Round (stop strings held back);
@@ -51,7 +53,7 @@ from engines.batch.prompt_cache import PromptCache
 from engines.mlx_chat import sampling as mxs
 from engines.mlx_chat.engine import NO_DRAFTS, ChatEngine, Step, report, settle
 from engines.mlx_chat.prefill import PREFILL_CHUNK
-from engines.mlx_chat.proposers import extend_draft, mx_tokens
+from engines.mlx_chat.proposers import LazyVerdict, extend_draft, mx_tokens
 from engines.speculative.composed import ComposedGroup, ComposedProposer, DraftingCosts
 from engines.speculative.ngram import NGramProposer
 from engines.speculative.proposer import Draft, DraftGroup
@@ -106,7 +108,10 @@ class BatchEngine:
     # the host (MLX's GPU). On MLX's CPU backend the "device" is the host's own cores: measured
     # there (4 plain rows of SmolLM2, 5 pairs) it cost about 2%, so it is off. On Metal: unchecked.
     launches_ahead: bool = field(default_factory=lambda: mx.default_device() == mx.gpu)
-    ahead: list[Step] | None = None  # the next step, launched on this one's tokens still in the graph
+    # MTP rows launch the next step on this one's verdicts still in the graph (the chat engine's
+    # mtp_options.pipeline turns it off for A/B runs): bench/chat_batch_of_one.py measures it
+    verifies_ahead: bool = True
+    ahead: list[Step] | None = None  # the next step, launched on this one's verdicts still in the graph
     _ids: itertools.count = field(default_factory=itertools.count)
 
     def __post_init__(self):
@@ -207,18 +212,21 @@ class BatchEngine:
                 rows = rows[:len(steps)]  # rows that joined this step decode from the next
             if len(rows) == len(self.running) and self._plain_ahead(rows, steps):
                 self.ahead = [Step(0, NO_DRAFTS) for _ in rows]
-                self._verify_forward(rows, self.ahead, after=steps)
+                inputs = mx.concatenate([step.next_token.astype(mx.uint32) for step in steps])[:, None]
+                self._verify_forward(rows, self.ahead, inputs)
+            elif len(rows) == len(self.running) and self._verifies_ahead(rows, steps):
+                self.ahead = self._launch_ahead(rows, steps)
             verdicts = self._verdicts(steps)
             forward_s = time.perf_counter() - t0
             now = time.perf_counter()
-            for seq, step, verdict in zip(rows, steps, verdicts):
+            for b, (seq, step, verdict) in enumerate(zip(rows, steps, verdicts)):
                 step.verify_s = forward_s
                 seq.settled(step, now)
                 # MTP: the hidden state that produced the row's new token
                 kept = step.hidden[verdict.accepted] if step.hidden is not None else None
-                tokens, finish = seq.commit(step, verdict, kept)
+                tokens, finish = seq.commit(step, verdict, kept, priced=seq.priced(step, self._ahead_of(b)))
                 out.append((seq, report(seq, step, verdict, tokens, finish)))
-            if not all(step.k == 0 for step in steps):  # (plain steps settle at launch)
+            if not steps[0].slots_settled:
                 self.cache.settle([1 + v.accepted for v in verdicts])
         self._leave([s for s, r in out if r.finish])
         return out
@@ -236,6 +244,8 @@ class BatchEngine:
             self.joining.remove(j)
             j.seq.finished = True
         budget = self.prefill_chunk
+        if self.ahead is not None and not self.ahead[0].slots_settled:
+            budget = 0  # rows join between forwards: after the step launched ahead is read
         while self.joining and len(self.running) < self.max_batch and budget > 0:
             joining = self.joining[0]
             body = joining.prompt[:-1]  # as a lone run reads it: chunks, then the last token alone
@@ -327,8 +337,8 @@ class BatchEngine:
             plans.append(Step(k, draft, spent))
         return plans
 
-    def _steps(self, seq: Sequence, cap: int) -> int:
-        asked = seq.next_steps()
+    def _steps(self, seq: Sequence, cap: int, remaining: int | None = None) -> int:
+        asked = seq.next_steps(remaining)
         # A seeded sampled request keeps its k: its draws depend on the drafts offered, and the
         # cap on this machine's timings, so capping it would make its seed unrepeatable.
         sampling = seq.ctx.sampling
@@ -362,17 +372,15 @@ class BatchEngine:
         return (self.launches_ahead and not self.joining
                 and all(step.k == 0 and not seq.drafting and seq.remaining > 1 for seq, step in zip(rows, steps)))
 
-    def _verify_forward(self, rows: list[Sequence], steps: list[Step], after: list[Step] | None = None) -> None:
+    def _verify_forward(self, rows: list[Sequence], steps: list[Step], ahead: mx.array | None = None) -> None:
         """One target forward over every row's [pending token, drafts], right-padded to the
         longest row; each row's verify results (and, for an MTP row, the final hidden states it
-        chains from) from its own slice, evaluated here -- or, with `after` (a plain step not read
-        yet, whose tokens still in the graph are this plain step's inputs), asynchronously: read
+        chains from) from its own slice, evaluated here -- or, `ahead` (the rows' inputs still in
+        the graph: a step launched before the last one's verdict is read), asynchronously: read
         by _verdicts. A plain step's rows each keep their one token, whatever it turns out to
-        be, so its slots are settled at launch."""
-        if after is None:
-            inputs = [[seq.ctx.tokens[-1], *step.draft.ids()] for seq, step in zip(rows, steps)]
-        else:
-            inputs = mx.concatenate([step.next_token.astype(mx.uint32) for step in after])[:, None]
+        be, so its slots are settled at launch (unless the last step's are still deferred)."""
+        inputs = ahead if ahead is not None else [[seq.ctx.tokens[-1], *step.draft.ids()]
+                                                  for seq, step in zip(rows, steps)]
         t0 = time.perf_counter()
         logits, hidden = self._forward(self.cache, inputs, rows)
         outputs = verify_rows(logits, steps, [seq.ctx.sampling for seq in rows], [next_key(s) for s in rows])
@@ -380,14 +388,64 @@ class BatchEngine:
             for b, (seq, step) in enumerate(zip(rows, steps)):
                 step.hidden = hidden[b] if seq.needs_hidden else None
             outputs.append(hidden)
-        if all(step.k == 0 for step in steps):
+        if all(step.k == 0 for step in steps) and not self.cache.deferred:
             self.cache.settle([1] * len(rows))
-        if after is not None:
+            for step in steps:
+                step.slots_settled = True
+        if ahead is not None:
             mx.async_eval(outputs)
             return
         mx.eval(outputs)
         if self.budget is not None:
             self.budget.observe(len(inputs), max(len(r) for r in inputs), time.perf_counter() - t0)
+
+    def _verifies_ahead(self, rows: list[Sequence], steps: list[Step]) -> bool:
+        """Whether the next step can be launched now, before this one's verdicts are read:
+        every row's drafts this step came from a drafter that can chain on a verdict still in
+        the graph (MTP), with tokens left past the most this step can emit, and nobody waiting
+        to join."""
+        return (self.verifies_ahead and self.chat.mtp_options.pipeline and not self.joining
+                and all(step.k and seq.drafting and seq.remaining > step.k + 1
+                        and hasattr(getattr(seq.proposer, "group", None), "propose_after")
+                        for seq, step in zip(rows, steps)))
+
+    def _launch_ahead(self, rows: list[Sequence], steps: list[Step]) -> list[Step]:
+        """The next step, launched on this one's verdicts still in the graph: each row's k
+        chosen now (past the most this step can emit), its chain drafted from its lazy verdict
+        -- the token after its accepted drafts, the hidden state there, the position after it
+        -- and the verify queued behind it; this step's kept counts deferred in the slot table."""
+        verdicts = [lazy_verdict(seq, step) for seq, step in zip(rows, steps)]
+        self.cache.defer(mx.stack([1 + v.accepted for v in verdicts]))
+        cap = self._cap(rows)
+        groups: dict[int, tuple[DraftGroup, list, list]] = {}
+        for b, (seq, step, verdict) in enumerate(zip(rows, steps, verdicts)):
+            k = self._steps(seq, cap, seq.remaining - step.k - 1)
+            if k:
+                group = seq.proposer.group
+                asks = groups.setdefault(id(group), (group, [], []))
+                asks[1].append((b, seq, k, next_key(seq)))
+                asks[2].append(verdict)
+        t0 = time.perf_counter()
+        drafts: dict[int, Draft] = {}
+        for group, asks, after in groups.values():
+            try:
+                drafts |= {seq.id: d for (_, seq, _, _), d in zip(asks, group.propose_after(self.cache, asks, after))}
+            except Exception as e:  # graceful degradation: these rows decode plainly from here
+                for _, seq, _, _ in asks:
+                    seq.stop_speculating(e)
+                    self._leave_group(seq)
+        draft_s = time.perf_counter() - t0
+        ahead = [Step(d.size, d, draft_s, launched_early=True, expected=seq.expected())
+                 for seq in rows for d in [drafts.get(seq.id, NO_DRAFTS)]]
+        inputs = [mx.concatenate([v.token, mx_tokens(step.draft)]) for v, step in zip(verdicts, ahead)]
+        width = max(row.shape[0] for row in inputs)  # right-padded with each row's last input
+        padded = [mx.concatenate([row, mx.repeat(row[-1:], width - row.shape[0])]) for row in inputs]
+        self._verify_forward(rows, ahead, mx.stack(padded))
+        return ahead
+
+    def _ahead_of(self, b: int) -> Step | None:
+        """Row b's part of the step launched ahead, if any."""
+        return self.ahead[b] if self.ahead is not None and b < len(self.ahead) else None
 
     def _verdicts(self, steps: list[Step]) -> list[Verdict]:
         """Each row's own verdict: its accepted drafts plus one target token."""
@@ -428,6 +486,9 @@ class BatchEngine:
                 self.cache.compact_if_sparse(min_slots=self.compact_min_slots)
             return
         self.running = [self.running[b] for b in keep]
+        if self.ahead and not self.ahead[0].slots_settled:  # its slots are not in the table yet
+            self.ahead = None
+            self.cache.abandon()
         if self.ahead:  # (rows that joined since it launched come after its rows)
             self.ahead = [self.ahead[b] for b in keep if b < len(self.ahead)] or None
         if self.running:
@@ -478,6 +539,14 @@ def verify_rows(logits: mx.array, steps: list[Step], samplings: list, keys: list
             step.token = mxs.pick(row, sampling, key)
             outputs.append(step.token)
     return outputs
+
+
+def lazy_verdict(seq: Sequence, step: Step) -> LazyVerdict:
+    """A launched step's verdict for its row, still in the graph: its accepted count, the token
+    after them, the hidden state that produced it, from the row's position."""
+    accepted, token = mxs.verdict_in_graph(mx_tokens(step.draft), step.argmax, step.sampled, step.token)
+    hidden = mx.take(step.hidden, accepted, axis=0) if step.hidden is not None else None
+    return LazyVerdict(seq.ctx.position, mx_tokens(step.draft), accepted, token, hidden)
 
 
 def settle_row(step: Step) -> Verdict:

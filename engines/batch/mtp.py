@@ -12,8 +12,10 @@ attended to (the last `sliding_window` ones: mtp.Gemma4Target.drafter_view says 
 are the argmax at T=0, and at T>0 a sample of the drafter's q on the row's own RNG key.
 
 The drafter keeps no cache, so nothing here rolls back: the batch's settle does, for the K/V
-the drafter reads. There is no depth-2 overlap in a batch: chains are built once the host
-has read every row's verdict (the lone loop's overlap is a single-stream device).
+the drafter reads. A step launched before the last one's verdict is read (engines/batch/engine.py,
+`_launch_ahead`) chains from that verdict still in the graph -- its token, the hidden state at
+its accepted position, the position after it -- over K/V whose last slots are live by the lazy
+count (SlotTable.defer): the chain is queued behind the verify it depends on, unevaluated.
 """
 
 from __future__ import annotations
@@ -22,11 +24,10 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import mlx.core as mx
-import numpy as np
 
 from engines.types import EngineError
 from engines.batch.cache import BatchCache
-from engines.mlx_chat.proposers import ProposerContext
+from engines.mlx_chat.proposers import LazyVerdict, ProposerContext
 from engines.speculative.proposer import Draft
 from engines.mlx_chat.sampling import target_probs
 from engines.speculative.schedule import MAX_STEPS
@@ -80,17 +81,27 @@ class BatchMTP:
         """The DraftGroup protocol (engines/speculative/proposer.py): (row, sequence, k, key)."""
         return self.propose(cache, [(b, seq.ctx, k, key) for b, seq, k, key in asks])
 
-    def propose(self, cache: BatchCache, asks: list[tuple[int, ProposerContext, int, mx.array | None]]) -> list[Draft]:
+    def propose_after(self, cache: BatchCache, asks: list, verdicts: list[LazyVerdict]) -> list[Draft]:
+        """Drafts chained on launched steps' verdicts still in the graph (one per ask), unevaluated."""
+        return self.propose(cache, [(b, seq.ctx, k, key) for b, seq, k, key in asks], verdicts)
+
+    def propose(self, cache: BatchCache, asks: list[tuple[int, ProposerContext, int, mx.array | None]],
+                after: list[LazyVerdict] | None = None) -> list[Draft]:
         """Drafts for several rows at once: (row index in the cache, its context, k, RNG key or
-        None). One drafter forward per draft position over every asking row; a row that asked
-        fewer than the longest k simply keeps the first k of its chain."""
+        None), from each row's settled state or, `after`, from its launched step's lazy verdict.
+        One drafter forward per draft position over every asking row; a row that asked fewer
+        than the longest k simply keeps the first k of its chain."""
         index = mx.array([b for b, _, _, _ in asks])
         contexts = [ctx for _, ctx, _, _ in asks]
-        positions = np.array([ctx.position for ctx in contexts])
-        kv, masks = self._view(cache, [b for b, _, _, _ in asks], positions, index)
-        token = mx.array([ctx.tokens[-1] for ctx in contexts], dtype=mx.uint32)
-        h = mx.stack([ctx.hidden.reshape(-1) for ctx in contexts])
-        position = mx.array(positions, dtype=mx.int32)
+        if after is None:
+            position = mx.array([ctx.position for ctx in contexts], dtype=mx.int32)
+            token = mx.array([ctx.tokens[-1] for ctx in contexts], dtype=mx.uint32)
+            h = mx.stack([ctx.hidden.reshape(-1) for ctx in contexts])
+        else:
+            position = mx.stack([v.next_position for v in after]).astype(mx.int32)
+            token = mx.concatenate([v.token for v in after])
+            h = mx.stack([v.hidden.reshape(-1) for v in after])
+        kv, masks = self._view(cache, [b for b, _, _, _ in asks], position, index)
         k_max = max(k for _, _, k, _ in asks)
         tokens, qs = [], []
         for i in range(k_max):
@@ -100,30 +111,33 @@ class BatchMTP:
             qs.append(q)
             h = step.h_next
         drafts = mx.stack(tokens, axis=1)  # [rows, k_max]
-        mx.eval(drafts, *[q for q in qs if q is not None])
+        if after is None:
+            mx.eval(drafts, *[q for q in qs if q is not None])
         out = []
         for r, (_, ctx, k, _) in enumerate(asks):
             q = mx.stack([qs[i][r] for i in range(k)]) if qs[0] is not None else None
-            out.append(Draft(drafts[r, :k].astype(mx.uint32), q))
+            out.append(Draft(drafts[r, :k].astype(mx.uint32), q, overlapped=after is not None))
         return out
 
-    def _view(self, cache: BatchCache, rows: list[int], positions: np.ndarray, index: mx.array):
+    def _view(self, cache: BatchCache, rows: list[int], positions: mx.array, index: mx.array):
         """Per attention kind the drafter reads: the K/V buffer of the target layer it reads,
         gathered to the asking rows, and which slots each row's query sees."""
         kv, masks = {}, {}
+        every_row = rows == list(range(cache.rows))
         for kind, layer in self.target.kv_layers.items():
             slots = cache.layers[layer]
             table = slots.table
             size = table.size
-            pos = table.pos[rows]  # [rows, size]; the last token (positions[r]) is not in the cache
+            pos = mx.array(table.key_positions())  # [B, size]; the last token (positions[r]) is not in the cache
+            pos = pos if every_row else pos[index]
             visible = pos >= 0
             if kind == "sliding_attention":
-                visible &= pos >= (positions - self.target.sliding_window)[:, None]
-            if rows == list(range(table.rows)):  # every row drafts: no gather
+                visible = visible & (pos >= (positions - self.target.sliding_window)[:, None])
+            if every_row:  # no gather
                 kv[kind] = (slots.keys[..., :size, :], slots.values[..., :size, :])
             else:
                 kv[kind] = (slots.keys[index, :, :size, :], slots.values[index, :, :size, :])
-            masks[kind] = mx.array(visible)
+            masks[kind] = visible
         return kv, masks
 
     def _pick(self, logits: mx.array, asks: list, position: int) -> tuple[mx.array, mx.array | None]:

@@ -159,6 +159,7 @@ class RankZeroEngine(BatchEngine):
     """The batch loop on rank 0 of a tensor-parallel target (see the module's docstring)."""
 
     launches_ahead: bool = False  # the ranks mirror forwards of tokens the host has read
+    verifies_ahead: bool = False
 
     bus: Bus | None = None
     log: OpLog = field(default_factory=OpLog)

@@ -88,6 +88,7 @@ class Step(BaseStep):
     token: mx.array | None = None  # [1] T>0 plain sample
     hidden: mx.array | None = None  # [k+1, D] when the proposer needs it
     lazy: LazyVerdict | None = None  # its verdict in the graph, when a chain or the next round builds on it
+    slots_settled: bool = False  # the batch: a plain step's slots, kept whatever its tokens (settled at launch)
 
     @property
     def next_token(self) -> mx.array:
@@ -186,7 +187,7 @@ class ChatEngine:
             if holes(seq) is None:  # slot caches: the rejected drafts are holes already (launch)
                 rollback(seq.ctx.target_cache, step.k - verdict.accepted)
             hidden = step.hidden[verdict.accepted] if step.hidden is not None else None
-            tokens, finish = seq.commit(step, verdict, hidden, priced=self._priced(seq, step, ahead))
+            tokens, finish = seq.commit(step, verdict, hidden, priced=seq.priced(step, ahead))
             if finish is None and ahead is None:
                 ahead = self._launch(seq)  # the next round's forward runs while this one is reported
             rnd = report(seq, step, verdict, tokens, finish)
@@ -428,25 +429,6 @@ class ChatEngine:
             # this step's drafts are verified as usual; its Round says speculation stopped
             seq.stop_speculating(e)
             step.note, seq.out.note = seq.out.note, None
-
-    @staticmethod
-    def _priced(seq: Sequence, step: Step, next_step: Step | None) -> bool:
-        """Whether this round's time, settle to settle, is what a round of its k costs (--steps
-        auto prices the widths by it). Not when it paid for drafts it did not verify: a chain
-        anticipated at the last round's k, cut to this one's (depth-2 overlap). Nor, where rounds
-        launch before the last verdict, unless this round and the next both did and the rounds
-        on either side drafted as many: the host enqueues round r+1 while the device runs round
-        r, and MLX's CPU stream takes only ~50 ops ahead, so the host reaches r's settle when
-        the device is well into r+1 -- part of r's time is r+1's, and part of the round before
-        r's is r's (the first round after the prefill carries the second's; the last launched
-        early lacks its own). Priced so, the probes made a second draft look cheap
-        (docs/benchmarks.md, "Speculation that tunes itself")."""
-        if step.ahead > step.k:
-            return False
-        next_early = next_step is not None and next_step.launched_early
-        if step.launched_early or next_early:
-            return step.launched_early and next_early and seq.last_k == step.k == next_step.k
-        return True
 
 
 # -- a step's verdict and Round: the lone loop's and the batch's rows' -------------------------

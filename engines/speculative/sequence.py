@@ -161,6 +161,24 @@ class Sequence:
             finish = "cancelled"
         return tokens, finish
 
+    def priced(self, step: Step, next_step: Step | None) -> bool:
+        """Whether this round's time, settle to settle, is what a round of its k costs (--steps
+        auto prices the widths by it). Not when it paid for drafts it did not verify: a chain
+        anticipated at the last round's k, cut to this one's (depth-2 overlap). Nor, where rounds
+        launch before the last verdict, unless this round and the next both did and the rounds
+        on either side drafted as many: the host enqueues round r+1 while the device runs round
+        r, and MLX's CPU stream takes only ~50 ops ahead, so the host reaches r's settle when
+        the device is well into r+1 -- part of r's time is r+1's, and part of the round before
+        r's is r's (the first round after the prefill carries the second's; the last launched
+        early lacks its own). Priced so, the probes made a second draft look cheap
+        (docs/benchmarks.md, "Speculation that tunes itself")."""
+        if step.ahead > step.k:
+            return False
+        next_early = next_step is not None and next_step.launched_early
+        if step.launched_early or next_early:
+            return step.launched_early and next_early and self.last_k == step.k == next_step.k
+        return True
+
     def report(self, step: Step, verdict: Verdict, tokens: list[int], finish: str | None,
                prefill: bool = False) -> Round:
         """The round's Round: its text streamed (stop strings held back: Output.round)."""

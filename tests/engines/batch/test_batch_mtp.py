@@ -58,7 +58,8 @@ def test_mtp_rows_get_their_lone_tokens_and_acceptance(targets, model, llama_dra
     reqs = mtp_requests(str(drafter_dir), llama_draft_dir if model == "llama" else gemma3_draft_dir)
     alone = [summary(lone_rounds(engine, r)) for r in reqs]
     # Gemma 3: compact on nearly every step, so rows roll back right after compactions.
-    batch = BatchEngine(engine, max_batch=4, budget=None, compact_min_slots=4 if model == "gemma3" else 64)
+    batch = BatchEngine(engine, max_batch=4, budget=None, compact_min_slots=4 if model == "gemma3" else 64,
+                        verifies_ahead=False)
     got, sizes = run_batch(batch, reqs, join_late=2)
     assert max(sizes) == 4
     for i in range(len(reqs)):
@@ -85,7 +86,7 @@ def test_a_hidden_state_from_the_wrong_position_is_caught(targets, monkeypatch):
         return real(self, step, verdict, hidden, priced)
 
     monkeypatch.setattr(Sequence, "commit", first_position)
-    got, _ = run_batch(BatchEngine(engine, max_batch=3, budget=None), reqs, join_late=0)
+    got, _ = run_batch(BatchEngine(engine, max_batch=3, budget=None, verifies_ahead=False), reqs, join_late=0)
     assert all(summary(got[i])[0] == alone[i][0] for i in range(3))  # lossless regardless
     assert any(summary(got[i])[2] != alone[i][2] for i in (0, 2))
 
@@ -102,7 +103,7 @@ def test_gemma4_assistant_rows_in_a_batch(dense_pair):
             Request(prompt="a red bird", max_tokens=20),
             Request(prompt="we see the old moon and the sun", max_tokens=28, spec=mtp(5))]
     alone = [summary(lone_rounds(engine, r)) for r in reqs]
-    got, _ = run_batch(BatchEngine(engine, max_batch=3, budget=None), reqs, join_late=1)
+    got, _ = run_batch(BatchEngine(engine, max_batch=3, budget=None, verifies_ahead=False), reqs, join_late=1)
     for i in range(3):
         assert summary(got[i]) == alone[i], i
     assert sum(r.proposed for r in got[0] + got[2]) > 20 and not any(r.note for r in got[0])
@@ -141,6 +142,7 @@ def test_gemma4_assistant_drafts_in_a_batch_equal_its_lone_drafts(dense_pair, mo
         lone_rounds(engine, r)
     # compacting on nearly every step drops what the window no longer needs: the drafter's
     # sliding layers still see the last kept token's whole window
-    run_batch(BatchEngine(engine, max_batch=2, budget=None, compact_min_slots=2), reqs, join_late=0)
+    run_batch(BatchEngine(engine, max_batch=2, budget=None, compact_min_slots=2, verifies_ahead=False), reqs,
+              join_late=0)
     assert len(batch_drafts) > 15 and max(len(c) for c in batch_drafts) > 2 * SLIDING_WINDOW
     assert all(batch_drafts[c] == lone_drafts[c] for c in batch_drafts)

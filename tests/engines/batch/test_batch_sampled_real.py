@@ -24,13 +24,16 @@ def exact(tiny):  # noqa: F811 (the fixture above)
     return exact_distribution(tiny)
 
 
-def batch_counts(engine, spec: SpecConfig, seed_of=lambda i: 1000 + i, max_tokens: int = 5):
-    batch = BatchEngine(engine, max_batch=8, budget=None)
+def batch_counts(engine, spec: SpecConfig, seed_of=lambda i: 1000 + i, max_tokens: int = 5, max_batch: int = 8,
+                 launched: list | None = None):
+    """`launched`: gets the number of rounds launched before the last verdict was read."""
+    batch = BatchEngine(engine, max_batch=max_batch, budget=None)
     counts, proposed, accepted = Counter(), 0, 0
     tokens: dict[int, list[int]] = {}
     pending = list(range(N))
+    early = 0
     while pending or batch.busy:
-        while pending and len(batch.joining) + batch.size < 8:
+        while pending and len(batch.joining) + batch.size < max_batch:
             i = pending.pop()
             sampling = type(SAMPLING)(**(SAMPLING.__dict__ | {"seed": seed_of(i)}))
             seq = batch.submit(Request(prompt=PROMPT, max_tokens=max_tokens, spec=spec, sampling=sampling,
@@ -40,8 +43,11 @@ def batch_counts(engine, spec: SpecConfig, seed_of=lambda i: 1000 + i, max_token
             tokens[seq.id] += rnd.tokens
             proposed += rnd.proposed
             accepted += rnd.accepted
+            early += rnd.launched_early
             if rnd.finish:
                 counts[tuple(tokens.pop(seq.id)[:3])] += 1
+    if launched is not None:
+        launched.append(early)
     return counts, proposed, accepted
 
 
@@ -101,3 +107,20 @@ def test_a_broken_verifier_is_caught_for_mtp_rows(tiny_mtp, monkeypatch):
     BROKEN["resample_from_p"](monkeypatch)
     counts, _, _ = batch_counts(engine, SpecConfig("mtp", 3, draft_model=drafter))
     assert chi_square_pvalue(counts, exact_law, N) < ALPHA
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("broken", [False, True])
+def test_mtp_steps_launched_ahead_follow_the_target_law(tiny_mtp, broken, monkeypatch):
+    """One request at a time (a batch of one): the second round of each is launched on the
+    first one's verdict still in the graph, its drafts sampled on a chain from that verdict.
+    Must fail with the rejection sampler resampling from p."""
+    engine, drafter = tiny_mtp
+    exact_law = exact_distribution(engine)
+    if broken:
+        BROKEN["resample_from_p"](monkeypatch)
+    launched: list[int] = []
+    counts, proposed, accepted = batch_counts(engine, SpecConfig("mtp", 1, draft_model=drafter), max_batch=1,
+                                              launched=launched)
+    assert launched[0] > 0.8 * N and 0.05 * proposed < accepted < 0.95 * proposed, (launched, accepted, proposed)
+    assert (chi_square_pvalue(counts, exact_law, N) < ALPHA) == broken
