@@ -13,9 +13,12 @@ def load_engine(kind: str, model_path: str, **options) -> Engine:
 
         return RemoteEngine.load(model_path, **options)
     if kind == "chat":
+        from engines.batch.engine import batch_of_one
         from engines.mlx_chat.engine import ChatEngine
 
-        return ChatEngine.load(model_path, **options)
+        engine = ChatEngine.load(model_path, **options)
+        engine.loop = batch_of_one(engine)  # a lone request is a batch of one
+        return engine
     if kind == "ocr":
         from engines.glm_ocr.engine import OcrEngine
 

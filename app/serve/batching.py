@@ -90,13 +90,14 @@ class BatchQueue:
                 "waiting": len(self.engine.joining) + self.inbox.qsize()}
 
     def admit(self, count: int = 1) -> None:
-        """Room for `count` sequences (a request's n choices), all or none."""
+        """Room for `count` sequences (a request's n choices), all or none. A request with more
+        choices than rows and queue hold is taken when nothing else is: its choices wait for rows."""
         if self.lost is not None:
             raise _unavailable(self.lost)
         if self.stopped is not None:
             raise _stopped(self.stopped)
         with self.lock:
-            if self.admitted + count > self.capacity:
+            if self.admitted and self.admitted + count > self.capacity:
                 raise ApiError(503, "the server is busy (its batch and queue are full); retry later", "server_busy",
                                kind="server_error", headers={"Retry-After": str(RETRY_AFTER_S)})
             self.admitted += count

@@ -8,9 +8,10 @@ do as well; Starlette needs no framework of its own around four routes.
 
 Chat and OCR requests are batched (app/serve/batching.py, `--max-batch N`): up to N sequences
 share one target forward per step, each with its own speculation, and `queue_size` more may
-wait for a row (OCR: engines/glm_ocr/batch.py; on Core ML a batch of one). `--max-batch 1` and a
-chat model the batch cannot hold run one at a time in arrival order on one engine thread
-(EngineQueue), with `queue_size` waiting behind the running one. Either
+wait for a row (OCR: engines/glm_ocr/batch.py; on Core ML a batch of one); `--max-batch 1` is a
+batch of one. A chat model the batch cannot hold (and a remote engine) runs one request at a
+time in arrival order on one engine thread (EngineQueue), with `queue_size` waiting behind the
+running one. Either
 way the next request gets 503 with Retry-After, and each Round goes to the event loop, which
 streams it (SSE) or collects it (non-streaming)."""
 
@@ -54,7 +55,7 @@ class ServeConfig:
     api_key: str | None = None  # clients send it as "Authorization: Bearer KEY"
     insecure: bool = False  # allow a non-loopback host without a key
     queue_size: int = 4  # requests that may wait for the engine (or for a row of the batch)
-    max_batch: int = DEFAULT_MAX_BATCH  # sequences per target forward (chat, OCR); 1 = one at a time
+    max_batch: int = DEFAULT_MAX_BATCH  # sequences per target forward (chat, OCR); 1 = a batch of one
     memory_bytes: int | None = None  # the machine's memory for the batch's check (None: measured)
     prompt_cache_mb: int = 512  # prompts read before, kept for requests that start the same (0: off)
     allowed_hosts: tuple[str, ...] = ()  # Host names served besides the loopback ones (app/serve/guard.py)
@@ -173,7 +174,7 @@ def batch_queue(served: Served, config: ServeConfig, metrics: ServeMetrics):
         from app.serve.batching import BatchQueue
 
         return BatchQueue(served.batch, config.queue_size, metrics, check_prompt)
-    if config.max_batch >= 2 and served.model.kind == "ocr" and hasattr(served.engine, "sequence"):
+    if served.model.kind == "ocr" and hasattr(served.engine, "sequence"):
         from app.serve.batching import BatchQueue
         from engines.glm_ocr.batch import OcrBatch
 
@@ -183,7 +184,7 @@ def batch_queue(served: Served, config: ServeConfig, metrics: ServeMetrics):
             check_memory(runtime.kv_bytes_per_token(), batch.max_batch, runtime.cache_length,
                          runtime.weights_bytes(), config.memory_bytes or physical_memory())
         return BatchQueue(batch, config.queue_size, metrics, check_prompt)
-    if config.max_batch < 2 or served.model.kind != "chat" or not isinstance(served.engine, ChatEngine):
+    if served.model.kind != "chat" or not isinstance(served.engine, ChatEngine):
         return None
     from mlx.utils import tree_flatten
 
@@ -194,8 +195,9 @@ def batch_queue(served: Served, config: ServeConfig, metrics: ServeMetrics):
     from engines.batch.prompt_cache import PromptCache
 
     try:
-        engine = BatchEngine(served.engine, max_batch=config.max_batch,
-                             budget=DraftBudget.tuned(served.model.spec, served.engine.model_path))
+        # one row drafts what it asks, as a lone request does (the cap weighs rows against each other)
+        budget = DraftBudget.tuned(served.model.spec, served.engine.model_path) if config.max_batch > 1 else None
+        engine = BatchEngine(served.engine, max_batch=config.max_batch, budget=budget)
     except UnbatchableModel as e:
         print(f"specscope serve: {served.model.id} runs one request at a time: {e}", file=sys.stderr, flush=True)
         return None

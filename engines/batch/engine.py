@@ -45,7 +45,7 @@ from typing import Iterator
 import mlx.core as mx
 
 from engines.types import EngineError, OnPrefill, PrefillProgress, Request, ShouldStop
-from engines.batch.cache import BatchCache, check_batchable
+from engines.batch.cache import BatchCache, UnbatchableModel, check_batchable
 from engines.batch.controller import DraftBudget, row_odds
 from engines.batch.drafter import BatchDrafter
 from engines.batch.mtp import BatchMTP
@@ -145,7 +145,7 @@ class BatchEngine:
         """Check the request (an invalid one never enters the batch: EngineError) and queue
         it to read its prompt as soon as a row is free. `twin_of`: a sequence queued before
         with the same prompt (another of a request's n choices): this one copies its prefill."""
-        seq = self.chat.sequence(request, should_stop, batch_proposer=self._proposer)
+        seq = self.chat.sequence(request, should_stop, batch_proposer=self._proposer, alone=self.max_batch == 1)
         seq.id = next(self._ids)
         seed = request.sampling.seed if request.sampling.seed is not None else random.getrandbits(63)
         seq.key = None if request.sampling.greedy else mx.random.key(seed)
@@ -239,7 +239,7 @@ class BatchEngine:
         in one step. Chunks start where a lone run's do, so a prompt is read in the same
         forwards as alone (the same floating-point result)."""
         gone = [j for j in self.joining if j.seq.should_stop()]  # clients that left while waiting
-        out = [(j.seq, j.seq.out.stopped("cancelled")) for j in gone]
+        out = [(j.seq, j.seq.out.stopped("cancelled", prefill=True)) for j in gone]
         for j in gone:
             self.joining.remove(j)
             j.seq.finished = True
@@ -334,7 +334,7 @@ class BatchEngine:
             if draft.size and not isinstance(draft.tokens, list):
                 mx.eval(draft.tokens)
             spent = shared_s if seq.id in drafts else time.perf_counter() - t1
-            plans.append(Step(k, draft, spent))
+            plans.append(Step(k, draft, spent, expected=seq.expected()))
         return plans
 
     def _steps(self, seq: Sequence, cap: int, remaining: int | None = None) -> int:
@@ -509,14 +509,38 @@ class BatchEngine:
     # -- a batch of one -------------------------------------------------------------------------
     def generate(self, request: Request, should_stop: ShouldStop | None = None, *,
                  on_prefill: OnPrefill | None = None) -> Iterator[Round]:
-        """A lone request through the batch loop (the Engine protocol)."""
+        """A lone request through the batch loop (the Engine protocol). Left unfinished -- its
+        consumer stopped reading, or a step raised -- it leaves the batch, as a cancel would."""
         seq = self.submit(request, should_stop, on_prefill)
-        while not seq.finished and self.busy:
-            for s, rnd in self.step():
-                if s is seq:
-                    yield rnd
-                    if rnd.finish:
-                        seq.finished = True
+        try:
+            while not seq.finished and self.busy:
+                for s, rnd in self.step():
+                    if s is seq:
+                        yield rnd
+                        if rnd.finish:
+                            seq.finished = True
+        finally:
+            if not seq.finished:
+                self._drop(seq)
+
+    def _drop(self, seq: Sequence) -> None:
+        """`seq` out of the batch, wherever it is: waiting, or running (a step launched ahead
+        is dropped with it)."""
+        waiting = [j for j in self.joining if j.seq is seq]
+        for j in waiting:
+            self.joining.remove(j)
+        seq.finished = True
+        if seq in self.running:
+            self._leave([seq])
+
+
+def batch_of_one(chat: ChatEngine) -> BatchEngine | None:
+    """The loop a lone request runs through (ChatEngine.loop): the batch's, one row; None for a
+    model whose caches the batch cannot hold (recurrent, quantized, attention sinks)."""
+    try:
+        return BatchEngine(chat, max_batch=1, budget=None)  # a lone request drafts what it asks
+    except UnbatchableModel:
+        return None
 
 
 # -- per-row verification (pure: the batch T>0 tests drive these directly) ---------------------

@@ -101,6 +101,10 @@ class ChatEngine:
     target: LoadedModel
     draft_path: str | None = None
     mtp_options: MtpOptions = field(default_factory=MtpOptions)
+    # The loop `generate` runs a request through: the batch's, as a batch of one (engines.factory
+    # sets it: engines/batch/engine.py `batch_of_one`); None -- a model the batch cannot hold, or
+    # an engine made without the factory -- this module's own loop below.
+    loop: Any = None
     _drafts: dict[str, LoadedModel] = field(default_factory=dict)
     _hash: str | None = None
     _composed_costs: dict[tuple[str, str], Any] = field(default_factory=dict)  # (method, drafter) -> DraftingCosts
@@ -170,6 +174,9 @@ class ChatEngine:
     # -- THE round loop ------------------------------------------------------------------------
     def generate(self, request: Request, should_stop: ShouldStop | None = None, *,
                  on_prefill: OnPrefill | None = None) -> Iterator[Round]:
+        if self.loop is not None:
+            yield from self.loop.generate(request, should_stop, on_prefill=on_prefill)
+            return
         seq = self.sequence(request, should_stop)
         first = self._prefill(seq, on_prefill)
         yield first
@@ -196,11 +203,14 @@ class ChatEngine:
 
     # -- the loop's helpers, in the order they run ------------------------------------------------
     def sequence(self, request: Request, should_stop: ShouldStop | None = None, *,
-                 batch_proposer: Callable[[Request], tuple[Proposer | None, str | None]] | None = None) -> Sequence:
+                 batch_proposer: Callable[[Request], tuple[Proposer | None, str | None]] | None = None,
+                 alone: bool | None = None) -> Sequence:
         """A Sequence for `request` (checked first: EngineError), with its proposer, schedule and
         the target's cache. `batch_proposer`: a row of the batch (engines/batch) -- its proposer
-        is the batch's (shared drafters), its cache rows and RNG key are the batch's, and its
-        --steps auto learns from its own rounds only."""
+        is the batch's (shared drafters), its cache rows and RNG key are the batch's. `alone`
+        (default: not a batch row): its rounds cost what a lone run's do, so its --steps auto
+        starts from what earlier requests measured; a row of a larger batch learns from its own
+        rounds only."""
         validate(request, self.context_length)
         prompt_ids = self.prompt_ids(request)
         if not prompt_ids:
@@ -217,7 +227,7 @@ class ChatEngine:
             except UnsupportedCache as e:  # recurrent / hybrid layers cannot roll back exactly
                 proposer, note, cache = None, f"speculation unavailable: {e}", make_prompt_cache(self.model)
         schedule = DraftSchedule.of(request.spec, self.model_path) if proposer is not None else DraftSchedule(0)
-        if schedule.auto is not None and lone:
+        if schedule.auto is not None and (lone if alone is None else alone):
             self._auto_from_earlier_requests(schedule.auto, request)
         if schedule.auto is not None and isinstance(proposer, NGramProposer):
             proposer.auto = schedule.auto  # n-gram's acceptance from whole continuations (tuning.py)

@@ -89,8 +89,10 @@ class Output:
         self.index += 1
         return rnd
 
-    def stopped(self, finish: str, note: str | None = None) -> Round:
-        """A round that ran no forward: the run was cancelled, or the context is full."""
+    def stopped(self, finish: str, note: str | None = None, prefill: bool = False) -> Round:
+        """A round that ran no forward: the run was cancelled, or the context is full.
+        `prefill`: stopped before its first token (the run's first Round is its prefill's)."""
         if note:
             self.say(note)
-        return self.round(Verdict(0, []), [], finish, proposed=0, draft_s=0.0, verify_s=0.0, wall_s=0.0)
+        return self.round(Verdict(0, []), [], finish, proposed=0, draft_s=0.0, verify_s=0.0, wall_s=0.0,
+                          prefill=prefill)

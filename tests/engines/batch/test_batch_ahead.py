@@ -129,3 +129,20 @@ def test_gemma4_assistant_rows_launched_ahead(dense_pair):
     after = alone(engine, request, verifies_ahead=False)
     assert sum(r.launched_early for r in ahead) > 5
     same_until_the_tail(ahead, after, request)
+
+
+def test_a_batch_of_one_left_unread_leaves_nothing_behind(targets):
+    """A lone request whose reader stops (a client gone, a closed generator) while a step is
+    launched ahead: it leaves the batch, and the next request gets exactly its own rounds."""
+    from engines.batch.engine import batch_of_one
+
+    engine, _, drafter = targets["llama"]
+    one = batch_of_one(engine)
+    first = one.generate(Request(prompt=TRAINED_ON[0], max_tokens=40, spec=mtp(drafter, 3)))
+    for _ in range(3):
+        next(first)
+    assert one.ahead is not None  # a step in flight
+    first.close()
+    assert not one.busy and one.cache is None and one.ahead is None
+    request = Request(prompt=TRAINED_ON[1], max_tokens=30, spec=mtp(drafter, 2))
+    assert summary(list(one.generate(request))) == summary(alone(engine, request, verifies_ahead=True))

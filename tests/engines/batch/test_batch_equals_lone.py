@@ -274,19 +274,22 @@ def test_a_shared_drafter_fault_stops_its_rows_and_says_why(engines, llama_draft
 
 def test_steps_auto_in_a_batch_row_learns_its_rounds_costs(engines):
     """A row's --steps auto prices widths from its own rounds -- the step's verify, its drafting
-    -- as a lone run's does; without them it never learned a cost in a batch."""
+    -- as a lone run's does; without them it never learned a cost in a batch. And its Rounds say
+    what auto expected of each k as it chose (the window plots it), as a lone run's do."""
     engine = engines["llama"]
     batch = BatchEngine(engine, max_batch=2)
     reqs = [Request(prompt=p, max_tokens=40, spec=SpecConfig("ngram", 3, auto=True))
             for p in ("the cat and the dog see the cat and the dog see the", "a red bird and a red bird and a")]
     seqs = [batch.submit(r) for r in reqs]
+    rounds = []
     while batch.busy:
-        batch.step()
+        rounds += [rnd for _, rnd in batch.step()]
     for seq in seqs:
         auto = seq.schedule.auto
         assert auto is not None
         measured = auto.costs.seconds
         assert measured and all(s > 0 for s in measured.values()), measured
+    assert any(r.expected_tok_s for r in rounds) and any(r.expected_tokens for r in rounds)
 
 
 @pytest.mark.parametrize("model", ["llama", "gemma3"])
