@@ -46,6 +46,7 @@ class AppSettings:
     draft_model: str = ""
     task: str = "text"  # OCR task: text | table | formula
     ocr_layout: str = "auto"  # "auto": pages read by region when the layout model is installed; "off": whole pages
+    ocr_max_batch: int = 8  # a page's regions read together (`specscope ocr --max-batch`)
     chat_method: str = "ngram"
     ocr_method: str = "mtp"
     steps: int | None = None  # None: the method's default (engines.speculative.schedule.DEFAULT_STEPS)

@@ -129,7 +129,8 @@ class DocumentRun(QObject):
         from app.settings import data_dir
 
         crops = data_dir() / "regions" / hashlib.sha256(Path(image).read_bytes()).hexdigest()[:16]
-        job = ReadPage("", w.controls.engine_options(), request, layout, page.number, str(crops))
+        job = ReadPage("", w.controls.engine_options(), request, layout, page.number, str(crops),
+                       max_batch=w.controls.max_batch)
         spec = PageSpec(job, page, w.controls.model_path(), w.run_settings(), autosave=w.autosave)
         self._begin(label)
         self.worker = worker = PageWorker(spec, w.engines)

@@ -68,6 +68,24 @@ def test_settings_persist_across_launches(qtbot):
     assert c2.task_combo.currentData() == "table"
 
 
+def test_the_regions_read_together_are_an_ocr_setting_that_persists(qtbot):
+    """Read together (the CLI's --max-batch, 8 by default) is a row of OCR's settings, remembered
+    across launches; the page job takes it (tests/app/test_layout_reading_window.py)."""
+    first = MainWindow(load_settings(), persist=True)
+    qtbot.addWidget(first)
+    c = first.controls
+    c.set_engine("ocr")
+    assert c.model_form.isRowVisible(c.batch_spin) and c.max_batch == 8
+    c.batch_spin.setValue(3)
+    c.set_engine("chat")
+    assert not c.model_form.isRowVisible(c.batch_spin)
+    first.close()
+
+    second = MainWindow(load_settings(), persist=False)
+    qtbot.addWidget(second)
+    assert second.controls.max_batch == 3 and second.settings.ocr_max_batch == 3
+
+
 def test_a_broken_settings_file_falls_back_to_defaults():
     settings_path().parent.mkdir(parents=True, exist_ok=True)
     settings_path().write_text("{not json")

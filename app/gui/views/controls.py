@@ -1,9 +1,10 @@
-"""The sidebar: engine, model, OCR task, speculation (method, preset <-> spec-step slider, Auto
-and Tune…, composing n-gram with a model drafter), sampling, Read (OCR's primary action; chat's
-is Send beside the prompt) / Stop / A/B compare. Holds no run state; the window reads it into a
-Request. Choosing a method sets the drafts per round to that method's default, the same as the
-CLI's (engines.speculative.schedule). Auto is the CLI's --steps auto: the slider gives way to
-the machine's measured costs (Tune… measures them; the window runs it)."""
+"""The sidebar: engine, model, OCR task and how many regions are read together, speculation
+(method, preset <-> spec-step slider, Auto and Tune…, composing n-gram with a model drafter),
+sampling, Read (OCR's primary action; chat's is Send beside the prompt) / Stop / A/B compare.
+Holds no run state; the window reads it into a Request. Choosing a method sets the drafts per
+round to that method's default, the same as the CLI's (engines.speculative.schedule). Auto is the
+CLI's --steps auto: the slider gives way to the machine's measured costs (Tune… measures them;
+the window runs it)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ METHODS = {  # what each engine can speculate with
 TUNE_TIP = ("Measure what speculation costs and gains on this machine for this model and method "
             "(as `specscope tune`): Auto then chooses from it")
 OCR_TASKS = [("text", "Text"), ("table", "Table"), ("formula", "Formula")]
+MAX_BATCH = 64  # the most regions read together the sidebar offers (serve's --max-batch allows as many)
 
 
 def embedded_chat_installed() -> bool:
@@ -107,6 +109,11 @@ class ControlsPanel(QWidget):
         self.task_combo = QComboBox()
         for key, label in OCR_TASKS:
             self.task_combo.addItem(label, key)
+        # how many of a page's regions are read together, as rows of one batch (--max-batch)
+        self.batch_spin = QSpinBox(minimum=1, maximum=MAX_BATCH, suffix=" regions")
+        self.batch_spin.setToolTip("With Layout: how many of a page's regions are read at once, as the rows of one "
+                                   "batch (--max-batch; 1 reads them one after another, the same text; Core ML "
+                                   "reads one at a time)")
         self.system_edit = QPlainTextEdit(placeholderText="System prompt")
         self.system_edit.setFixedHeight(64)
 
@@ -180,6 +187,7 @@ class ControlsPanel(QWidget):
         self.model_form.setLabelAlignment(Qt.AlignmentFlag.AlignLeft)
         self.model_form.addRow("Runtime", self.runtime_combo)
         self.model_form.addRow("Task", self.task_combo)
+        self.model_form.addRow("Read together", self.batch_spin)
         col.addLayout(self.model_form)
         self.system_label = section("System prompt")
         col.addWidget(self.system_label)
@@ -395,6 +403,7 @@ class ControlsPanel(QWidget):
         ocr = self._engine == "ocr"
         self.model_form.setRowVisible(self.runtime_combo, ocr)
         self.model_form.setRowVisible(self.task_combo, ocr)
+        self.model_form.setRowVisible(self.batch_spin, ocr)
         self.system_label.setVisible(not ocr)
         self.system_edit.setVisible(not ocr)
         needs_drafter = not ocr and self.method in ("draft", "mtp")
@@ -447,6 +456,11 @@ class ControlsPanel(QWidget):
         copies = self.max_repeat_spin.value()
         return copies if copies >= 2 else 0
 
+    @property
+    def max_batch(self) -> int:
+        """A page's regions read together (ReadPage.max_batch)."""
+        return self.batch_spin.value()
+
     def engine_options(self) -> dict:
         options = {"runtime": self.runtime_combo.currentData()} if self._engine == "ocr" else {}
         key = self._server_keys.get(self.model_path().partition("#")[0])
@@ -477,6 +491,7 @@ class ControlsPanel(QWidget):
         self.runtime_combo.setCurrentIndex(max(i, 0))
         i = self.task_combo.findData(s.task)
         self.task_combo.setCurrentIndex(max(i, 0))
+        self.batch_spin.setValue(int(s.ocr_max_batch))  # (clamped to the spin's range)
         self.system_edit.setPlainText(s.system_prompt)
         self.draft_edit.setText(s.draft_model)
         steps = DEFAULT_STEPS.get(self.method, 0) if s.steps is None else int(s.steps)
@@ -498,6 +513,7 @@ class ControlsPanel(QWidget):
         s.chat_method, s.ocr_method = self._methods["chat"], self._methods["ocr"]
         s.ocr_runtime = self.runtime_combo.currentData()
         s.task = self.task_combo.currentData()
+        s.ocr_max_batch = self.batch_spin.value()
         s.system_prompt = self.system_edit.toPlainText()
         s.draft_model = self.draft_edit.text().strip()
         s.steps = self.steps_slider.value()
