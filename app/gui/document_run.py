@@ -27,7 +27,7 @@ from app.gui.views.layout_boxes import LayoutOverlay, RegionStates
 from app.gui.views.markdown_view import MarkdownView
 from app.gui.worker import start_worker
 from app.records.bursts import Burst
-from app.records.documents import LayoutPage
+from app.records.documents import LayoutPage, page_figures
 from engines.speculative.session import Session
 from engines.types import EngineError
 
@@ -240,8 +240,7 @@ class DocumentRun(QObject):
                 w.run_ended.emit("errored")
             return
         summary = w.ocr.reading_ended()
-        tokens = sum(len(s.tokens) for s in page.sessions)
-        w.status.setText(summary or f"Read {page.page.label} by region: {len(page.regions)} regions, {tokens} tokens")
+        w.status.setText(summary or f"Read {page.page.label} by region: {page_figures(page)}")
         w.run_ended.emit("finished")
 
     def _on_cancelled(self, page: LayoutPage) -> None:

@@ -34,7 +34,7 @@ from PySide6.QtWidgets import (
 from app import APP_NAME
 from app.records.bursts import Burst
 from app.records.compare import CompareResult, compare_sessions
-from app.records.documents import PageResult, export_text
+from app.records.documents import LayoutPage, PageResult, export_document, page_figures
 from app.records.round_series import RoundSeries
 from app.records.sessions import (
     SavedSession, autosave_problem, crashed_sessions, export_csv, export_json, export_png, export_text_file,
@@ -557,6 +557,9 @@ class MainWindow(QMainWindow):
     def _show_page_result(self, index: int) -> None:
         """Clicking a page that has been read shows its own plots and figures."""
         result = None if self.running else self.ocr.result_of(index)
+        by_region = None if self.running else self.ocr.layout_page_of(index)
+        if by_region is not None:  # its boxes show its regions; a box clicked, that region's rounds
+            self.status.setText(f"{by_region.page.label} by region: {page_figures(by_region)}")
         if result is not None and self.telemetry is not None:
             self.session = result.session
             self._show_in_telemetry(result.session)
@@ -775,7 +778,7 @@ class MainWindow(QMainWindow):
         self.compare = None
         if self.ocr.reading is not None:
             self._page_ended(session)
-            read = len(self.ocr.results)
+            read = len(self.ocr.results) + len(self.ocr.layout_pages)
             self.status.setText(f"Stopped after {len(session.rounds)} rounds; {read} page{'s' * (read != 1)} read "
                                 "are kept \u2014 Read goes on from the next page")
             self.ocr.reading_stopped()
@@ -946,15 +949,17 @@ class MainWindow(QMainWindow):
             raise ValueError(kind)
 
     # --- text exports -------------------------------------------------------------------------
-    def document_results(self) -> list[PageResult]:
-        """What the text exports hold: the pages read (OCR), or the last reply as one page (chat)."""
+    def document_results(self) -> list[PageResult | LayoutPage]:
+        """What the text exports hold: the pages read, whole or by region (OCR), or the last reply
+        as one page (chat)."""
         return self.pane.document_results()
 
     def export_text(self, fmt: str) -> str:
+        """The document as `specscope ocr --format` prints it (the same formatter)."""
         results = self.document_results()
         if not results:
             raise EngineError("nothing to export yet: run something first")
-        return export_text(results, fmt)
+        return export_document(results, fmt)
 
     def copy_markdown(self) -> None:
         try:

@@ -56,6 +56,7 @@ class PageWorker(QObject):
         self.read: dict[int, RegionRead] = {}
         self.autosaves: dict[int, Autosave] = {}
         self.markdown: str | None = None
+        self.read_s = 0.0  # the last batch step's time: how long the regions took to read together
 
     def request_stop(self) -> None:
         """From the GUI thread: every region still reading ends at the next step."""
@@ -89,7 +90,9 @@ class PageWorker(QObject):
             text = session.text if session is not None else ""
             regions.append(ReadRegion(self.spec.page.number, region, text, session, read.crop if read else None,
                                       read.note if read else None))
-        return LayoutPage(self.spec.page, regions, Path(self.spec.job.layout).name, self.found.note if self.found else None)
+        found = self.found
+        return LayoutPage(self.spec.page, regions, Path(self.spec.job.layout).name, found.note if found else None,
+                          layout_s=found.seconds if found else 0.0, read_s=self.read_s)
 
     # --- the events (this thread) ------------------------------------------------------------
     def _loaded(self, model: dict) -> None:
@@ -108,6 +111,7 @@ class PageWorker(QObject):
                 self.sessions[index].add(burst.round)
                 if index in self.autosaves:
                     self.autosaves[index].write_burst(burst)
+            self.read_s = event.at
             self.batch_stepped.emit(event)
         elif isinstance(event, RegionRead):
             self.read[event.index] = event

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engines.types import EngineError
-from engines.speculative.rounds import session_stats
+from engines.speculative.rounds import RunningStats, session_stats
 from engines.speculative.session import Session
 
 RENDER_DPI = 200
@@ -207,6 +207,7 @@ class DocumentSummary:
     decode_tok_s: float
     wall_s: float
     repeated: list[str] = field(default_factory=list)  # labels of the pages stopped by repetition
+    regions: int = 0  # regions read, on the pages read by region (summarize_pages)
 
     @property
     def acceptance_rate(self) -> float:
@@ -214,7 +215,8 @@ class DocumentSummary:
 
     def line(self) -> str:
         loops = f" \u00b7 stopped repeating: {', '.join(self.repeated)}" if self.repeated else ""
-        return (f"{self.pages} page{'s' * (self.pages != 1)} \u00b7 {self.tokens} tokens in "
+        regions = f" \u00b7 {self.regions} region{'s' * (self.regions != 1)}" if self.regions else ""
+        return (f"{self.pages} page{'s' * (self.pages != 1)}{regions} \u00b7 {self.tokens} tokens in "
                 f"{self.wall_s:.1f} s \u00b7 {self.decode_tok_s:.1f} tok/s \u00b7 acceptance "
                 f"{100 * self.acceptance_rate:.0f}%{loops}")
 
@@ -229,17 +231,8 @@ def summarize(results: list[PageResult]) -> DocumentSummary:
 
 
 def export_text(results: list[PageResult], fmt: str) -> str:
-    """The document as Markdown (a heading per page when there are several), plain text
-    (pages separated by a form feed, as `pdftotext` does) or JSON (one entry per page)."""
-    if fmt == "json":
-        return json.dumps({"pages": [r.record() for r in results]}, ensure_ascii=False, indent=1) + "\n"
-    if fmt == "txt":
-        return "\f".join(r.session.text.rstrip() + "\n" for r in results)
-    if fmt == "md":
-        if len(results) == 1:
-            return results[0].session.text.rstrip() + "\n"
-        return "\n\n".join(f"## {r.page.label}\n\n{r.session.text.strip()}" for r in results) + "\n"
-    raise ValueError(f"unknown export format {fmt!r} (expected one of {', '.join(EXPORT_FORMATS)})")
+    """Pages read whole as Markdown, plain text or JSON (export_document)."""
+    return export_document(results, fmt)
 
 
 # --------------------------------------------------------------------------- pages read by region
@@ -254,6 +247,8 @@ class LayoutPage:
     regions: list  # engines.glm_ocr.document.ReadRegion, in reading order
     layout: str  # the layout model's folder name
     note: str | None = None
+    layout_s: float = 0.0  # how long the layout stage took (the window records it)
+    read_s: float = 0.0  # from the regions' first batch step to their last (the window records it)
 
     @property
     def sessions(self) -> list[Session]:
@@ -277,20 +272,79 @@ def summarize_layout(pages: list[LayoutPage]) -> DocumentSummary:
     )
 
 
-def export_layout(pages: list[LayoutPage], fmt: str) -> str:
-    """A document read by region as Markdown (the glmocr SDK's formatting, figures as image
-    references, a heading per page when there are several), plain text (the regions' texts in
-    reading order, pages separated by a form feed) or JSON (pages -> regions)."""
-    from engines.glm_ocr.document import markdown_pages
+def summarize_pages(pages: list[PageResult | LayoutPage]) -> DocumentSummary:
+    """The window's figures for pages read whole or by region. A page read by region counts the
+    time its regions were read together (LayoutPage.read_s, the Batch strip's clock), not the
+    sum of its rows' rounds: the rows of one step share that step's time, so the sum would count
+    it once a row. Its tok/s is the page's aggregate: every region's tokens over that time."""
+    whole, rows = RunningStats(), RunningStats()
+    for rnd in (rnd for p in pages if isinstance(p, PageResult) for rnd in p.session.rounds):
+        whole.add(rnd)
+    by_region = [p for p in pages if isinstance(p, LayoutPage)]
+    for rnd in (rnd for p in by_region for session in p.sessions for rnd in session.rounds):
+        rows.add(rnd)
+    decode_tokens = whole.decode_tokens + rows.tokens  # (a region's first token is read in the batch's time)
+    decode_s = whole.decode_wall + sum(p.read_s for p in by_region)
+    return DocumentSummary(
+        pages=len(pages), tokens=whole.tokens + rows.tokens, rounds=whole.rounds + rows.rounds,
+        proposed=whole.proposed + rows.proposed, accepted=whole.accepted + rows.accepted,
+        decode_tok_s=decode_tokens / decode_s if decode_s > 0 else 0.0,
+        wall_s=whole.wall_s + sum(p.layout_s + p.read_s for p in by_region),
+        repeated=[p.page.label for p in pages if any(x.finish == "repetition" for x in _sessions(p))],
+        regions=sum(len(p.sessions) for p in by_region),
+    )
 
-    markdown = markdown_pages([p.regions for p in pages])
+
+def page_figures(page: LayoutPage) -> str:
+    """A page read by region in one line (the window's page list and status bar): its regions
+    read, tokens, the aggregate tok/s of its batch, draft acceptance, and the time it took
+    (layout and regions)."""
+    s = summarize_pages([page])
+    return (f"{s.regions} region{'s' * (s.regions != 1)} read \u00b7 {s.tokens} tokens \u00b7 "
+            f"{s.decode_tok_s:.1f} tok/s \u00b7 acceptance {100 * s.acceptance_rate:.0f}% \u00b7 {s.wall_s:.1f} s")
+
+
+def _sessions(page: PageResult | LayoutPage) -> list[Session]:
+    return page.sessions if isinstance(page, LayoutPage) else [page.session]
+
+
+def export_layout(pages: list[LayoutPage], fmt: str) -> str:
+    """Pages read by region as Markdown, plain text or JSON (export_document)."""
+    return export_document(pages, fmt)
+
+
+def export_document(pages: list[PageResult | LayoutPage], fmt: str) -> str:
+    """The document as Markdown (a heading per page when there are several), plain text (pages
+    separated by a form feed, as `pdftotext` does) or JSON (one entry per page). A page read
+    whole gives its text and its rounds summary; a page read by region its Markdown as the glmocr
+    SDK's formatter writes it (figures as image references to their crops), its regions' texts in
+    reading order, and pages -> regions in JSON. The CLI and the window both export through here."""
+    markdown = _markdown_of(pages)
     if fmt == "json":
-        return json.dumps({"pages": [p.record(md) for p, md in zip(pages, markdown)]}, ensure_ascii=False,
-                          indent=1) + "\n"
+        entries = [p.record(md) if isinstance(p, LayoutPage) else p.record() for p, md in zip(pages, markdown)]
+        return json.dumps({"pages": entries}, ensure_ascii=False, indent=1) + "\n"
     if fmt == "txt":
-        return "\f".join("\n\n".join(r.text.strip() for r in p.regions if r.text.strip()) + "\n" for p in pages)
+        return "\f".join(_plain_text(p) + "\n" for p in pages)
     if fmt == "md":
         if len(pages) == 1:
             return markdown[0].rstrip() + "\n"
         return "\n\n".join(f"## {p.page.label}\n\n{md.strip()}" for p, md in zip(pages, markdown)) + "\n"
     raise ValueError(f"unknown export format {fmt!r} (expected one of {', '.join(EXPORT_FORMATS)})")
+
+
+def _markdown_of(pages: list[PageResult | LayoutPage]) -> list[str]:
+    """Each page's Markdown. The pages read by region go through markdown_pages together, a page
+    read whole holding its place (no regions), so that a figure's reference names its page's
+    place in the document and figures are numbered across it."""
+    if not any(isinstance(p, LayoutPage) for p in pages):  # (and engines.glm_ocr stays unimported)
+        return [p.session.text for p in pages]
+    from engines.glm_ocr.document import markdown_pages
+
+    by_region = markdown_pages([p.regions if isinstance(p, LayoutPage) else [] for p in pages])
+    return [md if isinstance(p, LayoutPage) else p.session.text for p, md in zip(pages, by_region)]
+
+
+def _plain_text(page: PageResult | LayoutPage) -> str:
+    if isinstance(page, LayoutPage):
+        return "\n\n".join(r.text.strip() for r in page.regions if r.text.strip())
+    return page.session.text.rstrip()

@@ -6,17 +6,21 @@ as a user gets them (`models get`), and a page on which the layout finds a title
 Shown: the boxes appear with their states (waiting / reading / done) while the regions are read
 together; clicking a box shows that region's rounds in the transcript and the speculation strip;
 the batch's rows and aggregate speed; the Markdown view is engines.glm_ocr.document.markdown_pages'
-output for the run (and the engine process's own); each region's rounds are autosaved; Stop ends
-the page mid-read; without the layout model pages are read whole, the window says so in one line
-and offers the download, after which the same Read goes by region; Layout off reads whole pages."""
+output for the run (and the engine process's own); each region's rounds are autosaved; Read
+together reaches the page job; Copy as Markdown, Save Text As and the summaries hold the pages read
+by region (beside one read whole) as the CLI gives them; Stop ends the page mid-read; without the
+layout model pages are read whole, the window says so in one line and offers the download, after
+which the same Read goes by region; Layout off reads whole pages."""
 
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 from PySide6.QtCore import QPointF, Qt
 from PySide6.QtTest import QTest
+from PySide6.QtWidgets import QApplication
 
 from app.gui.main_window import MainWindow
 from app.settings import AppSettings
@@ -68,7 +72,11 @@ def autosaved(home):
 
 
 def test_a_page_is_read_by_region_with_its_boxes_rounds_batch_and_markdown(qtbot, hub, hub_env, checkpoints,
-                                                                            specscope_home):
+                                                                            specscope_home, tmp_path):
+    """One engine process for what a document read by region shows (its start is most of this
+    test's time): the page's boxes, rounds, batch, Markdown and autosaves; a second page read
+    one region at a time (Read together at 1); a third read whole; the exports and the summary
+    of the three; then Layout off."""
     from engines.glm_ocr.document import markdown_pages
 
     install(hub, checkpoints, "glm-ocr", "pp-doclayout-v3")
@@ -123,12 +131,71 @@ def test_a_page_is_read_by_region_with_its_boxes_rounds_batch_and_markdown(qtbot
         len(s.rounds) for s in page.sessions)
     assert all(f[-1]["event"] == "end" and f[-1]["outcome"] == "finished" for f in saved)
 
-    # Layout off: the page is read whole again
-    window.document.layout_button.click()
+    a_page_one_region_at_a_time_then_one_read_whole_are_exported_and_summed_up(qtbot, window, checkpoints, tmp_path)
+
+    # Layout off: every page is read whole again
     assert window.settings.ocr_layout == "off"
     assert read(qtbot, window) == "finished"
-    assert len(window.ocr.results) == 1 and window.ocr.layout_pages == []
+    assert len(window.ocr.results) == 3 and window.ocr.layout_pages == []
     window.shutdown()
+
+
+def a_page_one_region_at_a_time_then_one_read_whole_are_exported_and_summed_up(qtbot, window, checkpoints, tmp_path):
+    """Read together at 1 (the CLI's --max-batch 1) reaches the page job: each batch step reads one
+    region. Edit › Copy as Markdown and Save Text As hold the pages read by region, through the
+    CLI's own formatter (what `specscope ocr --format` prints), a page read whole beside them; the
+    page list, the status bar and the document's summary give each page's regions read, tokens,
+    tok/s, acceptance and time."""
+    from app.records.documents import export_document, summarize_pages
+
+    run = window.document_run
+    second, third = tmp_path / "second.png", tmp_path / "third.png"
+    for copy in (second, third):
+        shutil.copy(checkpoints["page"], copy)
+    window.open_documents([second])
+    window.controls.batch_spin.setValue(1)
+    window.controls.max_tokens_spin.setValue(8)
+    jobs = []
+    window.run_started.connect(lambda spec: jobs.append(getattr(spec, "job", None)))
+    assert read(qtbot, window) == "finished"  # the page not read yet
+    assert [job.max_batch for job in jobs] == [1] and run.batch.rows and max(run.batch.rows) == 1
+    pages = window.ocr.layout_pages
+    assert [p.page.source for p in pages] == [str(checkpoints["page"]), str(second)]
+
+    # the document's summary and each page's figures, from its regions' rounds and its batch's time
+    summary = summarize_pages(pages)
+    assert summary.regions == 4 and summary.tokens == sum(len(s.tokens) for p in pages for s in p.sessions) > 0
+    assert 0 < pages[1].read_s < pages[1].layout_s + pages[1].read_s and summary.decode_tok_s > 0
+    assert window.transcript.message_text == window.status.text() == f"Read {summary.line()}"
+    assert summary.line().startswith("2 pages \u00b7 4 regions \u00b7 ")
+    tip = window.document.page_list.item(1).toolTip()
+    assert "2 regions read \u00b7 " in tip and " tok/s \u00b7 acceptance " in tip
+    window.document.show_page(0)
+    assert window.status.text().startswith("page.png by region: 2 regions read \u00b7 ")
+
+    # a page added and read whole (Layout off) joins them, in the document's order
+    window.open_documents([third])
+    window.document.layout_button.click()
+    assert read(qtbot, window) == "finished"
+    assert jobs[1:] == [None]  # (a page read whole is a run, not a page job)
+    document = window.ocr.pages_read()
+    assert [p.page.source for p in document] == [str(checkpoints["page"]), str(second), str(third)]
+    assert window.transcript.message_text == f"Read {summarize_pages(document).line()}"
+    assert window.transcript.message_text.startswith("Read 3 pages \u00b7 4 regions \u00b7 ")
+
+    # the exports: what `specscope ocr --format md|txt|json` prints for these pages
+    window.copy_markdown()
+    markdown = QApplication.clipboard().text()
+    assert markdown == export_document(document, "md")
+    assert markdown.startswith(f"## page.png\n\n{run.page_markdown[0].strip()}\n\n## second.png\n\n# ")
+    assert markdown.endswith(f"## third.png\n\n{document[2].session.text.strip()}\n")
+    window.save_text("txt", tmp_path / "doc.txt")
+    text = (tmp_path / "doc.txt").read_text()
+    assert text == export_document(document, "txt") and text.count("\f") == 2
+    assert text.startswith(pages[0].regions[0].text.strip() + "\n\n" + pages[0].regions[1].text.strip())
+    window.save_text("json", tmp_path / "doc.json")
+    entries = json.loads((tmp_path / "doc.json").read_text())["pages"]
+    assert [len(e.get("regions", [])) for e in entries] == [2, 2, 0] and entries[2]["rounds"]["tokens"] > 0
 
 
 @pytest.mark.slow  # (the quick suite's time; a document's stop stays quick: tests/app/test_documents_window.py)

@@ -15,7 +15,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QSplitter, QVBoxLayout, QWidget
 
 from app.records.compare import CompareResult
-from app.records.documents import LayoutPage, Page, PageResult, summarize
+from app.records.documents import LayoutPage, Page, PageResult, page_figures, summarize_pages
 from app.gui.views.document import DocumentView
 from app.gui.views.transcript import TranscriptView
 from engines.speculative.session import Session
@@ -143,8 +143,7 @@ class OcrPane(QWidget):
     def layout_page_ended(self, page: LayoutPage, state: str, keep: bool) -> None:
         """A page read by region has ended: mark it, keep it when it was read to its end, go on."""
         index, _page = self.reading.current
-        tokens = sum(len(s.tokens) for s in page.sessions)
-        self.document.set_page_state(index, state, f"{len(page.regions)} regions \u00b7 {tokens} tokens")
+        self.document.set_page_state(index, state, page_figures(page))
         self.reading.queue.popleft()
         if keep:
             self.layout_pages.append(page)
@@ -152,9 +151,10 @@ class OcrPane(QWidget):
     def reading_ended(self) -> str | None:
         """The last page has been read: the document's summary line when it had several pages."""
         self.reading = None
-        if len(self.results) <= 1:
+        pages = self.pages_read()
+        if len(pages) <= 1:
             return None
-        summary = f"Read {summarize(self.results).line()}"
+        summary = f"Read {summarize_pages(pages).line()}"
         if not self.transcript.message_text:
             self.transcript.show_message(summary, "info")
         return summary
@@ -182,8 +182,23 @@ class OcrPane(QWidget):
         page = self.document.pages[index]
         return next((r for r in self.results if r.page == page), None)
 
-    def document_results(self) -> list[PageResult]:
-        return list(self.results)
+    def layout_page_of(self, index: int) -> LayoutPage | None:
+        """Page `index` of the document as read by region, if it has been."""
+        if not 0 <= index < len(self.document.pages):
+            return None
+        page = self.document.pages[index]
+        return next((p for p in self.layout_pages if p.page == page), None)
+
+    def pages_read(self) -> list[PageResult | LayoutPage]:
+        """The pages read, whole or by region, in the document's order (a page cut short and read
+        again later is read after the pages that follow it)."""
+        order = {page: i for i, page in enumerate(self.document.pages)}
+        pages = [*self.results, *self.layout_pages]
+        return sorted(pages, key=lambda p: order.get(p.page, len(order)))
+
+    def document_results(self) -> list[PageResult | LayoutPage]:
+        return self.pages_read()
 
     def suggested_name(self) -> str:
-        return self.results[0].page.source if self.results else "specscope"
+        pages = self.pages_read()
+        return pages[0].page.source if pages else "specscope"
