@@ -159,7 +159,12 @@ class DocumentRun(QObject):
         w.ocr.begin(label, second_of_compare=False)
         w.session = None
         self.following = True
+        # a page read again (after a Stop, or the whole document again) shows only this reading:
+        # the rounds of the one before would run on into it, in the boxes' text and the Markdown
         self.boxes.pop(self.index, None)
+        self.page_markdown.pop(self.index, None)
+        for key in [key for key in self.bursts if key[0] == self.index]:
+            del self.bursts[key]
         self.overlay.show_states(None)
         if w.telemetry is not None:
             w.telemetry.clear()
@@ -263,17 +268,21 @@ class DocumentRun(QObject):
         w.run_ended.emit("errored")
 
     def _ended(self, page: LayoutPage, outcome: str):
-        w = self.window
-        if self.worker is not None and self.worker.markdown is not None:
-            self.page_markdown[self.index] = self.worker.markdown
+        """The page's end. It is kept (and not read again) when every region ended on its own,
+        whether or not the run was stopped after; with a region cancelled it is marked stopped
+        and the next Read reads it again, as a whole page cut short is."""
+        w, worker = self.window, self.worker
+        if worker is not None and worker.markdown is not None:
+            self.page_markdown[self.index] = worker.markdown
+        read = outcome == "finished" or (worker is not None and worker.read_to_its_end())
         self.worker = None
         w.end_run()
         for index, state in list(self.boxes.get(self.index, RegionStates([])).states.items()):
             if state in ("reading", "waiting"):
                 self._set_state(index, "stopped")
-        finish = "cancelled" if outcome == "cancelled" else next(
+        finish = "cancelled" if not read else next(
             (s.finish for s in page.sessions if s.finish in ("repetition", "length")), None)
-        w.ocr.layout_page_ended(page, PAGE_STATE_OF_FINISH.get(finish, "read"), keep=outcome == "finished")
+        w.ocr.layout_page_ended(page, PAGE_STATE_OF_FINISH.get(finish, "read"), keep=read)
         if w.telemetry is not None:
             w.telemetry.refresh(force=True)
         self._show_markdown()

@@ -94,6 +94,15 @@ class PageWorker(QObject):
         return LayoutPage(self.spec.page, regions, Path(self.spec.job.layout).name, found.note if found else None,
                           layout_s=found.seconds if found else 0.0, read_s=self.read_s)
 
+    def read_to_its_end(self) -> bool:
+        """Whether every region of the page ended on its own (read, or skipped), none cancelled or
+        still waiting: such a page is read whatever the run's outcome (a Stop that came after its
+        last step), as a whole page whose last round ended on its own is."""
+        if self.found is None:
+            return False
+        ended = [self.read.get(region.index) for region in self.found.regions]
+        return all(event is not None and event.finish != "cancelled" for event in ended)
+
     # --- the events (this thread) ------------------------------------------------------------
     def _loaded(self, model: dict) -> None:
         self.model = model

@@ -86,3 +86,35 @@ def load_dying_mid_page(kind: str, path: str, **options):
 
     _once("dying", lambda: _patches.setattr(OcrBatch, "step", dying))
     return load_engine(kind, path, **options)
+
+
+def load_with_a_stop_after_a_pages_last_step(kind: str, path: str, **options):
+    """The window's Stop lands after every region of the first page has ended and before the
+    page's end: there (the batch found empty, every region's events sent) the engine process
+    waits, up to a minute, for the Stop the test asks for once it has seen each region end."""
+    import time
+
+    from engines.glm_ocr.batch import OcrBatch
+
+    submit, busy = OcrBatch.submit, OcrBatch.busy
+    waited: list[bool] = []
+
+    def submitting(self, request, should_stop=None, **kwargs):
+        self.stop_asked = should_stop
+        return submit(self, request, should_stop, **kwargs)
+
+    def waiting(self) -> bool:
+        if busy.fget(self) or waited or getattr(self, "stop_asked", None) is None:
+            return busy.fget(self)
+        waited.append(True)
+        deadline = time.monotonic() + 60
+        while not self.stop_asked() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return False
+
+    def patch() -> None:
+        _patches.setattr(OcrBatch, "submit", submitting)
+        _patches.setattr(OcrBatch, "busy", property(waiting))
+
+    _once("late stop", patch)
+    return load_engine(kind, path, **options)

@@ -8,9 +8,10 @@ together; clicking a box shows that region's rounds in the transcript and the sp
 the batch's rows and aggregate speed; the Markdown view is engines.glm_ocr.document.markdown_pages'
 output for the run (and the engine process's own); each region's rounds are autosaved; Read
 together reaches the page job; Copy as Markdown, Save Text As and the summaries hold the pages read
-by region (beside one read whole) as the CLI gives them; Stop ends the page mid-read; without the
-layout model pages are read whole, the window says so in one line and offers the download, after
-which the same Read goes by region; Layout off reads whole pages."""
+by region (beside one read whole) as the CLI gives them; Stop ends the page mid-read and the next
+Read reads it again from its start, while a page whose regions had all ended when Stop came stays
+read; without the layout model pages are read whole, the window says so in one line and offers the
+download, after which the same Read goes by region; Layout off reads whole pages."""
 
 from __future__ import annotations
 
@@ -224,6 +225,50 @@ def test_stop_ends_a_page_mid_read_and_keeps_what_was_read(qtbot, hub, hub_env, 
     assert sorted(len([e for e in f if e.get("event") == "round"]) for f in saved) == sorted(received.values())
     assert all(f[-1]["event"] == "end" and f[-1]["outcome"] == "cancelled" for f in saved
                if any(e.get("finish") == "cancelled" for e in f))
+
+    # the next Read reads the page again from its start: its boxes and the text show this reading
+    # alone, none of the stopped one's rounds before it
+    run.region_changed.disconnect(stop_at_the_first_round)
+    window.controls.max_tokens_spin.setValue(8)
+    assert read(qtbot, window) == "finished"
+    [page] = window.ocr.layout_pages
+    assert window.document.page_list.states[0] in ("read", "length")
+    assert {i: len(b) for (p, i), b in run.bursts.items() if p == 0} == {
+        rr.region.index: len(rr.session.rounds) for rr in page.regions}
+    run.select_region(0)
+    assert window.transcript.response_text() == page.regions[0].session.text
+    window.shutdown()
+
+
+@pytest.mark.slow  # (the quick suite's time)
+def test_a_stop_after_a_pages_regions_have_all_ended_keeps_the_page_read(qtbot, hub, hub_env, checkpoints, tmp_path):
+    """As a whole page whose last round ended on its own is kept when Stop comes after it, a page
+    whose regions have all ended is read, not stopped: the next Read goes on from the next page."""
+    from tests.app.engine_loaders import load_with_a_stop_after_a_pages_last_step
+
+    install(hub, checkpoints, "glm-ocr", "pp-doclayout-v3")
+    window = window_for(qtbot, max_tokens=8, loader=load_with_a_stop_after_a_pages_last_step)
+    run = window.document_run
+    second = tmp_path / "second.png"
+    shutil.copy(checkpoints["page"], second)
+    window.open_documents([checkpoints["page"], second])
+
+    def stop_once_every_region_has_ended(_index, _state):
+        states = run.boxes[run.index].states.values()
+        if run.index == 0 and not {"reading", "waiting"} & set(states):
+            window.stop()
+
+    run.region_changed.connect(stop_once_every_region_has_ended)
+    assert read(qtbot, window) == "cancelled"  # (the engine process saw the Stop: the page job was cancelled)
+    run.region_changed.disconnect(stop_once_every_region_has_ended)
+    assert set(run.boxes[0].states.values()) == {"done"}
+    assert window.document.page_list.states[0] in ("read", "length")
+    assert [p.page.source for p in window.ocr.layout_pages] == [str(checkpoints["page"])]
+    assert window.status.text().startswith("Stopped; 1 page read are kept")
+    started = []
+    window.run_started.connect(lambda spec: started.append(spec.page.source))
+    assert read(qtbot, window) == "finished"
+    assert started == [str(second)]
     window.shutdown()
 
 
