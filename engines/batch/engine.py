@@ -109,7 +109,7 @@ class BatchEngine:
     # there (4 plain rows of SmolLM2, 5 pairs) it cost about 2%, so it is off. On Metal: unchecked.
     launches_ahead: bool = field(default_factory=lambda: mx.default_device() == mx.gpu)
     # MTP rows launch the next step on this one's verdicts still in the graph (the chat engine's
-    # mtp_options.pipeline turns it off for A/B runs): bench/chat_batch_of_one.py measures it
+    # mtp_options turn it off for A/B runs): bench/chat_batch_of_one.py measures it
     verifies_ahead: bool = True
     ahead: list[Step] | None = None  # the next step, launched on this one's verdicts still in the graph
     _ids: itertools.count = field(default_factory=itertools.count)
@@ -172,7 +172,7 @@ class BatchEngine:
                 from engines.mlx_chat.mtp import make_mtp_proposer
 
                 lone = make_mtp_proposer(self.chat, request)  # loads and checks the drafter
-                if path not in self.mtps:
+                if path not in self.mtps or not self.mtps[path].made_from(lone):  # (a drafter or option changed)
                     self.mtps[path] = BatchMTP.of(lone)
                 row, group = self.mtps[path].row(), self.mtps[path]
             else:  # one draft model drafts for all its rows at once
@@ -184,10 +184,13 @@ class BatchEngine:
             if not spec.compose_ngram:
                 return row, None
             # each drafter's composed rows: one group (their chains together), one cost book (a
-            # batch step's time is the batch's, not a lone run's: kept apart from the chat engine's)
-            if (spec.method, path) not in self.composed:
+            # batch step's time is the batch's, kept apart from lone requests' -- but a batch of
+            # one's rounds are a lone request's)
+            if (spec.method, path) not in self.composed or self.composed[spec.method, path][0].model_group is not group:
                 self.composed[spec.method, path] = ComposedGroup(group), DraftingCosts()
             composed, costs = self.composed[spec.method, path]
+            if self.max_batch == 1:
+                costs = self.chat.composed_costs(spec.method, path)
             return ComposedProposer(row, NGramProposer(spec.ngram_min, spec.ngram_max), costs,
                                     extend=extend_draft, group=composed), None
         except EngineError as e:
@@ -404,7 +407,8 @@ class BatchEngine:
         every row's drafts this step came from a drafter that can chain on a verdict still in
         the graph (MTP), with tokens left past the most this step can emit, and nobody waiting
         to join."""
-        return (self.verifies_ahead and self.chat.mtp_options.pipeline and not self.joining
+        options = self.chat.mtp_options  # (an A/B run turns either off: each round then launches after its verdict)
+        return (self.verifies_ahead and options.pipeline and options.overlap and not self.joining
                 and all(step.k and seq.drafting and seq.remaining > step.k + 1
                         and hasattr(getattr(seq.proposer, "group", None), "propose_after")
                         for seq, step in zip(rows, steps)))

@@ -71,8 +71,16 @@ class BatchMTP:
 
     @classmethod
     def of(cls, proposer) -> "BatchMTP":
-        """From the single-stream MTPProposer a request would get (same drafter, same checks)."""
-        return cls(proposer.drafter, proposer.target, proposer.drafter_step)
+        """From the single-stream MTPProposer a request would get (same drafter, same checks).
+        A proposer that drafts otherwise (the tests' and benchmarks' replaying drafter,
+        engine.mtp_proposer) makes its own group: `batch_group()`."""
+        make = getattr(proposer, "batch_group", None)
+        return make() if make is not None else cls(proposer.drafter, proposer.target, proposer.drafter_step)
+
+    def made_from(self, proposer) -> bool:
+        """Whether `proposer` drafts as this group does (the same drafter, the same step)."""
+        return (not hasattr(proposer, "batch_group") and self.drafter is proposer.drafter
+                and self.step == proposer.drafter_step)  # (bound methods: ==)
 
     def row(self) -> MTPRow:
         return MTPRow(self)
@@ -92,21 +100,13 @@ class BatchMTP:
         One drafter forward per draft position over every asking row; a row that asked fewer
         than the longest k simply keeps the first k of its chain."""
         index = mx.array([b for b, _, _, _ in asks])
-        contexts = [ctx for _, ctx, _, _ in asks]
-        if after is None:
-            position = mx.array([ctx.position for ctx in contexts], dtype=mx.int32)
-            token = mx.array([ctx.tokens[-1] for ctx in contexts], dtype=mx.uint32)
-            h = mx.stack([ctx.hidden.reshape(-1) for ctx in contexts])
-        else:
-            position = mx.stack([v.next_position for v in after]).astype(mx.int32)
-            token = mx.concatenate([v.token for v in after])
-            h = mx.stack([v.hidden.reshape(-1) for v in after])
+        position, token, h = self._start([ctx for _, ctx, _, _ in asks], after)
         kv, masks = self._view(cache, [b for b, _, _, _ in asks], position, index)
         k_max = max(k for _, _, k, _ in asks)
         tokens, qs = [], []
         for i in range(k_max):
             step = self.step(self.target.embed(token), h, position, kv, masks)
-            token, q = self._pick(step.logits, asks, i)
+            token, q = self._pick(step.logits, asks, i, position)
             tokens.append(token)
             qs.append(q)
             h = step.h_next
@@ -118,6 +118,17 @@ class BatchMTP:
             q = mx.stack([qs[i][r] for i in range(k)]) if qs[0] is not None else None
             out.append(Draft(drafts[r, :k].astype(mx.uint32), q, overlapped=after is not None))
         return out
+
+    @staticmethod
+    def _start(contexts: list[ProposerContext], after: list[LazyVerdict] | None):
+        """Each row's chain start: (position [R], the token there [R], the target's hidden state
+        that produced it [R, D]), from the settled contexts or the launched steps' verdicts."""
+        if after is None:
+            return (mx.array([ctx.position for ctx in contexts], dtype=mx.int32),
+                    mx.array([ctx.tokens[-1] for ctx in contexts], dtype=mx.uint32),
+                    mx.stack([ctx.hidden.reshape(-1) for ctx in contexts]))
+        return (mx.stack([v.next_position for v in after]).astype(mx.int32), mx.concatenate([v.token for v in after]),
+                mx.stack([v.hidden.reshape(-1) for v in after]))
 
     def _view(self, cache: BatchCache, rows: list[int], positions: mx.array, index: mx.array):
         """Per attention kind the drafter reads: the K/V buffer of the target layer it reads,
@@ -140,9 +151,10 @@ class BatchMTP:
             masks[kind] = visible
         return kv, masks
 
-    def _pick(self, logits: mx.array, asks: list, position: int) -> tuple[mx.array, mx.array | None]:
-        """Each row's draft at this chain position: argmax at T=0; at T>0 a sample of the row's
-        own q on the row's key for this step (one subkey per position, as the draft model's)."""
+    def _pick(self, logits: mx.array, asks: list, position: int, start: mx.array) -> tuple[mx.array, mx.array | None]:
+        """Each row's draft at chain position `position` (its chain from position `start`):
+        argmax at T=0; at T>0 a sample of the row's own q on the row's key for this step (one
+        subkey per position, as the draft model's)."""
         samplings = [ctx.sampling for _, ctx, _, _ in asks]
         if all(s.greedy for s in samplings):
             return mx.argmax(logits, axis=-1).astype(mx.uint32), None

@@ -293,13 +293,18 @@ class ChatEngine:
         spec = request.spec
         if spec.compose_ngram and spec.method in ("draft", "mtp"):
             from engines.mlx_chat.proposers import extend_draft
-            from engines.speculative.composed import ComposedProposer, DraftingCosts
+            from engines.speculative.composed import ComposedProposer
 
-            # what earlier composed runs measured of this drafter's costs (not of its acceptance)
-            costs = self._composed_costs.setdefault((spec.method, spec.draft_model or self.draft_path or ""),
-                                                    DraftingCosts())
+            costs = self.composed_costs(spec.method, spec.draft_model or self.draft_path or "")
             return ComposedProposer(proposer, NGramProposer(spec.ngram_min, spec.ngram_max), costs, extend=extend_draft)
         return proposer
+
+    def composed_costs(self, method: str, drafter: str):
+        """What earlier composed runs of a lone request measured of this drafter's costs (not of
+        its acceptance): a verify and a chain token cost what this machine makes them cost."""
+        from engines.speculative.composed import DraftingCosts
+
+        return self._composed_costs.setdefault((method, drafter), DraftingCosts())
 
     def _model_or_ngram_proposer(self, request: Request) -> Proposer:
         spec = request.spec

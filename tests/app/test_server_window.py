@@ -12,6 +12,7 @@ from app.gui.views.server_dialog import ServerDialog
 from engines.types import Request, SpecConfig
 from tests.app.conftest import Recorder
 from tests.app.test_chat_window import RUN_TIMEOUT_MS, run_and_wait
+from tests.engines.chat import load_chat
 
 
 def test_the_dialog_names_a_server_model_and_refuses_a_bad_url(qtbot):
@@ -31,9 +32,8 @@ def test_the_dialog_names_a_server_model_and_refuses_a_bad_url(qtbot):
 
 @pytest.fixture
 def server(tiny_chat):
-    from engines.mlx_chat.engine import ChatEngine
 
-    engine = ChatEngine.load(str(tiny_chat[0]))
+    engine = load_chat(str(tiny_chat[0]))
     running = start_in_thread(build_app(ServeConfig(), [Served(ServedModel("tiny", "chat"), engine)]))
     yield running, engine
     running.stop()

@@ -22,6 +22,7 @@ from tests.app.conftest import Recorder, chat_settings
 from tests.app.engine_loaders import cheap
 from tests.app.test_chat_window import run_and_wait
 from tests.app.test_layout import layout_problems, styled  # noqa: F401 (styled: a fixture, the app's style sheet)
+from tests.engines.chat import load_chat
 
 COPY = "the cat is big and the dog is small . the cat is big and the dog is small ."
 RUN_TIMEOUT_MS = 120_000
@@ -32,12 +33,11 @@ QUICK_TUNE = TuneSettings(max_tokens=24, context=64, reps=3, prompts=[COPY, "hel
 def trained_pair(tiny_chat):
     """The tiny target, a drafter trained on it (tests/engines/training/trained.py, cached) and
     a prompt on which n-gram and the drafter both have drafts accepted."""
-    from engines.mlx_chat.engine import ChatEngine
     from tests.engines.mlx_chat.checkpoints import WORDS
     from tests.engines.training.trained import trained_drafter
 
     target, _ = tiny_chat
-    engine = ChatEngine.load(str(target))
+    engine = load_chat(str(target))
     return engine.model_path, trained_drafter(engine, target, WORDS), "the cat"
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from engines.cpu import blas
+from tests.engines.chat import load_chat
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the CPU room is Linux only")
 pytest.importorskip("mlx.core")
@@ -68,10 +69,9 @@ def assert_same_or_near_tie(tokens: list[int], want: list[int]) -> None:
     first = next((i for i, (a, b) in enumerate(zip(tokens, want)) if a != b), min(len(tokens), len(want)))
     import mlx.core as mx
 
-    from engines.mlx_chat.engine import ChatEngine
     from engines.mlx_chat.models import default_chat_model
 
-    engine = ChatEngine.load(str(default_chat_model()))
+    engine = load_chat(str(default_chat_model()))
     prompt = list(engine.tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}],
                                                        add_generation_prompt=True))
     logits = engine.model(mx.array(prompt + want[:first])[None])[0, -1].astype(mx.float32)

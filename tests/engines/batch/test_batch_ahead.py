@@ -18,6 +18,7 @@ from engines.batch.engine import BatchEngine
 from engines.types import Request, SpecConfig
 from tests.engines.batch.test_batch_equals_lone import FRESH, run_batch
 from tests.engines.batch.test_batch_mtp import TRAINED_ON, lone_rounds, summary
+from tests.engines.chat import load_chat
 
 
 def mtp(drafter, k: int, **kw) -> SpecConfig:
@@ -120,9 +121,8 @@ def test_a_chain_from_the_wrong_hidden_state_is_caught(targets, monkeypatch):
 
 def test_gemma4_assistant_rows_launched_ahead(dense_pair):
     """The Gemma 4 assistant reads the target's full and sliding K/V through the deferred counts."""
-    from engines.mlx_chat.engine import ChatEngine
 
-    engine = ChatEngine.load(str(dense_pair.target))
+    engine = load_chat(str(dense_pair.target))
     request = Request(prompt="we see the old moon and the sun", max_tokens=40,
                       spec=SpecConfig("mtp", 3, draft_model=str(dense_pair.assistant)))
     ahead = alone(engine, request, verifies_ahead=True)

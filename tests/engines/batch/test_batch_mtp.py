@@ -14,6 +14,7 @@ from engines.batch.engine import BatchEngine
 from tests.engines.batch.test_batch_equals_lone import COPY, FRESH, run_batch
 from tests.engines.training.trained import prompts
 from tests.engines.mlx_chat import checkpoints
+from tests.engines.chat import load_chat
 
 TRAINED_ON = prompts(checkpoints.WORDS)[:3]
 
@@ -95,9 +96,8 @@ def test_gemma4_assistant_rows_in_a_batch(dense_pair):
     """The Gemma 4 assistant over the batched Gemma 4 target (its full and sliding K/V, its
     KV-shared layers): MTP rows of different k beside a plain row get their lone tokens and
     their lone per-round acceptance."""
-    from engines.mlx_chat.engine import ChatEngine
 
-    engine = ChatEngine.load(str(dense_pair.target))
+    engine = load_chat(str(dense_pair.target))
     mtp = lambda k: SpecConfig("mtp", k, draft_model=str(dense_pair.assistant))  # noqa: E731
     reqs = [Request(prompt="the cat and the dog", max_tokens=24, spec=mtp(3)),
             Request(prompt="a red bird", max_tokens=20),
@@ -118,7 +118,7 @@ def test_gemma4_assistant_drafts_in_a_batch_equal_its_lone_drafts(dense_pair, mo
     from engines.mlx_chat.mtp import MTPProposer
     from tests.engines.gemma4.checkpoints import SLIDING_WINDOW
 
-    engine = ChatEngine.load(str(dense_pair.target))
+    engine = ChatEngine.load(str(dense_pair.target))  # the chat engine's own loop drafts with MTPProposer
     mtp = lambda k: SpecConfig("mtp", k, draft_model=str(dense_pair.assistant))  # noqa: E731
     reqs = [Request(prompt="the cat and the dog", max_tokens=40, spec=mtp(3)),
             Request(prompt="we see the old moon and the sun", max_tokens=40, spec=mtp(5))]

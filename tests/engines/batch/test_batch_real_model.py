@@ -13,6 +13,7 @@ import pytest
 
 from engines.batch.engine import BatchEngine
 from engines.types import Request, SpecConfig
+from tests.engines.chat import load_chat
 
 pytestmark = pytest.mark.slow
 NEAR_TIE = 1e-3  # top-1 minus top-2 logit, in the target's own units (logits of order 10)
@@ -21,10 +22,9 @@ MAX_TOKENS = 96
 
 @pytest.fixture(scope="module")
 def smollm2():
-    from engines.mlx_chat.engine import ChatEngine
     from engines.mlx_chat.models import default_chat_model
 
-    return ChatEngine.load(str(default_chat_model()))
+    return load_chat(str(default_chat_model()))
 
 
 def copy_heavy() -> list[str]:

@@ -15,6 +15,7 @@ from engines.types import Request, SpecConfig
 from tests.engines.broken_verifiers import BROKEN
 from tests.engines.mlx_chat.test_lossless_sampled import N, PROMPT, SAMPLING, exact_distribution, tiny  # noqa: F401
 from tests.stats import chi_square_pvalue
+from tests.engines.chat import load_chat
 
 ALPHA = 1e-3
 
@@ -80,14 +81,13 @@ def test_a_broken_verifier_is_caught_in_the_batch(tiny, exact, monkeypatch):  # 
 def tiny_mtp(tmp_path_factory):
     """test_trained_sampled.py's pair: the 4-word llama and a drafter trained on it in seconds
     (its q is a full distribution: real rejection sampling in the batch's MTP rows)."""
-    from engines.mlx_chat.engine import ChatEngine
     from tests.engines.mlx_chat import checkpoints
     from tests.engines.mlx_chat.test_lossless_sampled import WORDS
     from tests.engines.training.trained import trained_drafter
 
     d = tmp_path_factory.mktemp("tiny_vocab_mtp")
     target = checkpoints.make_tiny_llama(d / "target", words=WORDS, scale=0.6)
-    engine = ChatEngine.load(str(target))
+    engine = load_chat(str(target))
     return engine, str(trained_drafter(engine, target, WORDS, steps=100))
 
 

@@ -16,6 +16,7 @@ import threading
 import time
 
 import pytest
+from tests.engines.chat import load_chat
 
 mx = pytest.importorskip("mlx.core")
 
@@ -26,7 +27,6 @@ from engines.distributed.bus import Bus  # noqa: E402
 from engines.distributed.drafting import EVERY_RANK, DrafterReplica, DraftsDiffer  # noqa: E402
 from engines.distributed.engine import RankZeroEngine  # noqa: E402
 from engines.distributed.mirror import FORWARD, Replica, run_forward  # noqa: E402
-from engines.mlx_chat.engine import ChatEngine  # noqa: E402
 from engines.mlx_chat.loading import load_model  # noqa: E402
 from engines.types import Request, Sampling, SpecConfig  # noqa: E402
 from tests.engines.distributed.conftest import start_rank_server, wait_gone  # noqa: E402
@@ -55,7 +55,7 @@ def run(engine, after_step=None) -> list[list[int]]:
 
 
 def rank_zero_and_follower(llama, llama_draft):
-    chat = ChatEngine.load(llama, draft_model=llama_draft)
+    chat = load_chat(llama, draft_model=llama_draft)
     bus = RecordingBus.join(mx.distributed.init())
     bus.sent_messages = []
     engine = RankZeroEngine(chat, max_batch=4, prefill_chunk=8, budget=None, bus=bus, drafter_on=EVERY_RANK)
@@ -74,7 +74,7 @@ def rank_zero_and_follower(llama, llama_draft):
 def test_a_follower_drafts_what_rank_zero_drafts(llama, llama_draft):
     engine, replica, follow = rank_zero_and_follower(llama, llama_draft)
     tokens = run(engine, after_step=follow)
-    alone = run(BatchEngine(ChatEngine.load(llama, draft_model=llama_draft), max_batch=4, prefill_chunk=8, budget=None))
+    alone = run(BatchEngine(load_chat(llama, draft_model=llama_draft), max_batch=4, prefill_chunk=8, budget=None))
     assert tokens == alone
     assert engine._drafted > 50 and replica.drafter.drafted == engine._drafted  # every draft checked equal
     assert replica.drafter.draft_s > 0
@@ -179,7 +179,7 @@ def alone(llama, llama_draft) -> dict:
     from app.serve.server import ServeConfig, Served, build_app, start_in_thread
     from tests.engines.distributed.conftest import MODEL, RankServer
 
-    engine = ChatEngine.load(llama, draft_model=llama_draft)
+    engine = load_chat(llama, draft_model=llama_draft)
     single = start_in_thread(build_app(ServeConfig(max_batch=4), [Served(ServedModel(MODEL, "chat", DRAFT), engine)]))
     try:
         return answers_of(RankServer(None, single.port, None))

@@ -11,6 +11,7 @@ import gc
 
 import numpy as np
 import pytest
+from tests.engines.chat import load_chat
 
 mx = pytest.importorskip("mlx.core")
 
@@ -19,7 +20,6 @@ from engines.distributed.bus import Bus  # noqa: E402
 from engines.distributed.engine import RankZeroEngine  # noqa: E402
 from engines.distributed.mirror import (APPEND, CLONE, COMPACT, NEW, SELECT, MirroredCache, Replica,  # noqa: E402
                                         run_forward)
-from engines.mlx_chat.engine import ChatEngine  # noqa: E402
 from engines.types import Request, Sampling, SpecConfig  # noqa: E402
 
 PROMPTS = ["the cat and the dog see the cat and the dog see the cat", "a red bird and an old fish",
@@ -62,7 +62,7 @@ def live_caches(engine) -> list[MirroredCache]:
 
 
 def test_the_replica_follows_rank_zero_through_joins_twins_leaves_and_compactions(llama, llama_draft):
-    chat = ChatEngine.load(llama, draft_model=llama_draft)
+    chat = load_chat(llama, draft_model=llama_draft)
     group = mx.distributed.init()
     assert group.size() == 1
     bus = RecordingBus.join(group)
@@ -91,7 +91,7 @@ def test_the_replica_follows_rank_zero_through_joins_twins_leaves_and_compaction
             compared.append(cache.id)
 
     tokens = run(engine, after_step=follow_and_compare)
-    alone = run(BatchEngine(ChatEngine.load(llama, draft_model=llama_draft), max_batch=3, prefill_chunk=4,
+    alone = run(BatchEngine(load_chat(llama, draft_model=llama_draft), max_batch=3, prefill_chunk=4,
                             compact_min_slots=4, budget=None))
     assert tokens == alone
     assert len(set(compared)) >= 4 and engine.checked > 20
@@ -107,7 +107,7 @@ def test_the_replica_follows_rank_zero_through_joins_twins_leaves_and_compaction
 def test_an_mtp_request_decodes_plainly_and_says_why(llama):
     """The MTP drafter reads the target's whole K/V and hidden state; tensor parallel splits
     them over the ranks: the request decodes plainly, and its first Round says so."""
-    chat = ChatEngine.load(llama)
+    chat = load_chat(llama)
     bus = Bus.join(mx.distributed.init())
     engine = RankZeroEngine(chat, bus=bus)
     rounds = list(engine.generate(Request(prompt=PROMPTS[0], max_tokens=6, spec=SpecConfig("mtp", 3, draft_model=llama))))

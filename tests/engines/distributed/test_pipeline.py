@@ -35,6 +35,7 @@ from tests.engines.gemma4.checkpoints import EDGE_TARGET, AssistantSpec, TargetS
 from tests.engines.gemma4.conftest import dense_pair  # noqa: F401  (the tiny Gemma 4 pair)
 from tests.engines.gemma4.trained import TRAIN_PROMPTS
 from tests.engines.training.conftest import targets  # noqa: F401  (the tiny llama and its trained MTP drafter)
+from tests.engines.chat import load_chat
 
 pytestmark = pytest.mark.slow
 
@@ -51,10 +52,9 @@ class Pair:
 @pytest.fixture(scope="module")
 def trained_pair(dense_pair, tmp_path_factory) -> Pair:
     """The dense pair, its assistant's weights replaced by the trained ones (cached across runs)."""
-    from engines.mlx_chat.engine import ChatEngine
     from tests.engines.gemma4.trained import trained_assistant
 
-    drafter = trained_assistant(ChatEngine.load(str(dense_pair.target)), dense_pair.target, dense_pair.assistant)
+    drafter = trained_assistant(load_chat(str(dense_pair.target)), dense_pair.target, dense_pair.assistant)
     out = tmp_path_factory.mktemp("trained") / "assistant"
     shutil.copytree(dense_pair.assistant, out)
     for f in out.glob("model*.safetensors*"):
@@ -70,9 +70,8 @@ def rank_server(pair: Pair, tmp: Path, *args: str) -> RankServer:
 
 def one_process(pair: Pair):
     """The same checkpoints through the same server code, in this process."""
-    from engines.mlx_chat.engine import ChatEngine
 
-    engine = ChatEngine.load(str(pair.target), draft_model=str(pair.assistant))
+    engine = load_chat(str(pair.target), draft_model=str(pair.assistant))
     served = [Served(ServedModel("tiny-llama", "chat", SpecConfig("mtp", 3, draft_model=str(pair.assistant))), engine)]
     return start_in_thread(build_app(ServeConfig(max_batch=4), served))
 

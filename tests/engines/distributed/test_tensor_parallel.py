@@ -23,6 +23,7 @@ from app.serve.protocol import ServedModel
 from app.serve.server import ServeConfig, Served, build_app, start_in_thread
 from engines.types import SpecConfig
 from tests.engines.distributed.conftest import MODEL, RankServer, start_rank_server, wait_gone
+from tests.engines.chat import load_chat
 
 pytestmark = pytest.mark.slow
 
@@ -45,9 +46,8 @@ def ranked(llama, llama_draft, tmp_path_factory):
 @pytest.fixture(scope="module")
 def single(llama, llama_draft):
     """One process: the same checkpoint through the same server code, batched as the ranks are."""
-    from engines.mlx_chat.engine import ChatEngine
 
-    engine = ChatEngine.load(llama, draft_model=llama_draft)
+    engine = load_chat(llama, draft_model=llama_draft)
     served = [Served(ServedModel(MODEL, "chat", SpecConfig("ngram", 3)), engine)]
     running = start_in_thread(build_app(ServeConfig(max_batch=4), served))
     yield running

@@ -23,6 +23,7 @@ from typing import Callable
 import mlx.core as mx
 import numpy as np
 
+from engines.batch.mtp import BatchMTP
 from engines.mlx_chat.gemma4_assistant import DraftStep
 from engines.mlx_chat.mtp import Chain, MTPProposer
 
@@ -109,6 +110,72 @@ class ReplayMTPProposer(MTPProposer):
             logits = mx.array(np.maximum(self.temperature * np.log(q), -1e30), dtype=mx.float32)
         logits = logits + 0.0 * step.logits
         return DraftStep(logits, step.h_next)
+
+
+    def batch_group(self):
+        """The batch's MTP group drafting as this proposer does (engines/batch/mtp.py)."""
+        return ReplayBatchMTP(self.drafter, self.target, self.drafter_step, replay=self)
+
+
+@dataclass
+class ReplayBatchMTP(BatchMTP):
+    """The batch's MTP rows replayed as ReplayMTPProposer replays one stream: the real drafter
+    forward runs for every row, then each row's draft at chain step j from position P is
+    reference[P + 1 + j] (wrong at the error rate) at T=0, or (T>0) drawn from the biased
+    oracle q after the row's own history."""
+
+    replay: ReplayMTPProposer | None = None
+
+    def made_from(self, proposer) -> bool:
+        return proposer is self.replay or (isinstance(proposer, ReplayMTPProposer) and proposer.table is not None
+                                           and self.replay.table is proposer.table)
+
+    def propose(self, cache, asks, after=None):
+        self.after, self.drafted = after, [[] for _ in asks]
+        return super().propose(cache, asks, after)
+
+    def _start(self, contexts, after):
+        position, token, self.h = super()._start(contexts, after)
+        return position, token, self.h
+
+    def _view(self, cache, rows, positions, index):
+        """What each row's chain reads, kept as ReplayMTPProposer keeps a chain's (Seen)."""
+        kv, masks = super()._view(cache, rows, positions, index)
+        for r in range(len(rows)):
+            self.replay.seen.append(Seen(positions[r], self.h[r], {k: (a[r:r + 1], b[r:r + 1]) for k, (a, b) in kv.items()},
+                                         {k: m[r] for k, m in masks.items()}, anticipated=self.after is not None))
+        return kv, masks
+
+    def _pick(self, logits, asks, position, start):
+        vocab = logits.shape[-1]
+        replay = self.replay
+        if replay.oracle is None:  # T=0: the table, read in the graph (a row's start may be lazy)
+            choice = replay.table[mx.minimum(start, replay.table.shape[0] - 1), position]
+            onehot = mx.arange(vocab)[None] == choice[:, None]
+            logits = mx.where(onehot, logits.max(axis=-1, keepdims=True) + BOOST, logits)
+        else:  # T>0 (tests only): each row's history read on the host
+            rows = []
+            for r, (_, ctx, _, _) in enumerate(asks):
+                p = replay.oracle(tuple(row_history(ctx, int(start[r].item()), self.after, r)) + tuple(self.drafted[r]))
+                q = (1 - replay.error_rate) * p
+                q[over_estimated(p)] += replay.error_rate
+                with np.errstate(divide="ignore"):
+                    rows.append(np.maximum(replay.temperature * np.log(q), -1e30))
+            logits = mx.array(np.stack(rows), dtype=mx.float32) + 0.0 * logits
+        token, q = super()._pick(logits, asks, position, start)
+        if replay.oracle is not None:
+            for r, t in enumerate(token.tolist()):
+                self.drafted[r].append(t)
+        return token, q
+
+
+def row_history(ctx, start: int, after, r: int) -> list[int]:
+    """A batch row's token ids up to and including the one its chain's first step embeds."""
+    if after is None:
+        return ctx.tokens[: start + 1]
+    v = after[r]
+    accepted = int(v.accepted.item())
+    return ctx.tokens[: v.position + 1] + np.array(v.drafts)[:accepted].tolist() + v.token.tolist()
 
 
 def over_estimated(p: np.ndarray) -> int:

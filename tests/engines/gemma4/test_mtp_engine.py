@@ -11,6 +11,7 @@ import functools
 
 import numpy as np
 import pytest
+from tests.engines.chat import load_chat
 
 mx = pytest.importorskip("mlx.core")
 
@@ -36,12 +37,12 @@ def run(engine, spec=None, max_tokens=MAX_TOKENS, prompt=PROMPT):
 
 @pytest.fixture(scope="module")
 def dense_engine(dense_pair):
-    return ChatEngine.load(str(dense_pair.target))
+    return load_chat(str(dense_pair.target))
 
 
 @pytest.fixture(scope="module")
 def edge_engine(edge_pair):
-    return ChatEngine.load(str(edge_pair.target))
+    return load_chat(str(edge_pair.target))
 
 
 @pytest.fixture
@@ -104,9 +105,12 @@ def test_mtp_equals_plain_greedy_and_transformers_steps_1_to_7(engine_and_pair):
         rounds = run(engine, mtp(pair, steps))
         assert tokens_of(rounds) == plain, steps
         assert all(r.note is None for r in rounds)
-        decode = [r for r in rounds if not r.prefill]
-        assert all(r.proposed == min(steps, MAX_TOKENS - 1 - sum(len(x.tokens) for x in rounds[: r.index]))
-                   for r in decode)
+        # a round asks for steps drafts, never more than leaves room for the target's token;
+        # launched on the last round's verdict still in the graph, room after the most it can emit
+        emitted = [sum(len(x.tokens) for x in rounds[:i]) for i in range(len(rounds) + 1)]
+        room = [MAX_TOKENS - emitted[r.index - 1] - rounds[r.index - 1].proposed - 1 if r.launched_early
+                else MAX_TOKENS - emitted[r.index] for r in rounds]
+        assert all(r.proposed == min(steps, room[r.index] - 1) for r in rounds if not r.prefill)
         if pair.name == "edge" or steps == 1:
             assert transformers_generate(pair, ids, steps) == plain, steps
 
@@ -168,29 +172,24 @@ def test_replayed_drafts_lossless_and_accepted_often(engine_and_pair, adaptive):
     assert checked > 10 and 0 < anticipated < checked
 
 
-def test_depth2_overlap_on_and_off_agree(edge_engine, edge_pair):
+def test_rounds_launched_ahead_on_and_off_agree(edge_engine, edge_pair, monkeypatch):
+    """Each round launched on the last one's verdict still in the graph (its chain drafted from
+    it), or after reading it (MtpOptions(overlap=False)): the same tokens, and -- the replay's
+    errors depending on (position, step) only -- the same acceptance, round for round, until the
+    last rounds (launched ahead, a round's k is chosen before the last verdict is read)."""
     ids = edge_engine.prompt_ids(Request(prompt=PROMPT))
     plain = tokens_of(run(edge_engine))
-    made = []
-
-    def factory(overlap):
-        def make(drafter, tgt, **_ignored):
-            made.append(replay_factory(reference=ids + plain, error_rate=0.25, seed=2)(drafter, tgt, overlap))
-            return made[-1]
-        return make
-
+    edge_engine.mtp_proposer = replay_factory(reference=ids + plain, error_rate=0.25, seed=2)
     try:
-        edge_engine.mtp_proposer = factory(True)
         on = run(edge_engine, mtp(edge_pair, 3))
-        edge_engine.mtp_proposer = factory(False)
+        monkeypatch.setattr(edge_engine, "mtp_options", MtpOptions(overlap=False))
         off = run(edge_engine, mtp(edge_pair, 3))
     finally:
         edge_engine.__dict__.pop("mtp_proposer", None)
     assert tokens_of(on) == tokens_of(off) == plain
-    assert made[0].drafts_ahead and made[0].overlap_hits > 0
-    assert not made[1].drafts_ahead and made[1].overlap_hits == 0
-    # the replay's errors depend on (position, step) only, so the rounds are the same
-    assert [r.accepted for r in off] == [r.accepted for r in on]
+    assert sum(r.launched_early for r in on) > len(on) // 2 and not any(r.launched_early for r in off)
+    same = next(i for i, (a, b) in enumerate(zip(on, off)) if a.proposed != b.proposed)
+    assert same >= len(off) - 3 and [r.accepted for r in on[:same]] == [r.accepted for r in off[:same]]
     assert sum(r.accepted for r in on) > 0
 
 
@@ -209,13 +208,13 @@ def test_overlap_and_compile_switches_from_the_engines_options(edge_engine, edge
 def test_published_gemma4_layout_with_draft_model_at_load(tmp_path_factory):
     """model_type gemma4 (Gemma4ForConditionalGeneration, weights under
     model.language_model.*) as published, the assistant given at load time as the CLI does
-    (ChatEngine.load(target, draft_model=ASSISTANT_DIR)), spec without a path."""
+    (load_chat(target, draft_model=ASSISTANT_DIR)), spec without a path."""
     from tests.engines.gemma4.checkpoints import EDGE_TARGET, AssistantSpec, build_assistant, build_target
 
     root = tmp_path_factory.mktemp("gemma4_published")
     target = build_target(root / "target", EDGE_TARGET, multimodal=True)
     assistant = build_assistant(root / "assistant", target, AssistantSpec(centroid=True))
-    engine = ChatEngine.load(str(target), draft_model=str(assistant))
+    engine = load_chat(str(target), draft_model=str(assistant))
     assert engine.model.model_type == "gemma4"
     plain = tokens_of(run(engine))
     rounds = run(engine, SpecConfig(method="mtp", steps=3))
@@ -298,15 +297,16 @@ def test_missing_or_wrong_drafter_is_one_clear_line(dense_engine, dense_pair, tm
 
 
 def test_skip_streak_with_mtp(edge_engine, edge_pair):
-    """The random assistant is never right: with skip_streak=2, every third round skips
-    drafting (its chain, started early by the overlap, is drained unused) -- still lossless."""
+    """The random assistant is never right: with skip_streak=2, a round after two rejected ones
+    skips drafting -- still lossless. (A round launched before the last verdict is read is
+    chosen one rejection later: the first skip is the fourth round.)"""
     plain = tokens_of(run(edge_engine))
     rounds = run(edge_engine, mtp(edge_pair, 3, skip_streak=2))
     assert tokens_of(rounds) == plain
     decode = [r for r in rounds if not r.prefill]
     skipped = [r for r in decode if r.proposed == 0]
     assert skipped and len(skipped) < len(decode) / 2
-    assert decode[2].proposed == 0 and decode[0].proposed == decode[1].proposed == 3
+    assert decode[3].proposed == 0 and decode[0].proposed == decode[1].proposed == decode[2].proposed == 3
 
 
 def test_mtp_output_is_mlx_lm_greedy(engine_and_pair):

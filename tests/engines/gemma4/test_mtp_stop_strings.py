@@ -2,11 +2,11 @@
 always): see tests/engines/stop_cases.py."""
 
 import pytest
+from tests.engines.chat import load_chat
 
 pytest.importorskip("mlx.core")
 
 from engines.types import Request, SpecConfig  # noqa: E402
-from engines.mlx_chat.engine import ChatEngine  # noqa: E402
 from tests.engines.gemma4.replay import replay_factory  # noqa: E402
 from tests.engines.stop_cases import check_stop_strings, tokens_of  # noqa: E402
 
@@ -14,7 +14,7 @@ PROMPT = "w10 w20 w30 w40 w50 w60 w70 w80"
 
 
 def test_stop_strings_across_rounds(dense_pair):
-    engine = ChatEngine.load(str(dense_pair.target))
+    engine = load_chat(str(dense_pair.target))
 
     def runner(spec):
         return lambda stop: list(engine.generate(Request(prompt=PROMPT, max_tokens=30, stop=stop, spec=spec)))

@@ -8,11 +8,11 @@ generalise from); the untrained drafter is accepted about never. Slow: the first
 (13 minutes on 2 heavily shared cores); later runs load the cached weights."""
 
 import pytest
+from tests.engines.chat import load_chat
 
 pytest.importorskip("mlx.core")
 
 from engines.types import Request, SpecConfig  # noqa: E402
-from engines.mlx_chat.engine import ChatEngine  # noqa: E402
 from tests.engines.gemma4.trained import TRAIN_PROMPTS, trained_assistant  # noqa: E402
 
 PROMPTS = TRAIN_PROMPTS[:3]  # the outputs it was trained on, decoded again through the loop
@@ -20,7 +20,7 @@ PROMPTS = TRAIN_PROMPTS[:3]  # the outputs it was trained on, decoded again thro
 
 @pytest.mark.slow
 def test_a_trained_drafter_is_accepted_and_lossless(dense_pair):
-    engine = ChatEngine.load(str(dense_pair.target))
+    engine = load_chat(str(dense_pair.target))
     drafter = trained_assistant(engine, dense_pair.target, dense_pair.assistant)
     engine.__dict__.setdefault("mtp_drafters", {})[str(dense_pair.assistant)] = drafter
     proposed = accepted = 0

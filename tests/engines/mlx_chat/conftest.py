@@ -4,6 +4,7 @@ product's own loader (ChatEngine.load -> mlx_lm.load)."""
 import pytest
 
 from tests.engines.mlx_chat import checkpoints
+from tests.engines.chat import load_chat
 
 pytest.importorskip("mlx.core")
 
@@ -38,9 +39,7 @@ def gemma3_draft_dir(ckpt_dir, gemma3_dir):
 @pytest.fixture(scope="session")
 def engines(llama_dir, gemma3_dir, llama_draft_dir, gemma3_draft_dir):
     """name -> (engine with its perturbed draft model loaded)."""
-    from engines.mlx_chat.engine import ChatEngine
-
     return {
-        "llama": ChatEngine.load(llama_dir, draft_model=llama_draft_dir),
-        "gemma3": ChatEngine.load(gemma3_dir, draft_model=gemma3_draft_dir),
+        "llama": load_chat(llama_dir, draft_model=llama_draft_dir),
+        "gemma3": load_chat(gemma3_dir, draft_model=gemma3_draft_dir),
     }

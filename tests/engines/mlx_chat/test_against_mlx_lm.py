@@ -48,12 +48,46 @@ def count_compactions(monkeypatch) -> list[int]:
     return seen
 
 
+def count_table_compactions(monkeypatch) -> list[int]:
+    """Spy on the batch's slot tables (a lone request is a batch of one): every compaction."""
+    from engines.batch.cache import SlotTable
+
+    seen = [0]
+    real = SlotTable.compact
+
+    def compact(self):
+        seen[0] += 1
+        real(self)
+
+    monkeypatch.setattr(SlotTable, "compact", compact)
+    return seen
+
+
+def test_exact_past_several_slot_table_compactions(engines, monkeypatch):
+    """The batch of one's slot table compacted every few tokens (its sliding table drops what
+    the window no longer sees), rejected drafts crossing the window's edge."""
+    engine = engines["gemma3"]  # sliding window 8
+    monkeypatch.setattr(engine.loop, "compact_min_slots", 4)
+    compactions = count_table_compactions(monkeypatch)
+    want = mlx_lm_greedy(engine, 200)
+    for spec in SPECS:
+        before = compactions[0]
+        rounds = list(engine.generate(Request(prompt=PROMPT, max_tokens=200, spec=spec, max_repeat=0)))
+        assert [t for r in rounds for t in r.tokens] == want, spec.method
+        assert compactions[0] - before >= 10, spec.method
+        assert 0 < sum(r.accepted for r in rounds) < sum(r.proposed for r in rounds)  # rollbacks happened
+
+
 @pytest.mark.parametrize("rows,max_tokens", [
     (16, 200),  # a 16-row growth step: a compaction every ~30 tokens (the default suite)
     pytest.param(256, 1600, marks=pytest.mark.slow),  # the real step: > 512 rows per compaction
 ])
-def test_exact_past_several_compactions(engines, monkeypatch, rows, max_tokens):
-    engine = engines["gemma3"]  # sliding window 8: every rejected draft burst crosses its edge
+def test_exact_past_several_compactions(gemma3_dir, gemma3_draft_dir, monkeypatch, rows, max_tokens):
+    """The chat engine's own loop (a model the batch cannot hold runs through it), on its
+    WindowKVCache: a linear buffer dropping old rows."""
+    from engines.mlx_chat.engine import ChatEngine
+
+    engine = ChatEngine.load(gemma3_dir, draft_model=gemma3_draft_dir)  # sliding window 8: every rejected draft burst crosses its edge
     monkeypatch.setattr(WindowKVCache, "step", rows)
     compactions = count_compactions(monkeypatch)
     want = mlx_lm_greedy(engine, max_tokens)

@@ -1,4 +1,4 @@
-"""`--steps auto` with an MTP drafter and depth-2 overlap, through the real round loop (the tiny
+"""`--steps auto` with an MTP drafter and depth-2 overlap, through the chat engine's own loop (the tiny
 Gemma 4 edge pair; a replaying drafter, always right, so a chain drafted for the wrong state
 would show as a rejected draft): what the loop tells auto of each round's cost, and which
 chains it anticipates. On the rounds' bookkeeping, never on their timings.

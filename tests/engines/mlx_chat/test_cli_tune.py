@@ -11,6 +11,7 @@ from app.cli.main import main
 from engines.types import Request, SpecConfig
 from engines.speculative.schedule import DraftSchedule
 from engines.speculative.profiles import Profile
+from tests.engines.chat import load_chat
 
 
 def test_tune_writes_the_profile_auto_uses(engines, llama_dir, tmp_path, monkeypatch, capsys):
@@ -54,11 +55,10 @@ def test_a_fresh_measurement_reproduces_the_curve():
     agrees within 10%. (Its absolute level moves with whatever else the machine runs, which
     is why a run refines the profile with its own rounds; with the median of each width a
     burst of other work broke the 10% in CI, with the fastest it holds.)"""
-    from engines.mlx_chat.engine import ChatEngine
     from engines.mlx_chat.models import default_chat_model
     from engines.mlx_chat.tuning import forward_latency
 
-    engine = ChatEngine.load(str(default_chat_model()))
+    engine = load_chat(str(default_chat_model()))
     context = engine.tokenizer.encode("the cat is big and the dog is small . " * 30)[:256]
     first, second = (forward_latency(engine.model, context, reps=9) for _ in range(2))
     shape = lambda c: [c[w] / c[1] for w in sorted(c)]  # noqa: E731

@@ -1,4 +1,4 @@
-"""Composed n-gram + MTP with depth-2 overlap, through the real round loop (the tiny Gemma 4 edge
+"""Composed n-gram + MTP with depth-2 overlap, through the chat engine's own loop (the tiny Gemma 4 edge
 pair; a replaying drafter, always right): a chain round after a round that did not chain drafts
 from its own state. The chain the MTP proposer anticipated behind the last chain round was for
 the round that did not chain; kept, the next chain round took it as its own (it was marked

@@ -11,6 +11,7 @@ from engines.types import EngineError, Request, SpecConfig
 from engines.mlx_chat.engine import ChatEngine
 from engines.speculative.ngram import NGramProposer
 from tests.engines.mlx_chat import checkpoints
+from tests.engines.chat import load_chat
 
 PROMPT = "the cat is big and the dog is small . the cat is big and the dog is small ."
 
@@ -27,7 +28,7 @@ def run(engine, spec=None, max_tokens=40, **kw):
 @pytest.fixture(scope="module")
 def self_draft(llama_dir):
     """The target as its own draft model: every draft is accepted."""
-    return ChatEngine.load(llama_dir, draft_model=llama_dir)
+    return load_chat(llama_dir, draft_model=llama_dir)
 
 
 def test_all_accepted_plus_bonus(self_draft):
@@ -58,7 +59,7 @@ def test_max_tokens_inside_a_burst(self_draft):
 def test_eos_inside_a_burst(tmp_path, llama_dir):
     """Make a token the model emits mid-burst the EOS (in generation_config.json, as a real
     checkpoint declares it): generation stops right after it, inside the burst."""
-    plain = tokens_of(run(ChatEngine.load(llama_dir), max_tokens=30))
+    plain = tokens_of(run(load_chat(llama_dir), max_tokens=30))
     i = next(i for i in range(11, 30) if plain[i] not in plain[:i])
     d = tmp_path / "eos"
     shutil.copytree(llama_dir, d)
@@ -66,7 +67,7 @@ def test_eos_inside_a_burst(tmp_path, llama_dir):
     cfg["eos_token_id"] = plain[i]
     (d / "config.json").write_text(json.dumps(cfg))
     (d / "generation_config.json").write_text(json.dumps({"eos_token_id": plain[i]}))
-    engine = ChatEngine.load(str(d), draft_model=str(d))
+    engine = load_chat(str(d), draft_model=str(d))
     rounds = run(engine, SpecConfig(method="draft", steps=7), max_tokens=30)
     assert tokens_of(rounds) == plain[: i + 1]
     assert rounds[-1].finish == "stop" and rounds[-1].tokens[-1] == plain[i]
@@ -131,13 +132,10 @@ def test_graceful_degradation(llama_dir, engines):
 
 
 def test_cancel_between_rounds(engines):
-    calls = []
-
-    def should_stop():
-        calls.append(1)
-        return len(calls) >= 3
-
-    rounds = list(engines["llama"].generate(Request(prompt=PROMPT, max_tokens=40), should_stop))
+    """Stop asked after the second Round was read: the next Round is the last, "cancelled"."""
+    rounds = []
+    for rnd in engines["llama"].generate(Request(prompt=PROMPT, max_tokens=40), lambda: len(rounds) >= 2):
+        rounds.append(rnd)
     assert len(rounds) == 3 and rounds[-1].finish == "cancelled"
     assert all(r.finish is None for r in rounds[:-1])
 
@@ -171,13 +169,13 @@ def broken(tmp_path, llama_dir, name, edit):
 )
 def test_loading_errors(tmp_path, llama_dir, name, edit, message):
     with pytest.raises(EngineError) as e:
-        ChatEngine.load(broken(tmp_path, llama_dir, name, edit))
+        load_chat(broken(tmp_path, llama_dir, name, edit))
     assert message in str(e.value) and "\n" not in str(e.value)
 
 
 def test_missing_path():
     with pytest.raises(EngineError, match="model not found"):
-        ChatEngine.load("/nonexistent/model")
+        load_chat("/nonexistent/model")
 
 
 def test_draft_with_another_tokenizer_is_refused(tmp_path, llama_dir):
@@ -185,4 +183,4 @@ def test_draft_with_another_tokenizer_is_refused(tmp_path, llama_dir):
     words[0], words[1] = words[1], words[0]  # same size, two ids swapped
     other = checkpoints.make_tiny_llama(tmp_path / "other", words=words)
     with pytest.raises(EngineError, match="does not share the target's tokenizer: 2 tokens map"):
-        ChatEngine.load(llama_dir, draft_model=str(other))
+        load_chat(llama_dir, draft_model=str(other))

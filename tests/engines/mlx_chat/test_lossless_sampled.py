@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 
 from engines.types import Request, Sampling, SpecConfig
-from engines.mlx_chat.engine import ChatEngine
 from engines.speculative.sampling import target_probs
 from tests.engines.mlx_chat import checkpoints
 from tests.engines.broken_verifiers import BROKEN, detectable
 from tests.stats import chi_square_pvalue
+from tests.engines.chat import load_chat
 
 WORDS = ["cat", "dog", "sun", "moon"]
 # Chosen so that the n-gram draft after each likely first token has a moderate probability
@@ -36,7 +36,7 @@ def tiny(tmp_path_factory):
     d = tmp_path_factory.mktemp("tiny_vocab")
     target = checkpoints.make_tiny_llama(d / "target", words=WORDS, scale=0.6)
     draft = checkpoints.perturbed_copy(target, d / "draft", noise=0.6)
-    return ChatEngine.load(str(target), draft_model=str(draft))
+    return load_chat(str(target), draft_model=str(draft))
 
 
 def exact_distribution(engine, n_tokens=3):

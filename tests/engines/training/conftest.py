@@ -3,6 +3,7 @@
 import pytest
 
 from tests.engines.mlx_chat import checkpoints
+from tests.engines.chat import load_chat
 
 pytest.importorskip("mlx.core")
 
@@ -12,7 +13,6 @@ WINDOW = 8  # the tiny Gemma 3's sliding window: generations run far past it
 @pytest.fixture(scope="session")
 def targets(tmp_path_factory):
     """name -> (engine, target dir, drafter dir)."""
-    from engines.mlx_chat.engine import ChatEngine
     from tests.engines.training.trained import trained_drafter
 
     d = tmp_path_factory.mktemp("training_targets")
@@ -20,6 +20,6 @@ def targets(tmp_path_factory):
             "gemma3": checkpoints.make_tiny_gemma3(d / "gemma3", sliding_window=WINDOW)}
     out = {}
     for name, target in dirs.items():
-        engine = ChatEngine.load(str(target))
+        engine = load_chat(str(target))
         out[name] = (engine, target, trained_drafter(engine, target, checkpoints.WORDS))
     return out

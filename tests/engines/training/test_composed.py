@@ -19,6 +19,7 @@ from tests.engines.mlx_chat.test_lossless_sampled import PROMPT, SAMPLING, WORDS
 from tests.engines.training.trained import prompts, trained_drafter
 from tests.engines.mlx_chat import checkpoints
 from tests.stats import chi_square_pvalue
+from tests.engines.chat import load_chat
 
 REAL_OBSERVE = ComposedProposer.observe
 VERIFY_S = 1e-3
@@ -53,11 +54,10 @@ def test_composed_drafts_from_both_and_equals_plain(targets):
 
 @pytest.fixture(scope="module")
 def tiny_pair(tmp_path_factory):
-    from engines.mlx_chat.engine import ChatEngine
 
     d = tmp_path_factory.mktemp("tiny_vocab_composed")
     target = checkpoints.make_tiny_llama(d / "target", words=WORDS, scale=0.6)
-    engine = ChatEngine.load(str(target))
+    engine = load_chat(str(target))
     return engine, str(trained_drafter(engine, target, WORDS, steps=100))
 
 

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-from engines.mlx_chat.engine import ChatEngine
 from engines.mlx_chat.drafter import Drafter, DrafterArgs, TargetView
 from engines.training import data as D
 from engines.training import losses, preparation
@@ -22,13 +21,14 @@ from engines.training.losses import chained_loss, depth_outputs
 from engines.training.preparation import answer_starts, prepare
 from tests.engines.mlx_chat import checkpoints
 from tests.engines.training.trained import write_prompts
+from tests.engines.chat import load_chat
 
 
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
     d = tmp_path_factory.mktemp("data")
     target = checkpoints.make_tiny_llama(d / "llama")
-    return ChatEngine.load(str(target)), target, write_prompts(d / "prompts.json", checkpoints.WORDS, n=40)
+    return load_chat(str(target)), target, write_prompts(d / "prompts.json", checkpoints.WORDS, n=40)
 
 
 def run_config(llama, out, rounds=1) -> TrainConfig:
@@ -250,7 +250,7 @@ def talker(tmp_path_factory):
     """A tiny target that can end its turn (EOS reachable): it writes prompts of its own."""
     d = tmp_path_factory.mktemp("talker")
     target = checkpoints.make_tiny_llama(d / "llama", reachable_eos=True)
-    return ChatEngine.load(str(target)), target, write_prompts(d / "prompts.json", checkpoints.WORDS, n=8)
+    return load_chat(str(target)), target, write_prompts(d / "prompts.json", checkpoints.WORDS, n=8)
 
 
 def prepare_own(talker, out, should_stop=lambda: False, on_progress=lambda p: None):

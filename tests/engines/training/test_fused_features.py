@@ -12,6 +12,7 @@ from engines.mlx_chat.drafter import TargetView, load_drafter, read_args
 from tests.engines.mlx_chat import checkpoints
 from tests.engines.training.test_trained_drafter import FRESH, TRAINED_ON, acceptance, run, tokens_of
 from tests.engines.training.trained import trained_drafter
+from tests.engines.chat import load_chat
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +76,7 @@ def test_fused_rows_in_a_batch_get_their_lone_tokens_and_acceptance(targets, fus
     engine = targets["llama"][0]
     reqs = mtp_requests(str(fused["llama"]))
     alone = [summary(lone_rounds(engine, r)) for r in reqs]
-    got, sizes = run_batch(BatchEngine(engine, max_batch=4, budget=None), reqs, join_late=2)
+    got, sizes = run_batch(BatchEngine(engine, max_batch=4, budget=None, verifies_ahead=False), reqs, join_late=2)
     assert max(sizes) == 4
     for i in range(len(reqs)):
         assert summary(got[i]) == alone[i], i
@@ -88,14 +89,13 @@ def test_fused_rows_in_a_batch_get_their_lone_tokens_and_acceptance(targets, fus
 def test_a_fused_drafter_keeps_the_target_distribution(tmp_path_factory):
     """T>0: the exact-law test of test_trained_sampled.py (which shows a lossy rule failing it)
     with a drafter that reads the tapped layer."""
-    from engines.mlx_chat.engine import ChatEngine
     from tests.engines.mlx_chat.test_lossless_sampled import WORDS, exact_distribution
     from tests.engines.training.test_trained_sampled import N, sample
     from tests.stats import chi_square_pvalue
 
     d = tmp_path_factory.mktemp("tiny_vocab_fused")
     target = checkpoints.make_tiny_llama(d / "target", words=WORDS, scale=0.6)
-    engine = ChatEngine.load(str(target))
+    engine = load_chat(str(target))
     drafter = trained_drafter(engine, target, WORDS, steps=100, feature_layers=[0])
     counts, proposed, accepted = sample(engine, drafter, 3)
     assert proposed > 0.5 * N and 0.05 * proposed < accepted < 0.95 * proposed, (accepted, proposed)

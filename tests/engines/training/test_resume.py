@@ -14,10 +14,10 @@ from dataclasses import replace
 import mlx.core as mx
 import pytest
 
-from engines.mlx_chat.engine import ChatEngine
 from engines.training.train import train
 from tests.engines.mlx_chat import checkpoints
 from tests.engines.training.trained import config, write_prompts
+from tests.engines.chat import load_chat
 
 STEPS = 400
 CLI = "import sys; from app.cli.main import main; sys.exit(main(sys.argv[1:]))"
@@ -29,7 +29,7 @@ def setup(tmp_path_factory):
     d = tmp_path_factory.mktemp("resume")
     target = checkpoints.make_tiny_llama(d / "llama")
     prompts = write_prompts(d / "prompts.json", checkpoints.WORDS)
-    engine = ChatEngine.load(str(target))
+    engine = load_chat(str(target))
     as_the_cli = replace(config(d / "uninterrupted", prompts, STEPS), feature_layers=None, decay=True, soft_labels=True)
     train(engine.model, engine.tokenizer, str(target), as_the_cli)
     return target, prompts, mx.load(str(d / "uninterrupted" / "model.safetensors"))
@@ -104,7 +104,7 @@ def test_a_decaying_run_stopped_and_resumed_ends_as_one_that_never_stopped(setup
     and those differ from a constant rate's."""
 
     target, prompts, _ = setup
-    engine = ChatEngine.load(str(target))
+    engine = load_chat(str(target))
     weights = {}
     for name, decay in (("constant", False), ("decay", True)):
         train(engine.model, engine.tokenizer, str(target), replace(config(tmp_path / name, prompts, 60), decay=decay))

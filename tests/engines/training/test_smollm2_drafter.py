@@ -18,6 +18,7 @@ import pytest
 
 import resources
 from engines.types import Request, SpecConfig
+from tests.engines.chat import load_chat
 
 pytestmark = pytest.mark.slow
 STEPS = 1300
@@ -37,12 +38,11 @@ def trained(tmp_path_factory):
 
 
 def test_smollm2_drafter_is_lossless_and_accepted_on_held_out_prompts(trained):
-    from engines.mlx_chat.engine import ChatEngine
     from engines.mlx_chat.models import default_chat_model
 
     card = json.loads((trained / "card.json").read_text())
     assert card["acceptance_by_depth"][0] > 0.4, card["acceptance_by_depth"]
-    engine = ChatEngine.load(str(default_chat_model()))
+    engine = load_chat(str(default_chat_model()))
     prompts = [p["prompt"] for p in json.loads(resources.path("prompts", "open_chat.json").read_text())["prompts"]]
     assert len(prompts) >= 20
     proposed = accepted = 0

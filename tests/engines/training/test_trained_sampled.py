@@ -13,11 +13,11 @@ import mlx.core as mx
 import pytest
 
 from engines.types import Request, SpecConfig
-from engines.mlx_chat.engine import ChatEngine
 from tests.engines.mlx_chat import checkpoints
 from tests.engines.mlx_chat.test_lossless_sampled import PROMPT, SAMPLING, WORDS, exact_distribution, threshold_accept
 from tests.engines.training.trained import trained_drafter
 from tests.stats import chi_square_pvalue
+from tests.engines.chat import load_chat
 
 N = 500
 
@@ -26,7 +26,7 @@ N = 500
 def tiny(tmp_path_factory):
     d = tmp_path_factory.mktemp("tiny_vocab_trained")
     target = checkpoints.make_tiny_llama(d / "target", words=WORDS, scale=0.6)
-    engine = ChatEngine.load(str(target))
+    engine = load_chat(str(target))
     return engine, trained_drafter(engine, target, WORDS, steps=100)
 
 
