@@ -1,7 +1,10 @@
 """How the chat engine runs MTP rounds: a ChatEngine's `mtp_options`, given at load
 (`ChatEngine.load(..., mtp_options=MtpOptions(...))`) or set on the engine between requests.
 Every switch is on by default and turns off for the benchmarks' A/B runs and the tests that
-check both loops; each applies from the next request (its proposer and cache are made then)."""
+check both ways; each applies from the next request (its proposer and cache are made then). In
+the batch's loop (a lone request is a batch of one) `pipeline` and `overlap` are one mechanism:
+MTP steps launch on the last step's verdicts still in the graph unless either is off
+(engines/batch/engine.py, `_verifies_ahead`)."""
 
 from __future__ import annotations
 
