@@ -16,6 +16,10 @@ from engines.speculative.trace import TraceWriter
 from engines.types import Request
 
 
+# --layout-ahead's default: in turn, as GLM-OCR's SDK reads a document, until the overlap is shown to pay
+LAYOUT_AHEAD = "off"
+
+
 def ocr_parser() -> Parser:
     p = Parser(prog="specscope ocr", description="Read document images and PDFs with GLM-OCR, page by page.")
     p.add_argument("files", nargs="+", metavar="FILE", help="images, multi-page TIFFs or PDFs, read in order")
@@ -41,6 +45,9 @@ def ocr_parser() -> Parser:
     advanced(p).add_argument("--max-batch", type=int, default=8, metavar="N",
                              help="with layout: a page's regions read N at a time, in one batch (1: one after "
                                   "another; Core ML reads one at a time)")
+    advanced(p).add_argument("--layout-ahead", choices=["on", "off"], default=LAYOUT_AHEAD,
+                             help="with layout: find the next page's layout on a worker thread while this page's "
+                                  "regions are read (docs/ocr.md says where it pays)")
     add_ocr_compute_arguments(advanced(p))
     return p
 
@@ -130,21 +137,24 @@ def load_layout(path: str | None):
 
 def read_document(engine, layout, pages, requests: list[Request], args: argparse.Namespace,
                   trace: TraceWriter | None) -> int:
-    """Each page's regions (found by `layout`) read in reading order, the document printed as
-    Markdown (by default, page by page as each is read), text or JSON at the end."""
+    """Each page's regions (found by `layout`, the next page's while this one's are read with
+    --layout-ahead on) read in reading order, the document printed as Markdown (by default,
+    page by page as each is read), text or JSON at the end."""
     from app.records.documents import LayoutPage, export_layout, summarize_layout
     from app.settings import data_dir
-    from engines.glm_ocr.document import markdown_pages
+    from engines.glm_ocr.document import LayoutAhead, markdown_pages
 
     done: list[LayoutPage] = []
-    for page, request in zip(pages, requests):
-        done.append(read_page_by_region(engine, layout, page, request, args, trace, data_dir() / "regions"))
-        if not args.format:  # the page's Markdown as soon as it is read (figures numbered across pages)
-            heading = f"## {page.label}\n\n" if len(pages) > 1 else ""
-            markdown = markdown_pages([p.regions for p in done])[-1]
-            write_stdout(("\n" if len(done) > 1 else "") + heading + markdown.strip() + "\n")
-        if any(s.finish == "cancelled" for s in done[-1].sessions):
-            break
+    with LayoutAhead(layout, [page.image for page in pages], ahead=args.layout_ahead == "on") as layouts:
+        found = iter(layouts)
+        for page, request in zip(pages, requests):
+            done.append(read_page_by_region(engine, layout, page, found, request, args, trace, data_dir() / "regions"))
+            if not args.format:  # the page's Markdown as soon as it is read (figures numbered across pages)
+                heading = f"## {page.label}\n\n" if len(pages) > 1 else ""
+                markdown = markdown_pages([p.regions for p in done])[-1]
+                write_stdout(("\n" if len(done) > 1 else "") + heading + markdown.strip() + "\n")
+            if any(s.finish == "cancelled" for s in done[-1].sessions):
+                break
     if args.format:
         write_stdout(export_layout(done, args.format))
     print(f"[document: {summarize_layout(done).line()}]", file=sys.stderr, flush=True)
@@ -152,27 +162,23 @@ def read_document(engine, layout, pages, requests: list[Request], args: argparse
     return exit_code(sessions[-1]) if sessions else 0
 
 
-def read_page_by_region(engine, layout, page, request: Request, args: argparse.Namespace,
+def read_page_by_region(engine, layout, page, layouts, request: Request, args: argparse.Namespace,
                         trace: TraceWriter | None, crop_root):
-    """One page: its regions (or the whole page, said, when layout finds none), each read and
-    said on stderr with its stats line; a padded or unread region is said too."""
+    """One page: its layout taken from `layouts` (LayoutAhead's, in page order), its regions (or
+    the whole page, said, when layout finds none) each read and said on stderr with its stats
+    line; a padded or unread region is said too."""
     import hashlib
-    import time
 
     from app.records.documents import LayoutPage
-    from engines.glm_ocr.document import read_regions, whole_page
-    from engines.glm_ocr.image import load_image
+    from engines.glm_ocr.document import read_regions
 
-    image = load_image(page.image)
-    started = time.perf_counter()
-    regions = layout.regions(image)
-    print(f"[{page.label} \u00b7 layout: {len(regions)} region{'s' * (len(regions) != 1)} in "
-          f"{time.perf_counter() - started:.2f} s]", file=sys.stderr, flush=True)
-    note = None
-    if not regions:
-        note = "layout found no regions: the whole page is read as text"
-        print(f"specscope: {page.label}: {note}", file=sys.stderr, flush=True)
-        regions = [whole_page(image)]
+    found = next(layouts)
+    regions, image = found.regions, found.image
+    detected = 0 if found.note else len(regions)  # (none found: the whole page stands in)
+    print(f"[{page.label} \u00b7 layout: {detected} region{'s' * (detected != 1)} in {found.seconds:.2f} s]",
+          file=sys.stderr, flush=True)
+    if found.note:
+        print(f"specscope: {page.label}: {found.note}", file=sys.stderr, flush=True)
     crop_dir = crop_root / hashlib.sha256(Path(page.image).read_bytes()).hexdigest()[:16]
     count = len(regions)
 
@@ -186,15 +192,15 @@ def read_page_by_region(engine, layout, page, request: Request, args: argparse.N
                   file=sys.stderr, flush=True)
 
     if args.max_batch > 1 and hasattr(engine, "sequence"):  # the regions as the rows of one batch
-        return LayoutPage(page, read_together(engine, image, page, regions, request, args, trace, crop_dir, said),
-                          Path(layout.path).name, note)
-    read = []
-    for rr in read_regions(image, page.number, regions, request, crop_dir, run):
-        said(rr)
-        read.append(rr)
-        if rr.session is not None and rr.session.finish == "cancelled":
-            break
-    return LayoutPage(page, read, Path(layout.path).name, note)
+        read = read_together(engine, image, page, regions, request, args, trace, crop_dir, said)
+    else:
+        read = []
+        for rr in read_regions(image, page.number, regions, request, crop_dir, run):
+            said(rr)
+            read.append(rr)
+            if rr.session is not None and rr.session.finish == "cancelled":
+                break
+    return LayoutPage(page, read, Path(layout.path).name, found.note)
 
 
 def read_together(engine, image, page, regions, request: Request, args: argparse.Namespace,

@@ -14,6 +14,9 @@ batch.py's OcrBatch: one decoder forward per step over every region still readin
 own drafts and verdict), as the SDK reads them in parallel; `read_regions` reads them one after
 another, each a run of its own through the caller's `run` (a runtime that cannot batch: Core ML).
 
+`LayoutAhead` gives a document's pages' layouts (`find_layout`) in order, optionally each next
+page's found on a worker thread while the caller reads this page's regions.
+
 Not reproduced from the formatter: its hyphen check through the optional `wordfreq` package (the
 SDK's own fallback, a pattern, is used: the SDK does not install wordfreq either).
 """
@@ -22,7 +25,9 @@ from __future__ import annotations
 
 import math
 import re
+import time
 from collections import Counter
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterator
@@ -147,6 +152,98 @@ def read_regions_together(page, number: int, regions: list[Region], request: Req
         session = sessions.get(region.index)
         out.append(ReadRegion(number, region, session.text if session else "", session, crop, note))
     return out
+
+
+# ----------------------------------------------------------------------------- a document's pages
+
+
+NO_REGIONS = "layout found no regions: the whole page is read as text"
+LAYOUT_THREAD = "specscope-layout"  # the worker's name (a test looks for it)
+
+
+@dataclass
+class PageLayout:
+    """A page as the layout stage leaves it: its image, its regions in reading order (the whole
+    page, with `note` saying why, when layout found none) and how long the layout took."""
+
+    image: object  # the page, an RGB PIL image (engines/glm_ocr/image.load_image)
+    regions: list[Region]
+    seconds: float
+    note: str | None = None
+
+
+def find_layout(layout, image_path: str) -> PageLayout:
+    """The page at `image_path` through `layout` (a LayoutModel). EngineError when the page
+    cannot be read or the layout fails."""
+    from engines.glm_ocr.image import load_image
+
+    image = load_image(image_path)
+    started = time.perf_counter()
+    regions = layout.regions(image)
+    seconds = time.perf_counter() - started
+    if not regions:
+        return PageLayout(image, [whole_page(image)], seconds, NO_REGIONS)
+    return PageLayout(image, regions, seconds)
+
+
+class LayoutAhead:
+    """A document's pages' layouts, in order: iterate to take each page's PageLayout when its
+    regions are to be read. With `ahead`, one worker thread finds the next page's layout while
+    the caller reads this page's (the layout forward runs beside the regions' decoding), at most
+    one page ahead; without, each is found when it is taken. Either way the same layouts in the
+    same order, and a page's layout error is raised when that page is taken (the pages before it
+    read), with nothing started for the pages after it.
+
+    `threads`: torch's intra-op threads on the worker (None: the creating thread's count, which
+    the layout would have had in turn). They are the worker's own (torch sets OpenMP's and MKL's
+    counts per thread), so the decoding thread keeps its count.
+
+    A context manager: leaving it (the document read, stopped after a page, or an exception)
+    drops a page not yet started and waits for the one in flight (a forward cannot be
+    interrupted: at most one page's layout), so the worker never outlives it."""
+
+    def __init__(self, layout, images: list[str], ahead: bool, threads: int | None = None):
+        self.layout = layout
+        self.images = list(images)
+        if ahead and threads is None:
+            import torch
+
+            threads = torch.get_num_threads()
+        self.threads = threads
+        self.worker = (ThreadPoolExecutor(max_workers=1, thread_name_prefix=LAYOUT_THREAD, initializer=self._init)
+                       if ahead else None)
+
+    def __enter__(self) -> "LayoutAhead":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self.worker is not None:
+            self.worker.shutdown(wait=True, cancel_futures=True)
+
+    def __iter__(self) -> Iterator[PageLayout]:
+        if self.worker is None:
+            for image in self.images:
+                yield find_layout(self.layout, image)
+            return
+        pending = self._start(0)
+        for i in range(len(self.images)):
+            found = pending.result()  # this page's layout error, raised at this page
+            pending = self._start(i + 1)
+            yield found
+
+    def _start(self, i: int) -> Future | None:
+        if i >= len(self.images):
+            return None
+        return self.worker.submit(find_layout, self.layout, self.images[i])
+
+    def _init(self) -> None:
+        if self.threads is not None:
+            import torch
+
+            torch.set_num_threads(self.threads)
 
 
 # ----------------------------------------------------------------------------- Markdown
