@@ -140,7 +140,7 @@ def read_document(engine, layout, pages, requests: list[Request], args: argparse
     """Each page's regions (found by `layout`, the next page's while this one's are read with
     --layout-ahead on) read in reading order, the document printed as Markdown (by default,
     page by page as each is read), text or JSON at the end."""
-    from app.records.documents import LayoutPage, export_layout, summarize_layout
+    from app.records.documents import LayoutPage, export_layout, summarize_pages
     from app.settings import data_dir
     from engines.glm_ocr.document import LayoutAhead, markdown_pages
 
@@ -157,7 +157,7 @@ def read_document(engine, layout, pages, requests: list[Request], args: argparse
                 break
     if args.format:
         write_stdout(export_layout(done, args.format))
-    print(f"[document: {summarize_layout(done).line()}]", file=sys.stderr, flush=True)
+    print(f"[document: {summarize_pages(done).line()}]", file=sys.stderr, flush=True)
     sessions = [s for p in done for s in p.sessions]
     return exit_code(sessions[-1]) if sessions else 0
 
@@ -168,11 +168,14 @@ def read_page_by_region(engine, layout, page, layouts, request: Request, args: a
     the whole page, said, when layout finds none) each read and said on stderr with its stats
     line; a padded or unread region is said too."""
     import hashlib
+    import time
 
     from app.records.documents import LayoutPage
     from engines.glm_ocr.document import read_regions
 
+    waited = time.perf_counter()
     found = next(layouts)
+    waited = time.perf_counter() - waited  # the layout's time on this page's path (less when found ahead)
     regions, image = found.regions, found.image
     detected = 0 if found.note else len(regions)  # (none found: the whole page stands in)
     print(f"[{page.label} \u00b7 layout: {detected} region{'s' * (detected != 1)} in {found.seconds:.2f} s]",
@@ -191,6 +194,7 @@ def read_page_by_region(engine, layout, page, layouts, request: Request, args: a
             print(f"specscope: {page.label} \u00b7 region {rr.region.index + 1}/{count} {rr.region.label}: {rr.note}",
                   file=sys.stderr, flush=True)
 
+    started = time.perf_counter()
     if args.max_batch > 1 and hasattr(engine, "sequence"):  # the regions as the rows of one batch
         read = read_together(engine, image, page, regions, request, args, trace, crop_dir, said)
     else:
@@ -200,7 +204,8 @@ def read_page_by_region(engine, layout, page, layouts, request: Request, args: a
             read.append(rr)
             if rr.session is not None and rr.session.finish == "cancelled":
                 break
-    return LayoutPage(page, read, Path(layout.path).name, found.note)
+    return LayoutPage(page, read, Path(layout.path).name, found.note, layout_s=waited,
+                      read_s=time.perf_counter() - started)
 
 
 def read_together(engine, image, page, regions, request: Request, args: argparse.Namespace,

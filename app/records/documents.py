@@ -247,8 +247,8 @@ class LayoutPage:
     regions: list  # engines.glm_ocr.document.ReadRegion, in reading order
     layout: str  # the layout model's folder name
     note: str | None = None
-    layout_s: float = 0.0  # how long the layout stage took (the window records it)
-    read_s: float = 0.0  # from the regions' first batch step to their last (the window records it)
+    layout_s: float = 0.0  # how long the page's reading waited for its layout (all of it, found in turn)
+    read_s: float = 0.0  # how long its regions took to read, their crops included (the Batch strip's clock)
 
     @property
     def sessions(self) -> list[Session]:
@@ -263,20 +263,12 @@ class LayoutPage:
         return entry
 
 
-def summarize_layout(pages: list[LayoutPage]) -> DocumentSummary:
-    s = session_stats([rnd for p in pages for session in p.sessions for rnd in session.rounds])
-    return DocumentSummary(
-        pages=len(pages), tokens=s.tokens, rounds=s.rounds, proposed=s.proposed, accepted=s.accepted,
-        decode_tok_s=s.decode_tok_s, wall_s=s.wall_s,
-        repeated=[p.page.label for p in pages if any(x.finish == "repetition" for x in p.sessions)],
-    )
-
-
 def summarize_pages(pages: list[PageResult | LayoutPage]) -> DocumentSummary:
-    """The window's figures for pages read whole or by region. A page read by region counts the
-    time its regions were read together (LayoutPage.read_s, the Batch strip's clock), not the
-    sum of its rows' rounds: the rows of one step share that step's time, so the sum would count
-    it once a row. Its tok/s is the page's aggregate: every region's tokens over that time."""
+    """The figures of pages read whole or by region: the window's and the CLI's document line.
+    A page read by region counts the time its regions were read together (LayoutPage.read_s, the
+    Batch strip's clock), not the sum of its rows' rounds: the rows of one step share that step's
+    time, so the sum would count it once a row. Its tok/s is the page's aggregate: every region's
+    tokens over that time."""
     whole, rows = RunningStats(), RunningStats()
     for rnd in (rnd for p in pages if isinstance(p, PageResult) for rnd in p.session.rounds):
         whole.add(rnd)

@@ -80,6 +80,7 @@ def test_the_document_is_the_same_with_the_layout_found_ahead(tiny_glm_ocr, layo
         lines = [line for line in err.splitlines() if line.startswith("[three.pdf")]
         said = [line.split(" \u00b7 ")[2].split(":")[0].split(" ")[0] for line in lines]
         assert said == ["layout", "region", "region", "layout", "region", "region", "region", "layout", "region"]
+        assert "[document: 3 pages \u00b7 6 regions \u00b7 24 tokens in " in err  # the window's summary (summarize_pages)
     assert not layout_threads()
 
 
