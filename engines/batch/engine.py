@@ -372,7 +372,7 @@ class BatchEngine:
         """Whether the next step can be launched now, on this one's tokens still in the graph:
         every row plain this step and the next (no drafter, or speculation stopped), with
         tokens left past this step's, and nobody waiting to join."""
-        return (self.launches_ahead and not self.joining
+        return (self.launches_ahead and not self.joining and steps[0].slots_settled  # (none in flight behind it)
                 and all(step.k == 0 and not seq.drafting and seq.remaining > 1 for seq, step in zip(rows, steps)))
 
     def _verify_forward(self, rows: list[Sequence], steps: list[Step], ahead: mx.array | None = None) -> None:
