@@ -96,14 +96,14 @@ def cmd_serve(argv: list[str]) -> int:
         engine = load_chat_engine(args.model, spec.draft_model)
         check_memory_limit(args.memory_limit, "the model")
         name = args.model_name or Path(asked or engine.model_path).name
-        served.append(Served(ServedModel(name, "chat", spec), engine))
+        served.append(Served(ServedModel(name, "chat", spec, args.max_repeat), engine))
     if args.ocr_model:
         from app.models.lookup import model_path
 
         ocr_args = argparse.Namespace(**vars(args) | {"spec": "mtp" if args.spec != "off" else "off"})
         spec = spec_config(ocr_args, builtin_drafter=True)
         engine = load_engine("ocr", model_path(args.ocr_model, "ocr"), **ocr_load_options(args, prefix="ocr-"))
-        served.append(Served(ServedModel(Path(args.ocr_model).name, "ocr", spec), engine))
+        served.append(Served(ServedModel(Path(args.ocr_model).name, "ocr", spec, args.max_repeat), engine))
     app = build_app(config, served)
     print(f"specscope serve: {', '.join(s.model.id for s in served)} on http://{args.host}:{args.port}/v1",
           file=sys.stderr, flush=True)
@@ -187,7 +187,7 @@ def serve_ranks(args: argparse.Namespace, argv: list[str], config: ServeConfig) 
                             check=args.check_ranks, stage=stage, drafter_on=args.drafter_on)
     name = args.model_name or Path(asked or chat.model_path).name
     config.ranks = group.size()
-    app = build_app(config, [Served(ServedModel(name, "chat", spec), chat, batch=engine)])
+    app = build_app(config, [Served(ServedModel(name, "chat", spec, args.max_repeat), chat, batch=engine)])
     layout = (f"pipeline, rank 0 layers {stage.lo}-{stage.hi - 1} of {stage.hi}" if stage is not None
               else "tensor parallel") + (", the draft model on every rank" if every_rank else "")
     print(f"specscope serve: {name} over {group.size()} ranks ({layout}) on http://{args.host}:{args.port}/v1",

@@ -12,6 +12,7 @@ import uuid
 from dataclasses import dataclass, field, replace
 
 from engines.types import Request, Sampling, SpecConfig
+from engines.speculative.repetition import DEFAULT_MAX_REPEAT
 from engines.speculative.rounds import Round
 from engines.speculative.schedule import PRESETS
 from engines.validation import SEED_LIMIT, InvalidParameter, validate
@@ -61,12 +62,13 @@ class ParsedRequest:
 
 @dataclass
 class ServedModel:
-    """One model the server answers for: its id, the engine kind and the speculation it uses
-    when a request does not say."""
+    """One model the server answers for: its id, the engine kind, and the speculation and
+    repetition stop it uses when a request does not say."""
 
     id: str
     kind: str  # "chat" | "ocr"
     spec: SpecConfig = field(default_factory=SpecConfig)
+    max_repeat: int = DEFAULT_MAX_REPEAT  # serve --max-repeat; a request's "max_repeat" overrides it
 
 
 def parse_chat_request(body, models: dict[str, ServedModel], context_length=lambda model_id: None) -> ParsedRequest:
@@ -83,7 +85,8 @@ def parse_chat_request(body, models: dict[str, ServedModel], context_length=lamb
     if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
         raise ApiError(400, "'messages' must be a non-empty list of message objects", "invalid_messages", "messages")
     request = Request(kind=served.kind, spec=speculative(body.get("speculative"), served.spec),
-                      sampling=sampling(body), max_tokens=max_tokens(body), stop=stops(body.get("stop")))
+                      sampling=sampling(body), max_tokens=max_tokens(body), stop=stops(body.get("stop")),
+                      max_repeat=body.get("max_repeat", served.max_repeat))
     check_parameters(request, context_length(model_id))
     image_file = reply = None
     if served.kind == "ocr" and not has_image(messages[-1]):
