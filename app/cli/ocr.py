@@ -16,7 +16,9 @@ from engines.speculative.trace import TraceWriter
 from engines.types import Request
 
 
-# --layout-ahead's default: in turn, as GLM-OCR's SDK reads a document, until the overlap is shown to pay
+# --layout-ahead's default: on a 2-core CPU the layout forward and the decode share the cores, and
+# overlapping them measured 0.96-0.97x with more peak RSS (bench/ocr_document.py --ahead; docs/
+# benchmarks.md). A Mac decoding on Core ML's units, or more cores, may differ: unmeasured.
 LAYOUT_AHEAD = "off"
 
 
