@@ -262,12 +262,37 @@ class OcrEngine:
         prompt = self._prompt(request)
         return self._sequence(request, prompt, drafter, should_stop), prompt
 
+    def count_prompt_tokens(self, request: Request) -> int:
+        """The prompt's length in tokens, one per merged image patch included, as `_prompt`
+        builds it (a server reports it): the image is read and fitted, not encoded."""
+        image, config, _ = self._page(request)
+        return len(self._prompt_ids(request, self._image_tokens(image, config)))
+
     # -- helpers ------------------------------------------------------------------------------
 
     def _prompt(self, request: Request) -> Prompt:
         """Prompt ids, their embeddings (image features in place of the image tokens), the
         mRoPE positions, and a note if the image had to be downscaled to fit the context."""
-        from engines.glm_ocr.image import load_image, num_image_tokens, preprocess
+        from engines.glm_ocr.image import num_image_tokens, preprocess
+
+        image, config, note = self._page(request)
+        pixel_values, grid = preprocess(image, config)
+        grid_thw = tuple(int(x) for x in grid[0])
+        merge = self.config.vision.spatial_merge_size
+        ids = self._prompt_ids(request, num_image_tokens(grid, merge))
+        if len(ids) + self.runtime.seq_len > self.runtime.cache_length:
+            raise EngineError(
+                f"the prompt ({len(ids)} tokens for a {grid_thw[2] * 14}x{grid_thw[1] * 14} image) does not fit "
+                f"the model's context of {self.runtime.cache_length}; use a smaller image")
+        embeds = self.runtime.embeddings[np.asarray(ids)].copy()
+        embeds[np.asarray(ids) == self.config.image_token_id] = self.runtime.encode_image(pixel_values, grid_thw)
+        positions, delta = prompt_positions(ids, self.config.image_token_id, grid_thw, merge)
+        return Prompt(ids, embeds, Positions(positions, delta), note)
+
+    def _page(self, request: Request):
+        """The request checked (EngineError) and its image read: (image, the processor config
+        it is read with, a note if it was downscaled to fit the context)."""
+        from engines.glm_ocr.image import load_image
 
         if request.kind != "ocr":
             raise EngineError(f"the OCR engine cannot run a {request.kind!r} request")
@@ -277,19 +302,19 @@ class OcrEngine:
             raise EngineError(f"max_tokens must be at least 1, got {request.max_tokens}")
         image = load_image(request.image)
         config, note = self._fit_image(image, request)
-        pixel_values, grid = preprocess(image, config)
-        grid_thw = tuple(int(x) for x in grid[0])
-        merge = self.config.vision.spatial_merge_size
-        n_image = num_image_tokens(grid, merge)
-        ids = prompt_ids(self.tokenizer, request.task, n_image, self.config.image_token_id)
-        if len(ids) + self.runtime.seq_len > self.runtime.cache_length:
-            raise EngineError(
-                f"the prompt ({len(ids)} tokens for a {grid_thw[2] * 14}x{grid_thw[1] * 14} image) does not fit "
-                f"the model's context of {self.runtime.cache_length}; use a smaller image")
-        embeds = self.runtime.embeddings[np.asarray(ids)].copy()
-        embeds[np.asarray(ids) == self.config.image_token_id] = self.runtime.encode_image(pixel_values, grid_thw)
-        positions, delta = prompt_positions(ids, self.config.image_token_id, grid_thw, merge)
-        return Prompt(ids, embeds, Positions(positions, delta), note)
+        return image, config, note
+
+    def _prompt_ids(self, request: Request, n_image: int) -> list[int]:
+        return prompt_ids(self.tokenizer, request.task, n_image, self.config.image_token_id)
+
+    @staticmethod
+    def _image_tokens(image, config) -> int:
+        """How many image tokens `config` reads `image` into: one per merged patch of its
+        resized size (what the processor's grid gives)."""
+        from engines.glm_ocr.image import smart_resize
+
+        h, w = smart_resize(image.height, image.width, config)
+        return (h // config.factor) * (w // config.factor)
 
     def _fit_image(self, image, request: Request):
         """A page whose image tokens would not leave room in the context for the text around
@@ -301,13 +326,12 @@ class OcrEngine:
         from engines.glm_ocr.image import smart_resize
 
         config = self.image_config
-        text_tokens = len(prompt_ids(self.tokenizer, request.task, 0, self.config.image_token_id))
+        text_tokens = len(self._prompt_ids(request, 0))
         answer_room = min(request.max_tokens, self.runtime.cache_length // 4)
         budget = self.runtime.cache_length - text_tokens - answer_room - self.runtime.seq_len
-        h, w = smart_resize(image.height, image.width, config)
-        tokens = (h // config.factor) * (w // config.factor)
-        if tokens <= budget:
+        if self._image_tokens(image, config) <= budget:
             return config, None
+        h, w = smart_resize(image.height, image.width, config)
         pixels_per_token = config.factor**2 * config.temporal_patch_size  # max_pixels counts both frames
         fitted = replace(config, max_pixels=max(budget, 1) * pixels_per_token)
         if fitted.max_pixels < config.min_pixels:

@@ -148,3 +148,19 @@ def test_an_ocr_batch_that_cannot_fit_in_memory_is_refused_at_start_in_one_line(
         build_app(ServeConfig(max_batch=8, memory_bytes=int(room / 0.75) - 1), served)
     assert "--max-batch 8" in str(refused.value) and "\n" not in str(refused.value)
     build_app(ServeConfig(max_batch=8, memory_bytes=int(room / 0.75) + 1), served)  # it fits
+
+
+def test_usage_counts_the_pages_prompt_tokens_image_tokens_included(ocr):
+    """usage.prompt_tokens of a read page is the engine's count of the prompt it built: the
+    prompt text and one token per merged image patch, the same ids the page was read from."""
+    engine, image, running = ocr
+    request = Request(kind="ocr", image=str(image), task="table", max_tokens=MAX_TOKENS)
+    _, prompt = engine.sequence(request)
+    image_tokens = prompt.ids.count(engine.config.image_token_id)
+    client = openai.OpenAI(base_url=f"{running.url}/v1", api_key="unused", max_retries=0)
+    url = "data:image/png;base64," + base64.b64encode(image.read_bytes()).decode()
+    resp = client.chat.completions.create(model="glm-ocr", max_tokens=MAX_TOKENS, messages=[{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "table"}]}])
+    assert resp.usage.prompt_tokens == engine.count_prompt_tokens(request) == len(prompt.ids) > image_tokens > 0
+    assert resp.model_extra["timings"]["prompt_n"] == resp.usage.prompt_tokens
+    assert resp.usage.total_tokens == resp.usage.prompt_tokens + resp.usage.completion_tokens
