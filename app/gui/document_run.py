@@ -27,7 +27,7 @@ from app.gui.views.layout_boxes import LayoutOverlay, RegionStates
 from app.gui.views.markdown_view import MarkdownView
 from app.gui.worker import start_worker
 from app.records.bursts import Burst
-from app.records.documents import LayoutPage, page_figures
+from app.records.documents import LayoutPage, export_document, page_figures
 from engines.speculative.session import Session
 from engines.types import EngineError
 
@@ -86,6 +86,7 @@ class DocumentRun(QObject):
         document.layout_toggled.connect(self._on_layout_toggled)
         self.markdown = MarkdownView()
         window.ocr.add_markdown_view(self.markdown)
+        window.page_read.connect(self._on_page_read_whole)
         self.batch = None  # the BatchView, made at the first page read by region (pyqtgraph)
         self.boxes: dict[int, RegionStates] = {}  # by the document's page index
         self.bursts: dict[tuple[int, int], list[Burst]] = {}  # (page index, region index) -> its rounds
@@ -321,24 +322,33 @@ class DocumentRun(QObject):
         self.overlay.show_states(self.boxes.get(page_index))
 
     def _show_markdown(self) -> None:
-        """The document's Markdown: the pages read by region, and the one being read so far."""
-        from engines.glm_ocr.document import ReadRegion, markdown_pages
+        """The document's Markdown as Copy as Markdown gives it (export_document, the CLI's
+        formatter: a heading per page when there are several): the pages read, whole or by
+        region, and the one being read so far."""
+        from engines.glm_ocr.document import ReadRegion
 
-        pages = [p.regions for p in self.window.ocr.layout_pages]
+        w = self.window
         states = self.boxes.get(self.index)
-        reading = self.worker is not None and states is not None
-        if reading:
-            page = self.window.document.pages[self.index]
-            pages.append([ReadRegion(page.number, r, "".join(b.round.text for b in self.bursts.get((self.index, r.index), [])))
-                          for r in states.regions if states.states.get(r.index) in ("done", "stopped")])
-        markdown = "\n\n".join(md for md in markdown_pages(pages) if md)
-        n = len(self.window.ocr.layout_pages)
+        reading = None
+        if self.worker is not None and states is not None:
+            page = w.document.pages[self.index]
+            reading = LayoutPage(page, [ReadRegion(page.number, r, "".join(
+                b.round.text for b in self.bursts.get((self.index, r.index), [])))
+                for r in states.regions if states.states.get(r.index) in ("done", "stopped")], layout="")
+        pages = w.ocr.pages_read(reading)
+        markdown = export_document(pages, "md") if pages else ""
+        n = len(pages) - (reading is not None)
         status = [f"{n} page{'s' * (n != 1)}"] if n else []
-        if reading:
-            status.append(f"reading {self.window.document.pages[self.index].label}")
+        if reading is not None:
+            status.append(f"reading {reading.page.label}")
         self.markdown.show_markdown(markdown, " \u00b7 ".join(status))
         self.markdown.show()
         self.markdown_changed.emit(markdown)
+
+    def _on_page_read_whole(self, _result) -> None:
+        """A page read whole joins the document the pane shows, once the pane is there."""
+        if not self.markdown.isHidden():
+            self._show_markdown()
 
     def _batch_view(self):
         if self.batch is None:

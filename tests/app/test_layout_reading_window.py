@@ -108,7 +108,7 @@ def test_a_page_is_read_by_region_with_its_boxes_rounds_batch_and_markdown(qtbot
 
     # the Markdown view: markdown_pages' output for this run, and the engine process's own
     expected = markdown_pages([page.regions])[0]
-    assert run.markdown.markdown == expected == run.page_markdown[0]
+    assert expected == run.page_markdown[0] and run.markdown.markdown == expected.rstrip() + "\n"
     assert expected.startswith("# ") and "$$" in expected
     assert run.markdown.isVisible() and run.markdown.browser.toPlainText().strip()
 
@@ -138,6 +138,36 @@ def test_a_page_is_read_by_region_with_its_boxes_rounds_batch_and_markdown(qtbot
     assert window.settings.ocr_layout == "off"
     assert read(qtbot, window) == "finished"
     assert len(window.ocr.results) == 3 and window.ocr.layout_pages == []
+    window.shutdown()
+
+
+def test_the_markdown_pane_shows_the_document_as_copy_as_markdown_gives_it(qtbot, hub, hub_env, checkpoints,
+                                                                            tmp_path):
+    """The Markdown pane and Copy as Markdown (`specscope ocr --format md`) are one formatter: a
+    document of two pages read by region shows each page under its heading, once read and while
+    the second page is read."""
+    from app.records.documents import LayoutPage, export_document
+
+    install(hub, checkpoints, "glm-ocr", "pp-doclayout-v3")
+    window = window_for(qtbot, max_tokens=8)
+    run = window.document_run
+    second = tmp_path / "second.png"
+    shutil.copy(checkpoints["page"], second)
+    window.open_documents([checkpoints["page"], second])
+    shown = []  # (the page being read, or None between pages; the pane's source), at each change
+    run.markdown_changed.connect(lambda md: shown.append((run.index if run.worker else None, md)))
+    assert read(qtbot, window) == "finished"
+
+    pages = window.ocr.pages_read()
+    assert [type(p) for p in pages] == [LayoutPage, LayoutPage]
+    markdown = export_document(pages, "md")
+    assert run.markdown.markdown == markdown
+    assert markdown.startswith("## page.png\n\n# ") and "\n\n## second.png\n\n# " in markdown
+    first = markdown.split("\n\n## second.png")[0]
+    during = [md for index, md in shown if index == 1]
+    assert during and all(md.startswith(first + "\n\n## second.png\n\n") for md in during)
+    window.copy_markdown()
+    assert QApplication.clipboard().text() == run.markdown.markdown
     window.shutdown()
 
 
@@ -187,7 +217,7 @@ def a_page_one_region_at_a_time_then_one_read_whole_are_exported_and_summed_up(q
     # the exports: what `specscope ocr --format md|txt|json` prints for these pages
     window.copy_markdown()
     markdown = QApplication.clipboard().text()
-    assert markdown == export_document(document, "md")
+    assert markdown == export_document(document, "md") == run.markdown.markdown  # (the page read whole in the pane)
     assert markdown.startswith(f"## page.png\n\n{run.page_markdown[0].strip()}\n\n## second.png\n\n# ")
     assert markdown.endswith(f"## third.png\n\n{document[2].session.text.strip()}\n")
     window.save_text("txt", tmp_path / "doc.txt")

@@ -189,11 +189,12 @@ class OcrPane(QWidget):
         page = self.document.pages[index]
         return next((p for p in self.layout_pages if p.page == page), None)
 
-    def pages_read(self) -> list[PageResult | LayoutPage]:
+    def pages_read(self, reading: LayoutPage | None = None) -> list[PageResult | LayoutPage]:
         """The pages read, whole or by region, in the document's order (a page cut short and read
-        again later is read after the pages that follow it)."""
+        again later is read after the pages that follow it), with `reading` (the page being read,
+        so far) in its place."""
         order = {page: i for i, page in enumerate(self.document.pages)}
-        pages = [*self.results, *self.layout_pages]
+        pages = [*self.results, *self.layout_pages, *([reading] if reading is not None else [])]
         return sorted(pages, key=lambda p: order.get(p.page, len(order)))
 
     def document_results(self) -> list[PageResult | LayoutPage]:
