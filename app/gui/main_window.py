@@ -38,7 +38,7 @@ from app.records.documents import LayoutPage, PageResult, export_document, page_
 from app.records.round_series import RoundSeries
 from app.records.sessions import (
     SavedSession, autosave_problem, crashed_sessions, export_csv, export_json, export_png, export_text_file,
-    load_session, mark_interrupted, new_autosave_path, sessions_dir,
+    load_session, mark_interrupted, new_autosave_path, page_record, sessions_dir,
 )
 from app.settings import AppSettings, data_dir, save_settings
 from app.gui.menus import build_menus
@@ -581,9 +581,11 @@ class MainWindow(QMainWindow):
             return False
         self._pick_paired_drafter(request)
         saving = self.autosave
+        page = self.ocr.run_page() if request.kind == "ocr" else None
         run = RunSpec(request=request, model=self.controls.model_path(),
                       options=self.controls.engine_options(), settings=self.run_settings(),
-                      autosave=self._autosave_path(request.kind), label=label)
+                      autosave=self._autosave_path(request.kind), label=label,
+                      page=page_record(page) if page is not None else None)
         self._begin_panes(request, label)
         if saving and not self.autosave:  # the autosave folder failed just now: say so with this run
             self.transcript.show_message(self.autosave_message, "warning")
@@ -897,6 +899,7 @@ class MainWindow(QMainWindow):
         if self.running:
             return
         self.compare = None
+        self._show_saved_page(saved)  # first: a page shown shows its own run, which the session replaces
         self.transcript.clear()
         req = saved.session.request
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(saved.session.started_at))
@@ -916,8 +919,26 @@ class MainWindow(QMainWindow):
         self.session, self.session_settings = saved.session, saved.settings
         outcome = saved.outcome or "interrupted (recovered from the autosave file)"
         self.status.setText(f"Session {saved.path.name}: {len(saved.bursts)} rounds, {outcome}")
-        if req.get("image") and Path(req["image"]).exists() and req["image"] not in self.document.page_images():
-            self.document.add_files([req["image"]])
+
+    def _show_saved_page(self, saved: SavedSession) -> None:
+        """The document page a saved OCR run read, shown: its file opened again (every page of a
+        PDF) when it is not open. A file that names no page adds its image, unless that is a
+        region's crop, which is no page of the document."""
+        page, image = saved.page, saved.session.request.get("image")
+        if page is None:
+            if (image and Path(image).exists() and image not in self.document.page_images()
+                    and not Path(image).is_relative_to(data_dir() / "regions")):
+                self.document.add_files([image])
+            return
+
+        def index() -> int | None:
+            return next((i for i, p in enumerate(self.document.pages)
+                         if p.source == page.get("source") and p.number == page.get("number")), None)
+
+        if index() is None and Path(str(page.get("source") or "")).exists():
+            self.document.add_files([page["source"]])
+        if index() is not None:
+            self.document.show_page(index())
 
     def open_session(self, path: str | Path) -> SavedSession:
         saved = load_session(path)

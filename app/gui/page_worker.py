@@ -16,7 +16,7 @@ from PySide6.QtCore import QObject, Signal, Slot
 from app.gui.engine_process import EngineProcess, StopFlag
 from app.gui.page_job import BatchStepped, PageRead, ReadPage, RegionRead, RegionsFound, RegionStarted, crop_path
 from app.records.documents import LayoutPage, Page
-from app.records.sessions import Autosave, new_autosave_path
+from app.records.sessions import Autosave, new_autosave_path, page_record
 from engines.speculative.session import Session
 from engines.speculative.trace import TraceError
 from engines.types import EngineError
@@ -138,7 +138,8 @@ class PageWorker(QObject):
             return
         try:
             self.autosaves[index] = Autosave(new_autosave_path("ocr"), session, self.spec.settings,
-                                             on_error=self.autosave_failed.emit)
+                                             on_error=self.autosave_failed.emit,
+                                             page=page_record(self.spec.page, region))
         except (TraceError, OSError) as e:
             self.autosave_failed.emit(str(e))
 

@@ -36,6 +36,7 @@ class RunSpec:
     settings: dict = field(default_factory=dict)  # the window's settings, recorded with the run
     autosave: Path | None = None
     label: str = ""  # what the run is for ("", "A/B: off", "A/B: on")
+    page: dict | None = None  # OCR: the document page read (app.records.sessions.page_record), for the autosave
 
 
 class RunWorker(QObject):
@@ -102,7 +103,7 @@ class RunWorker(QObject):
             return None
         try:
             return Autosave(self.spec.autosave, self.session, self.spec.settings,
-                            on_error=self.autosave_failed.emit)
+                            on_error=self.autosave_failed.emit, page=self.spec.page)
         except TraceError as e:
             self.autosave_failed.emit(str(e))
             return None

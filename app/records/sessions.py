@@ -2,7 +2,8 @@
 (JSON, CSV, PNG) and the list of past sessions. Qt-free except `export_png`'s widget grab.
 
 An autosave file is an NDJSON trace (engines.speculative.trace): a "run" header with the
-request, settings, model and machine, one "round" line per round (plus its burst split,
+request, settings, model and machine (and, for OCR, the document page the run read: `page`, since
+the request's image may be a region's crop or a PDF page's rendering), one "round" line per round (plus its burst split,
 `draft_chars`), and an "end" line when the run ends. read_trace() reads it too; a torn last
 line (the process died mid-write) is skipped, so a crash loses at most the round in flight."""
 
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Callable
 
 from app.records.bursts import Burst, burst_of
+from app.records.documents import Page
 from app.settings import data_dir
 from engines.files import atomic_path, atomic_write_text
 from engines.speculative.rounds import Round
@@ -52,12 +54,22 @@ def autosave_problem() -> str | None:
     return None
 
 
+def page_record(page: Page, region=None) -> dict:
+    """The document page an OCR run read, as its autosave names it: the file, the page's number
+    in it and its page count, and for a region read by the layout stage its index and label."""
+    record = {"source": page.source, "number": page.number, "count": page.count}
+    if region is not None:
+        record["region"] = {"index": region.index, "label": region.label}
+    return record
+
+
 class Autosave(TraceWriter):
     """Appends each round as it happens, flushed, so the file is complete up to the last round.
-    A write that fails (full disk) stops the autosave, not the run (TraceWriter.on_error)."""
+    A write that fails (full disk) stops the autosave, not the run (TraceWriter.on_error).
+    `page`: the page_record of the document page an OCR run read."""
 
     def __init__(self, path: Path, session: Session, settings: dict | None = None,
-                 on_error: Callable[[str], None] | None = None):
+                 on_error: Callable[[str], None] | None = None, page: dict | None = None):
         header = {
             "request": session.request,
             "settings": settings or {},
@@ -66,6 +78,8 @@ class Autosave(TraceWriter):
             "started_at": session.started_at,
             "pid": os.getpid(),  # a run whose writer is gone and that has no "end" line crashed
         }
+        if page is not None:
+            header["page"] = page
         super().__init__(path, header=header, on_error=on_error)
 
     def write_burst(self, burst: Burst) -> None:
@@ -84,6 +98,7 @@ class SavedSession:
     outcome: str | None = None  # finished | cancelled | errored | interrupted; None = never ended
     message: str | None = None
     pid: int | None = None  # the process that wrote it
+    page: dict | None = None  # the document page an OCR run read (page_record); None: not said
 
 
 def load_session(path: str | Path) -> SavedSession:
@@ -111,7 +126,7 @@ def load_session(path: str | Path) -> SavedSession:
         started_at=header.get("started_at", 0.0),
     )
     return SavedSession(path, session, header.get("settings", {}), bursts, end.get("outcome"), end.get("message"),
-                        header.get("pid"))
+                        header.get("pid"), header.get("page"))
 
 
 @dataclass

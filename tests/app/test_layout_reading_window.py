@@ -171,6 +171,44 @@ def test_the_markdown_pane_shows_the_document_as_copy_as_markdown_gives_it(qtbot
     window.shutdown()
 
 
+def test_a_region_session_reopens_on_the_page_it_read_not_on_its_crop(qtbot, hub, hub_env, checkpoints,
+                                                                      specscope_home, tmp_path):
+    """A region's autosave names the document page it was read from: reopened in the window that
+    read it, the document keeps its pages and shows that page; reopened in a new window, the
+    document is opened again (a PDF's pages, not the region's crop as a page of its own)."""
+    from PIL import Image
+
+    from app.records.sessions import load_session
+
+    install(hub, checkpoints, "glm-ocr", "pp-doclayout-v3")
+    pdf = tmp_path / "two pages.pdf"
+    page = Image.open(checkpoints["page"]).convert("RGB")
+    page.save(pdf, save_all=True, append_images=[page], resolution=200)  # rendered back at its own size
+    window = window_for(qtbot, max_tokens=8)
+    window.open_documents([pdf])
+    assert read(qtbot, window) == "finished"
+    pages = [(p.source, p.number, p.count) for p in window.document.pages]
+    assert pages == [(str(pdf), 1, 2), (str(pdf), 2, 2)]
+    [last] = [p for p in window.ocr.layout_pages if p.page.number == 2]
+    region = last.regions[-1]
+    [path] = [f for f in (specscope_home / "data" / "sessions").glob("*-ocr*.ndjson")
+              if load_session(f).session.request["image"] == region.crop]
+
+    window.document.show_page(0)
+    window.open_session(path)
+    assert [(p.source, p.number, p.count) for p in window.document.pages] == pages
+    assert window.document.index == 1 and window.transcript.response_text() == region.session.text
+    window.shutdown()
+
+    fresh = window_for(qtbot)
+    fresh.open_session(path)
+    assert [(p.source, p.number, p.count) for p in fresh.document.pages] == pages
+    assert fresh.document.index == 1 and fresh.transcript.response_text() == region.session.text
+    fresh.shutdown()
+    assert load_session(path).page == {"source": str(pdf), "number": 2, "count": 2,
+                                       "region": {"index": region.region.index, "label": region.region.label}}
+
+
 def a_page_one_region_at_a_time_then_one_read_whole_are_exported_and_summed_up(qtbot, window, checkpoints, tmp_path):
     """Read together at 1 (the CLI's --max-batch 1) reaches the page job: each batch step reads one
     region. Edit › Copy as Markdown and Save Text As hold the pages read by region, through the
@@ -178,6 +216,7 @@ def a_page_one_region_at_a_time_then_one_read_whole_are_exported_and_summed_up(q
     page list, the status bar and the document's summary give each page's regions read, tokens,
     tok/s, acceptance and time."""
     from app.records.documents import export_document, summarize_pages
+    from app.records.sessions import list_sessions, load_session
 
     run = window.document_run
     second, third = tmp_path / "second.png", tmp_path / "third.png"
@@ -209,6 +248,7 @@ def a_page_one_region_at_a_time_then_one_read_whole_are_exported_and_summed_up(q
     window.document.layout_button.click()
     assert read(qtbot, window) == "finished"
     assert jobs[1:] == [None]  # (a page read whole is a run, not a page job)
+    assert load_session(list_sessions()[0].path).page == {"source": str(third), "number": 1, "count": 1}
     document = window.ocr.pages_read()
     assert [p.page.source for p in document] == [str(checkpoints["page"]), str(second), str(third)]
     assert window.transcript.message_text == f"Read {summarize_pages(document).line()}"

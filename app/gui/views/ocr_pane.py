@@ -110,6 +110,13 @@ class OcrPane(QWidget):
         self.document.set_page_state(index, "reading")
         return (f"Region of {page.label}" if self.reading.region else page.label), page.image
 
+    def run_page(self) -> Page | None:
+        """The document page an OCR run reads from: the reading's page (its region drawn, or
+        whole), else the page shown (an A/B compare)."""
+        if self.reading is not None and self.reading.queue:
+            return self.reading.current[1]
+        return self.document.current_page()
+
     def page_not_started(self) -> None:
         self.document.set_page_state(self.reading.current[0], "errored")
 
