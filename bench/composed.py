@@ -170,7 +170,7 @@ COPYING_PROMPTS = {"phrase0": "w10 w20 w30 w40 w10 w20 w30 w40 w10 w20",
 
 
 def gemma4(tokens: int, repeats: int, copying: bool = False) -> None:
-    from engines.mlx_chat.engine import ChatEngine
+    from engines.factory import load_engine
     from tests.engines.gemma4.checkpoints import DENSE_TARGET, AssistantSpec, build_assistant, build_target
     from tests.engines.gemma4.copying import copying_target
     from tests.engines.gemma4.trained import TRAIN_PROMPTS, trained_assistant
@@ -179,7 +179,7 @@ def gemma4(tokens: int, repeats: int, copying: bool = False) -> None:
     # the tests' dense pair, byte for byte, or its target trained on the copying law
     target = copying_target() if copying else build_target(root / "target", DENSE_TARGET)
     assistant = build_assistant(root / "assistant", target, AssistantSpec())
-    engine = ChatEngine.load(str(target))
+    engine = load_engine("chat", str(target))
     engine.__dict__.setdefault("mtp_drafters", {})[str(assistant)] = trained_assistant(engine, target, assistant)
     specs = {"plain": SpecConfig(), "mtp": SpecConfig("mtp", 2, draft_model=str(assistant)),
              "ngram": SpecConfig("ngram", 5),

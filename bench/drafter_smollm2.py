@@ -31,7 +31,7 @@ preload_cpu_libraries()  # the process environment `specscope` runs in (engines/
 
 import resources  # noqa: E402
 from engines.types import Request, SpecConfig  # noqa: E402
-from engines.mlx_chat.engine import ChatEngine  # noqa: E402
+from engines.factory import load_engine  # noqa: E402
 from engines.mlx_chat.options import MtpOptions  # noqa: E402
 from engines.mlx_chat.models import default_chat_model  # noqa: E402
 
@@ -104,7 +104,7 @@ def alternating(engine, prompts, specs: dict, max_tokens) -> dict:
 def set_pipeline(engine, name: str) -> None:
     """A case named `...:after` (e.g. mtp-1:after) launches each round after the last verdict is
     read (rollback caches); any other, before it where the target allows (slot caches)."""
-    engine.mtp_options = MtpOptions(pipeline=name.partition(":")[2] != "after")
+    engine.mtp_options = MtpOptions(ahead=name.partition(":")[2] != "after")
 
 
 def main() -> int:
@@ -121,7 +121,7 @@ def main() -> int:
                    help="run the cases prompt by prompt, in turn (plain among them), not one case after another")
     args = p.parse_args()
     prompts = [(q["name"], q["prompt"]) for q in json.loads(open(args.prompts).read())["prompts"]]
-    engine = ChatEngine.load(str(default_chat_model()))
+    engine = load_engine("chat", str(default_chat_model()))
     load0 = os.getloadavg()[0]
     run(engine, "Hello", SpecConfig(), 8)  # warm up (first-call costs)
     run(engine, "Hello", SpecConfig(method="mtp", steps=3, draft_model=args.drafter), 8)

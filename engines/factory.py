@@ -13,11 +13,15 @@ def load_engine(kind: str, model_path: str, **options) -> Engine:
 
         return RemoteEngine.load(model_path, **options)
     if kind == "chat":
+        from engines.batch.cache import UnbatchableModel
         from engines.batch.engine import batch_of_one
         from engines.mlx_chat.engine import ChatEngine
 
         engine = ChatEngine.load(model_path, **options)
-        engine.loop = batch_of_one(engine)  # a lone request is a batch of one
+        try:
+            engine.loop = batch_of_one(engine)  # a lone request is a batch of one
+        except UnbatchableModel as e:  # it decodes plainly (ChatEngine.generate_plainly), and says why
+            engine.plain_only = str(e)
         return engine
     if kind == "ocr":
         from engines.glm_ocr.engine import OcrEngine

@@ -3,7 +3,7 @@ drafts in the same forwards (one ragged forward of each row's pending tokens, th
 one-token forward per draft position), with its own rows in a slot-table cache
 (engines/batch/cache.py), so each rolls back on its own like the target's.
 
-Per row, as the single-stream DraftModelProposer does it: the cache holds the row's accepted
+Per row: the cache holds the row's accepted
 tokens but the last (which the next round feeds); drafts are the argmax at T=0 (a point mass)
 and a sample of the draft model's own target_probs at T>0 on the sequence's own RNG key, q
 returned for rejection sampling. A row that drafts fewer than the longest row's k still runs
@@ -18,8 +18,7 @@ from typing import Any
 import mlx.core as mx
 
 from engines.batch.cache import BatchCache
-from engines.mlx_chat.proposers import ProposerContext
-from engines.speculative.proposer import EMPTY, Draft
+from engines.speculative.proposer import EMPTY, Context, Draft
 from engines.mlx_chat.sampling import target_probs
 from engines.speculative.schedule import MAX_STEPS
 
@@ -30,25 +29,24 @@ class DraftRow:
     all rows at once (BatchDrafter.propose); start and commit keep the row's cache in step."""
 
     drafter: "BatchDrafter"
-    ctx: ProposerContext | None = None
+    ctx: Context | None = None
     cached: int = 0  # how many of ctx.tokens the row's cache holds
     drafted: int = 0  # drafts of the last round still in the cache (all but the last draft)
     name: str = "draft"
     needs_hidden: bool = False
-    drafts_ahead: bool = False
 
     @property
     def group(self) -> "BatchDrafter":
         return self.drafter
 
-    def start(self, ctx: ProposerContext) -> None:
+    def start(self, ctx: Context) -> None:
         self.ctx = ctx
         self.drafter.join(self)
 
-    def propose(self, ctx: ProposerContext, k: int) -> Draft:  # the batch drafts all rows at once
+    def propose(self, ctx: Context, k: int) -> Draft:  # the batch drafts all rows at once
         return self.drafter.propose([(self, k, None)])[0]
 
-    def commit(self, ctx: ProposerContext) -> None:
+    def commit(self, ctx: Context) -> None:
         """Keep exactly the accepted prefix: the round's rejected drafts leave the row's cache."""
         self.ctx = ctx
         committed = len(ctx.tokens) - 1  # tokens[-1] is fed next round

@@ -45,13 +45,15 @@ from typing import Iterator
 import mlx.core as mx
 
 from engines.types import EngineError, OnPrefill, PrefillProgress, Request, ShouldStop
-from engines.batch.cache import BatchCache, UnbatchableModel, check_batchable
+from engines.batch.cache import BatchCache, check_batchable
 from engines.batch.controller import DraftBudget, row_odds
 from engines.batch.drafter import BatchDrafter
 from engines.batch.mtp import BatchMTP
 from engines.batch.prompt_cache import PromptCache
 from engines.mlx_chat import sampling as mxs
-from engines.mlx_chat.engine import NO_DRAFTS, ChatEngine, Step, report, settle
+from engines.mlx_chat.engine import ChatEngine
+from engines.mlx_chat.loading import TokenizerMismatch
+from engines.mlx_chat.mtp import mtp_drafter
 from engines.mlx_chat.prefill import PREFILL_CHUNK
 from engines.mlx_chat.proposers import LazyVerdict, extend_draft, mx_tokens
 from engines.speculative.composed import ComposedGroup, ComposedProposer, DraftingCosts
@@ -60,7 +62,26 @@ from engines.speculative.proposer import Draft, DraftGroup
 from engines.speculative.rounds import Round
 from engines.speculative.schedule import MAX_STEPS
 from engines.speculative.sequence import Sequence
+from engines.speculative.sequence import Step as BaseStep
 from engines.speculative.verify import Verdict, verify_greedy, verify_sampled
+
+NO_DRAFTS = Draft(mx.array([], dtype=mx.uint32))  # a plain row's: the graph reads its drafts as an array
+
+
+@dataclass
+class Step(BaseStep):
+    """A row's part of one launched forward, with the lazy results of its verify."""
+
+    argmax: mx.array | None = None  # [k+1] at T=0
+    sampled: mxs.SampledVerdict | None = None  # T>0 with drafts
+    token: mx.array | None = None  # [1] T>0 plain sample
+    hidden: mx.array | None = None  # [k+1, D] when the row's proposer reads it (MTP)
+    slots_settled: bool = False  # a plain step's slots, kept whatever its tokens (settled at launch)
+
+    @property
+    def next_token(self) -> mx.array:
+        """The target's own token after the last input, lazily (plain steps only)."""
+        return self.argmax[-1:] if self.argmax is not None else self.token
 
 
 @dataclass(eq=False)
@@ -100,16 +121,19 @@ class BatchEngine:
     compact_min_slots: int = 64  # compact a table once this many columns are dead in every row
     budget: DraftBudget | None = field(default_factory=DraftBudget.new)  # None: rows draft what they ask
     drafters: dict[str, BatchDrafter] = field(default_factory=dict)  # draft model path -> its batch
-    mtps: dict[str, BatchMTP] = field(default_factory=dict)  # MTP drafter path -> its batch
+    mtps: dict[str, tuple] = field(default_factory=dict)  # MTP drafter path -> (its maker, its batch)
     composed: dict[tuple, tuple] = field(default_factory=dict)  # (method, path) -> (ComposedGroup, DraftingCosts)
     prompt_cache: PromptCache | None = None  # prompts read before (None: every prompt is read)
     capped: dict[int, int] = field(default_factory=dict)  # sequence id -> the controller's cap last said to it
+    # --steps auto, a batch of one: (method, drafter, ...) -> (StepCosts of whole rounds,
+    # PositionAcceptance, Probes, Rounds) over the requests so far
+    auto_seen: dict[tuple, tuple] = field(default_factory=dict)
     # plain steps launch the next forward before reading their tokens -- where a device runs beside
     # the host (MLX's GPU). On MLX's CPU backend the "device" is the host's own cores: measured
     # there (4 plain rows of SmolLM2, 5 pairs) it cost about 2%, so it is off. On Metal: unchecked.
     launches_ahead: bool = field(default_factory=lambda: mx.default_device() == mx.gpu)
     # MTP rows launch the next step on this one's verdicts still in the graph (the chat engine's
-    # mtp_options turn it off for A/B runs): bench/chat_batch_of_one.py measures it
+    # mtp_options.ahead turns it off for A/B runs): bench/chat_batch_of_one.py measures it
     verifies_ahead: bool = True
     ahead: list[Step] | None = None  # the next step, launched on this one's verdicts still in the graph
     _ids: itertools.count = field(default_factory=itertools.count)
@@ -145,7 +169,9 @@ class BatchEngine:
         """Check the request (an invalid one never enters the batch: EngineError) and queue
         it to read its prompt as soon as a row is free. `twin_of`: a sequence queued before
         with the same prompt (another of a request's n choices): this one copies its prefill."""
-        seq = self.chat.sequence(request, should_stop, batch_proposer=self._proposer, alone=self.max_batch == 1)
+        seq = self.chat.sequence(request, should_stop, self._proposer)
+        if seq.schedule.auto is not None and self.max_batch == 1:
+            self._auto_from_earlier_requests(seq.schedule.auto, request)
         seq.id = next(self._ids)
         seed = request.sampling.seed if request.sampling.seed is not None else random.getrandbits(63)
         seq.key = None if request.sampling.greedy else mx.random.key(seed)
@@ -161,40 +187,59 @@ class BatchEngine:
         that drafter's batch (its rows draft together); composed (--with-ngram), the model
         drafter's row beside the row's own n-gram lookup, its rows' chains drafted together
         (ComposedGroup). Or plain decoding and the reason."""
-        if not request.spec.enabled:
-            return None, None
         spec = request.spec
-        try:
-            if spec.method not in ("mtp", "draft"):
-                return self.chat.make_proposer(request), None
-            path = spec.draft_model or self.chat.draft_path
-            if spec.method == "mtp":  # one MTP drafter drafts for all its rows at once
-                from engines.mlx_chat.mtp import make_mtp_proposer
-
-                lone = make_mtp_proposer(self.chat, request)  # loads and checks the drafter
-                if path not in self.mtps or not self.mtps[path].made_from(lone):  # (a drafter or option changed)
-                    self.mtps[path] = BatchMTP.of(lone)
-                row, group = self.mtps[path].row(), self.mtps[path]
-            else:  # one draft model drafts for all its rows at once
-                if not path:
-                    raise EngineError("spec method 'draft' needs a draft model (--draft-model PATH)")
-                if path not in self.drafters:
-                    self.drafters[path] = BatchDrafter(self.chat.draft_model(path).model)
-                row, group = self.drafters[path].row(), self.drafters[path]
-            if not spec.compose_ngram:
-                return row, None
-            # each drafter's composed rows: one group (their chains together), one cost book (a
-            # batch step's time is the batch's, kept apart from lone requests' -- but a batch of
-            # one's rounds are a lone request's)
-            if (spec.method, path) not in self.composed or self.composed[spec.method, path][0].model_group is not group:
-                self.composed[spec.method, path] = ComposedGroup(group), DraftingCosts()
-            composed, costs = self.composed[spec.method, path]
-            if self.max_batch == 1:
-                costs = self.chat.composed_costs(spec.method, path)
-            return ComposedProposer(row, NGramProposer(spec.ngram_min, spec.ngram_max), costs,
-                                    extend=extend_draft, group=composed), None
+        if not spec.enabled:
+            return None, None
+        if spec.method == "ngram":
+            return NGramProposer(spec.ngram_min, spec.ngram_max), None
+        path = spec.draft_model or self.chat.draft_path
+        try:  # (validation allows ngram, draft and mtp only)
+            group = self._draft_group(path) if spec.method == "draft" else self._mtp_group(request, path)
+        except TokenizerMismatch:
+            raise  # a wrong draft model is the user's to fix, not to paper over
         except EngineError as e:
             return None, f"speculation unavailable: {e}"
+        if not spec.compose_ngram:
+            return group.row(), None
+        # each drafter's composed rows: one group (their chains together), one cost book
+        if (spec.method, path) not in self.composed or self.composed[spec.method, path][0].model_group is not group:
+            self.composed[spec.method, path] = ComposedGroup(group), DraftingCosts()
+        composed, costs = self.composed[spec.method, path]
+        return ComposedProposer(group.row(), NGramProposer(spec.ngram_min, spec.ngram_max), costs,
+                                extend=extend_draft, group=composed), None
+
+    def _draft_group(self, path: str | None) -> BatchDrafter:
+        """One draft model drafts for all its rows at once."""
+        if not path:
+            raise EngineError("spec method 'draft' needs a draft model (--draft-model PATH)")
+        if path not in self.drafters:
+            self.drafters[path] = BatchDrafter(self.chat.draft_model(path).model)
+        return self.drafters[path]
+
+    def _mtp_group(self, request: Request, path: str | None) -> BatchMTP:
+        """One MTP drafter drafts for all its rows at once; remade when the drafter, its step
+        (compiled or not) or the group's maker changed. `chat.mtp_group` (a maker with
+        BatchMTP's signature) lets the tests and benchmarks replay a drafter of their own."""
+        source = mtp_drafter(self.chat, request)  # loads and checks the drafter
+        make = self.chat.__dict__.get("mtp_group", BatchMTP)
+        held = self.mtps.get(path)
+        if held is None or held[0] is not make or not held[1].made_from(source):
+            self.mtps[path] = make, make(source.drafter, source.target, source.step)
+        return self.mtps[path][1]
+
+    def _auto_from_earlier_requests(self, auto, request: Request) -> None:
+        """A batch of one's --steps auto starts from what earlier requests with this drafter
+        showed: what its rounds cost by width (the machine's, not the prompt's, so only the first
+        request pays to find them), its acceptance by position as the prior, the pace of its
+        probes one draft deeper, and (n-gram) every fixed k's rounds replayed on their outputs
+        (engines/speculative/tuning.py). A row of a larger batch learns from its own rounds."""
+        from engines.speculative.tuning import PositionAcceptance, Probes, Rounds, round_costs
+
+        spec = request.spec
+        key = (spec.method, spec.draft_model or self.chat.draft_path or "", spec.compose_ngram,
+               request.sampling.greedy, auto.max_steps)
+        auto.attach(*self.auto_seen.setdefault(key, (round_costs(), PositionAcceptance(auto.max_steps), Probes(),
+                                                     Rounds(auto.max_steps))))
 
     # -- THE step ----------------------------------------------------------------------------
     def step(self) -> list[tuple[Sequence, Round]]:
@@ -293,7 +338,8 @@ class BatchEngine:
         logits, hidden = self._forward(joining.own_cache, [joining.prompt[-1:]], [seq])
         step = Step(0, token=mxs.pick(logits[0, -1:], seq.ctx.sampling, next_key(seq)))
         joining.own_cache.settle([1])
-        verdict = settle(seq, step)
+        verdict = settle_row(step)
+        seq.settled(step)
         tokens, finish = seq.start(verdict, hidden[0, -1] if hidden is not None else None)
         step.verify_s = step.wall_s = time.perf_counter() - joining.started
         rnd = report(seq, step, verdict, tokens, finish, prefill=True)
@@ -407,8 +453,7 @@ class BatchEngine:
         every row's drafts this step came from a drafter that can chain on a verdict still in
         the graph (MTP), with tokens left past the most this step can emit, and nobody waiting
         to join."""
-        options = self.chat.mtp_options  # (an A/B run turns either off: each round then launches after its verdict)
-        return (self.verifies_ahead and options.pipeline and options.overlap and not self.joining
+        return (self.verifies_ahead and self.chat.mtp_options.ahead and not self.joining
                 and all(step.k and seq.drafting and seq.remaining > step.k + 1
                         and hasattr(getattr(seq.proposer, "group", None), "propose_after")
                         for seq, step in zip(rows, steps)))
@@ -538,13 +583,10 @@ class BatchEngine:
             self._leave([seq])
 
 
-def batch_of_one(chat: ChatEngine) -> BatchEngine | None:
-    """The loop a lone request runs through (ChatEngine.loop): the batch's, one row; None for a
-    model whose caches the batch cannot hold (recurrent, quantized, attention sinks)."""
-    try:
-        return BatchEngine(chat, max_batch=1, budget=None)  # a lone request drafts what it asks
-    except UnbatchableModel:
-        return None
+def batch_of_one(chat: ChatEngine) -> BatchEngine:
+    """The loop a lone request runs through (ChatEngine.loop): the batch's, one row, drafting
+    what the request asks. UnbatchableModel for a model whose caches the batch cannot hold."""
+    return BatchEngine(chat, max_batch=1, budget=None)
 
 
 # -- per-row verification (pure: the batch T>0 tests drive these directly) ---------------------
@@ -575,6 +617,16 @@ def lazy_verdict(seq: Sequence, step: Step) -> LazyVerdict:
     accepted, token = mxs.verdict_in_graph(mx_tokens(step.draft), step.argmax, step.sampled, step.token)
     hidden = mx.take(step.hidden, accepted, axis=0) if step.hidden is not None else None
     return LazyVerdict(seq.ctx.position, mx_tokens(step.draft), accepted, token, hidden)
+
+
+def report(seq: Sequence, step: Step, verdict: Verdict, tokens: list[int], finish: str | None,
+           prefill: bool = False) -> Round:
+    """The row's Round (Sequence.report). MLX's buffer cache is cleared every 256 tokens, as
+    mlx-lm's generate_step does."""
+    rnd = seq.report(step, verdict, tokens, finish, prefill)
+    if (seq.out.index % 256) == 0:
+        mx.clear_cache()
+    return rnd
 
 
 def settle_row(step: Step) -> Verdict:

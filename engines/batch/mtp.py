@@ -2,10 +2,9 @@
 Gemma 4 assistant, or a drafter trained here) chains its drafts in the same drafter forwards,
 each row reading its own row of the batch's target K/V.
 
-Per row, as the single-stream MTPProposer does it (engines/mlx_chat/mtp.py): a chain starts
-from the row's last accepted token (not yet in the target's cache), the target's final hidden
-state that produced it (ctx.hidden: the batch loop keeps it from the accepted position), and the
-target's K/V before that token; the query position stays that token's for every chained step.
+Per row: a chain starts from the row's last accepted token (not yet in the target's cache), the
+target's final hidden state that produced it (ctx.hidden: the batch loop keeps it from the
+accepted position), and the target's K/V before that token; the query position stays that token's for every chained step.
 Which K/V a row sees comes from the slot table (engines/batch/cache.py): its live slots -- a
 rejected draft's slot is dead -- and, for a sliding layer, the positions the last kept token
 attended to (the last `sliding_window` ones: mtp.Gemma4Target.drafter_view says why). Drafts
@@ -27,8 +26,8 @@ import mlx.core as mx
 
 from engines.types import EngineError
 from engines.batch.cache import BatchCache
-from engines.mlx_chat.proposers import LazyVerdict, ProposerContext
-from engines.speculative.proposer import Draft
+from engines.mlx_chat.proposers import LazyVerdict
+from engines.speculative.proposer import Context, Draft
 from engines.mlx_chat.sampling import target_probs
 from engines.speculative.schedule import MAX_STEPS
 
@@ -41,20 +40,19 @@ class MTPRow:
     drafter: "BatchMTP"
     name: str = "mtp"
     needs_hidden: bool = True
-    drafts_ahead: bool = False
 
     @property
     def group(self) -> "BatchMTP":
         return self.drafter
 
-    def start(self, ctx: ProposerContext) -> None:
+    def start(self, ctx: Context) -> None:
         if ctx.hidden is None:
             raise EngineError("MTP needs the target's hidden state; the batch loop did not provide it")
 
-    def propose(self, ctx: ProposerContext, k: int) -> Draft:
+    def propose(self, ctx: Context, k: int) -> Draft:
         raise EngineError("an MTP row drafts with its batch (BatchMTP.propose), not on its own")
 
-    def commit(self, ctx: ProposerContext) -> None:
+    def commit(self, ctx: Context) -> None:
         pass  # no cache of its own: the target's rollback is the drafter's
 
     def target_forward(self, tokens: mx.array, cache: list) -> tuple[mx.array, mx.array]:
@@ -63,24 +61,17 @@ class MTPRow:
 
 @dataclass
 class BatchMTP:
-    """One MTP drafter and the target view it reads (mtp.Gemma4Target or drafter.TargetView)."""
+    """One MTP drafter and the target view it reads (mtp.Gemma4Target or drafter.TargetView),
+    made from a request's mtp.MtpSource."""
 
     drafter: Any
     target: Any
     step: Callable  # the drafter's step (compiled unless the engine's mtp_options.compiled is off), rows at once
 
-    @classmethod
-    def of(cls, proposer) -> "BatchMTP":
-        """From the single-stream MTPProposer a request would get (same drafter, same checks).
-        A proposer that drafts otherwise (the tests' and benchmarks' replaying drafter,
-        engine.mtp_proposer) makes its own group: `batch_group()`."""
-        make = getattr(proposer, "batch_group", None)
-        return make() if make is not None else cls(proposer.drafter, proposer.target, proposer.drafter_step)
-
-    def made_from(self, proposer) -> bool:
-        """Whether `proposer` drafts as this group does (the same drafter, the same step)."""
-        return (not hasattr(proposer, "batch_group") and self.drafter is proposer.drafter
-                and self.step == proposer.drafter_step)  # (bound methods: ==)
+    def made_from(self, source) -> bool:
+        """Whether this group drafts as `source` (mtp.MtpSource) asks: the same drafter, the
+        same step."""
+        return self.drafter is source.drafter and self.step == source.step  # (bound methods: ==)
 
     def row(self) -> MTPRow:
         return MTPRow(self)
@@ -93,7 +84,7 @@ class BatchMTP:
         """Drafts chained on launched steps' verdicts still in the graph (one per ask), unevaluated."""
         return self.propose(cache, [(b, seq.ctx, k, key) for b, seq, k, key in asks], verdicts)
 
-    def propose(self, cache: BatchCache, asks: list[tuple[int, ProposerContext, int, mx.array | None]],
+    def propose(self, cache: BatchCache, asks: list[tuple[int, Context, int, mx.array | None]],
                 after: list[LazyVerdict] | None = None) -> list[Draft]:
         """Drafts for several rows at once: (row index in the cache, its context, k, RNG key or
         None), from each row's settled state or, `after`, from its launched step's lazy verdict.
@@ -120,7 +111,7 @@ class BatchMTP:
         return out
 
     @staticmethod
-    def _start(contexts: list[ProposerContext], after: list[LazyVerdict] | None):
+    def _start(contexts: list[Context], after: list[LazyVerdict] | None):
         """Each row's chain start: (position [R], the token there [R], the target's hidden state
         that produced it [R, D]), from the settled contexts or the launched steps' verdicts."""
         if after is None:

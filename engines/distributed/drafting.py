@@ -30,7 +30,7 @@ import mlx.core as mx
 
 from engines.batch.drafter import BatchDrafter, DraftRow
 from engines.distributed.mirror import DJOIN, DLEAVE, DPROPOSE, DROLLBACK, OpLog
-from engines.mlx_chat.proposers import ProposerContext
+from engines.speculative.proposer import Context
 from engines.types import Sampling
 
 RANK0, EVERY_RANK = "rank0", "every-rank"  # --drafter-on
@@ -114,7 +114,7 @@ class DrafterReplica:
         if op == DJOIN:
             body = args[SAMPLING_INTS:]
             row = self.drafter.row()
-            row.ctx = ProposerContext(body + [0], ints_sampling(args[:SAMPLING_INTS]), None, [])  # join reads tokens[:-1]
+            row.ctx = Context(body + [0], ints_sampling(args[:SAMPLING_INTS]))  # join reads tokens[:-1]
             self.drafter.join(row)
             row.ctx.tokens = body  # what the row's cache holds; its first propose brings the rest
         elif op == DLEAVE:

@@ -86,7 +86,6 @@ class MtpDrafter:
         self.mtp_rows = 0  # rows run through the MTP layer (cost accounting)
 
     needs_hidden = True
-    drafts_ahead = False
 
     def start(self, ctx: OcrContext) -> None:
         """MTP KV prefill: every prompt row i with the input embedding of row i+1 (written

@@ -1,8 +1,9 @@
-"""Caches that roll back exactly, for speculative rounds.
+"""Caches of one sequence that roll back exactly: what `specscope tune` measures forwards of
+many widths on (each one rolled back before the next), and what a drafter's training reads.
+(The batch's rows roll back in its slot table: engines/batch/cache.py.)
 
-A verify forward writes the last token and every draft into the target's cache; after the
-verdict the rejected tail must go, leaving exactly what plain decoding of the accepted tokens
-would hold (the Rollback contract).
+A forward writes its tokens into the target's cache; a rollback drops the last n again, leaving
+exactly what the cache held before (the Rollback contract).
 
 - KVCache and QuantizedKVCache: `trim(n)` only moves the write offset back; the stale entries
   beyond it are never read and are overwritten by the next write. Exact.
@@ -14,15 +15,8 @@ would hold (the Rollback contract).
   a window mask built from absolute positions. Trimming then only moves the offset back, and
   `trim` refuses (raises) a rollback the kept entries could not honour, so it can never be
   silently inexact.
-- `SlotKVCache` (full-attention layers, MTP rounds launched before the last one's verdict is
-  read): never rolled back. A rejected draft's slot stays in the buffer as a hole that every
-  later query's mask hides, and the position a token is encoded at (RoPE) is its slot minus
-  the holes before it -- both may still be in the graph, so the next verify can be built and
-  queued while the device runs this one. What attention sees is exactly what plain decoding
-  of the accepted tokens would hold; the buffer is longer by the holes.
-- Anything else (recurrent ArraysCache, chunked caches...): not supported for speculation;
-  `make_rollback_cache` raises UnsupportedCache naming the cache type, and the run
-  decodes plainly.
+- Anything else (recurrent ArraysCache, chunked caches...): not supported;
+  `make_rollback_cache` raises UnsupportedCache naming the cache type.
 """
 
 from __future__ import annotations
@@ -164,112 +158,6 @@ def _convert(c: Any, slack: int) -> Any:
     )
 
 
-class Holes:
-    """Which slots of a run's SlotKVCaches hold live entries, shared by every layer (they all
-    write the same slots). Slots past `declared` are live; `live` [declared] bool and `count`
-    (the dead slots) may be lazy: a verdict the host has not read yet."""
-
-    def __init__(self) -> None:
-        self.live: mx.array | None = None
-        self.declared = 0
-        self.count: int | mx.array = 0
-
-    def reject(self, first: int, drafts: int, accepted: mx.array) -> None:
-        """A verify wrote its last token and `drafts` drafts at slots first.. ; the drafts past
-        `accepted` (lazy or not) are holes."""
-        parts = [] if self.live is None else [self.live]
-        if first > self.declared:
-            parts.append(mx.ones((first - self.declared,), dtype=mx.bool_))
-        parts.append(mx.arange(drafts + 1) <= accepted)
-        self.live = mx.concatenate(parts)
-        self.declared = first + drafts + 1
-        self.count = self.count + (drafts - accepted)
-
-    def visible(self, written: int, length: int) -> mx.array:
-        """[length] bool: the live slots among the first `written` (the rest: not written)."""
-        parts = [] if self.live is None else [self.live[:written]]
-        if written > self.declared:
-            parts.append(mx.ones((written - self.declared,), dtype=mx.bool_))
-        if length > written:
-            parts.append(mx.zeros((length - written,), dtype=mx.bool_))
-        return mx.concatenate(parts) if len(parts) > 1 else parts[0]
-
-
-class SlotKVCache(KVCache):
-    """A full-attention layer's cache whose rejected drafts stay as masked holes (see the
-    module docstring). `slot` is the next slot written; `offset` -- what mlx-lm's attention
-    reads as the next token's position -- is the slot minus the holes before it."""
-
-    def __init__(self, holes: Holes):
-        self.holes, self.slot = holes, 0
-        super().__init__()
-
-    @property
-    def offset(self):
-        return self.slot - self.holes.count
-
-    @offset.setter
-    def offset(self, value) -> None:  # KVCache.__init__ sets it; only ever 0
-        if isinstance(value, int) and value == self.slot - self.holes.count:
-            return
-        raise RollbackError("a SlotKVCache's position follows its slots and holes")
-
-    def update_and_fetch(self, keys: mx.array, values: mx.array):
-        first, n = self.slot, keys.shape[2]
-        if self.keys is None or first + n > self.keys.shape[2]:
-            B, heads, _, _ = keys.shape
-            grow = (self.step + n - 1) // self.step * self.step
-            new_k = mx.zeros((B, heads, grow, keys.shape[3]), keys.dtype)
-            new_v = mx.zeros((B, heads, grow, values.shape[3]), values.dtype)
-            if self.keys is None:
-                self.keys, self.values = new_k, new_v
-            else:
-                self.keys = mx.concatenate([self.keys[..., :first, :], new_k], axis=2)
-                self.values = mx.concatenate([self.values[..., :first, :], new_v], axis=2)
-        self.slot = first + n
-        self.keys[..., first:self.slot, :] = keys
-        self.values[..., first:self.slot, :] = values
-        return self.keys[..., :self.slot, :], self.values[..., :self.slot, :]
-
-    def make_mask(self, N: int, window_size: int | None = None, return_array: bool = False):
-        """The N new queries (slots slot..slot+N-1, not yet written) see every live slot
-        before them and each other causally."""
-        if window_size is not None:
-            raise UnsupportedCache("a SlotKVCache has no sliding window")
-        if self.holes.live is None and not return_array:  # no holes yet: mlx-lm's own masks
-            return None if N == 1 else "causal"
-        causal = mx.tril(mx.ones((N, N), dtype=mx.bool_))
-        before = mx.broadcast_to(self.holes.visible(self.slot, self.slot)[None], (N, self.slot))
-        return mx.concatenate([before, causal], axis=1)
-
-    def size(self) -> int:
-        return self.slot
-
-    def trim(self, n: int) -> int:
-        raise RollbackError("a SlotKVCache is never rolled back: its rejected drafts are holes (Holes.reject)")
-
-    def is_trimmable(self) -> bool:
-        return False
-
-    @property
-    def state(self):
-        return self.keys, self.values, self.slot
-
-    @state.setter
-    def state(self, v) -> None:
-        raise RollbackError("a SlotKVCache is not restored from a state")
-
-
-def make_slot_cache(model) -> list[SlotKVCache] | None:
-    """Slot caches for a model whose every layer is plain full attention, else None (sliding
-    windows, quantized or recurrent layers keep the rollback caches)."""
-    layers = make_prompt_cache(model)
-    if not layers or any(type(c) is not KVCache for c in layers):
-        return None
-    holes = Holes()
-    return [SlotKVCache(holes) for _ in layers]
-
-
 def make_rollback_cache(model, slack: int = DEFAULT_SLACK) -> list[Any]:
     """The model's own cache layout with every layer's cache made exactly trimmable."""
     return [_convert(c, slack) for c in make_prompt_cache(model)]
@@ -298,6 +186,6 @@ def cache_buffer(c) -> tuple[mx.array, mx.array, int]:
     included), and the position held by their first entry."""
     if isinstance(c, WindowKVCache):  # entry j holds position start + j
         return c.keys, c.values, c.start
-    if isinstance(c, KVCache):  # a SlotKVCache's holes: Holes.visible
+    if isinstance(c, KVCache):
         return c.keys, c.values, 0
     raise UnsupportedCache(f"MTP cannot read K/V from a {type(c).__name__} (quantized KV is not supported)")

@@ -25,9 +25,9 @@ sees a full-vocabulary q whose mass is on the K tokens (lossless either way: q i
 
 Chained for depth: step d+1 embeds step d's token and reads step d's h_next. The query
 position stays the position of the chain's first token for every step (as Gemma 4's assistant
-and mtp.MTPProposer do), and the K/V it reads end just before that token.
+does), and the K/V it reads end just before that token.
 
-`TargetView` is what the drafter and the proposer need from a target: the scaled embedding,
+`TargetView` is what the drafter and the batch's MTP rows need from a target: the scaled embedding,
 a forward that returns logits and final hidden states, and the K/V view. It knows the
 llama-family layout of mlx-lm (llama, mistral, qwen2) and gemma3_text.
 """
@@ -43,7 +43,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from engines.types import EngineError
-from engines.mlx_chat.cache import SlotKVCache, cache_buffer
+from engines.mlx_chat.cache import cache_buffer
 from engines.mlx_chat.gemma4_assistant import DraftStep, compile_step  # one step record, one compiler for both drafters
 
 MODEL_TYPE = "specscope_drafter"
@@ -159,16 +159,11 @@ class TargetView:
             hidden = mx.concatenate([*(layers[i].tapped for i in self.feature_layers), hidden], axis=-1)
         return logits, hidden
 
-    reads_slot_caches = True  # drafter_view sees SlotKVCache's holes (the loop may use them)
-
     def drafter_view(self, cache: list, last_kept: mx.array):
         """The K/V the drafter reads -- the whole buffer of layer `kv_layer`'s cache -- and a
         mask of the entries at positions <= last_kept (rejected drafts and unused capacity
         past the cache's offset are hidden). Same contract as mtp.Gemma4Target.drafter_view."""
-        c = cache[self.kv_layer]
-        keys, values, first = cache_buffer(c)
-        if isinstance(c, SlotKVCache):  # rejected drafts are holes: the live slots written so far
-            return {"target": (keys, values)}, {"target": c.holes.visible(c.slot, keys.shape[2])}
+        keys, values, first = cache_buffer(cache[self.kv_layer])
         positions = mx.arange(first, first + keys.shape[2], dtype=mx.int32)
         return {"target": (keys, values)}, {"target": positions <= last_kept}
 
@@ -334,7 +329,7 @@ class Drafter(nn.Module):
             embedding, h_prev = self.embed_norm(embedding), self.hidden_norm(h_prev)
         return self.pre_projection(mx.concatenate([embedding, h_prev], axis=-1))
 
-    # -- one chained step (what mtp.MTPProposer calls) ---------------------------------------------
+    # -- one chained step (what the batch's MTP rows call: engines/batch/mtp.py) -------------------
     def step(self, token_embedding: mx.array, h_prev: mx.array, position, kv: dict, masks: dict | None = None) -> DraftStep:
         """One chained step for one chain ([D] inputs, [n] mask) or B chains ([B, D], [B, n]),
         as gemma4_assistant.Model.step."""

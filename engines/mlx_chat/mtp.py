@@ -12,15 +12,14 @@ What the drafter needs from the target (see gemma4_assistant.py for the drafter 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import mlx.core as mx
 from mlx_lm.models import gemma4_text
 
 from engines.types import EngineError
-from engines.mlx_chat.cache import cache_buffer  # noqa: F401  (its home was here; tests import it from mtp)
+from engines.mlx_chat.cache import cache_buffer
 from engines.mlx_chat.gemma4_assistant import Model as Assistant
-from engines.mlx_chat.proposers import LazyVerdict
-from engines.speculative.proposer import Draft
 
 
 def gemma4_text_model(model) -> gemma4_text.Model:
@@ -142,151 +141,16 @@ def check_compatible(target: Gemma4Target, drafter: Assistant) -> None:
             )
 
 
-# -- the MTP proposer: what the round loop in engine.py calls ----------------------------------
-
-
 @dataclass
-class Chain:
-    """A draft chain in progress for one target state. Every array may still be lazy: step
-    i+1 embeds step i's token in the graph, so k steps are one graph and one wait -- or none,
-    when the chain was anticipated (depth-2 overlap) and goes straight into the next verify."""
+class MtpSource:
+    """What a request's MTP drafting is made of: the drafter, the target view it reads (a
+    Gemma4Target, or drafter.TargetView for a drafter trained here), and the drafter's step
+    (compiled unless the engine's mtp_options say otherwise). The batch drafts with it for all
+    its MTP rows at once (engines/batch/mtp.py)."""
 
-    position: mx.array  # [] int32: of the token the first step embeds (not yet in the target's cache)
-    context: list[int]  # the loop's ctx.tokens (append-only) when the chain began
-    kv: dict[str, tuple[mx.array, mx.array]]  # the target K/V snapshot the drafter reads
-    masks: dict[str, mx.array]  # which of those entries it sees
-    token: mx.array  # [1] the token the next step embeds
-    h: mx.array  # [backbone_hidden] the next step's h_prev
-    tokens: list[mx.array]  # drafted so far, [1] each
-    qs: list[mx.array]  # the drafter's distributions [V], T>0 only
-    after: LazyVerdict | None = None  # anticipated: built on this verdict, before the host read it
-    ready: bool = False  # anticipated, and that round has since been settled (commit)
-
-    def outputs(self) -> list[mx.array]:
-        return [*self.tokens, *self.qs, self.h]
-
-
-class MTPProposer:
-    """MTP drafting for the round loop (see proposers.py for the protocol): the Gemma 4
-    assistant on a Gemma 4 target, or a drafter trained here (drafter.py) on its target --
-    both are stepped from (token embedding, h_prev, position, K/V view).
-
-    propose(ctx, k)     chains the drafter k times from the target's state: the last accepted
-                        token, the target's hidden state at the position before it (ctx.hidden,
-                        set by the loop from the last *accepted* position), and its cache K/V.
-                        If the chain was anticipated it is only cut or extended to k, and
-                        handed back unevaluated: the verify reads it in the graph.
-    anticipate(ctx, v)  depth-2 overlap: right after a verify is launched, chain the next
-                        round's drafts on its verdict *in the graph*: the accepted count, the
-                        target's token and hidden state at the accepted position, the position
-                        that follows, and a mask that hides the K/V of drafts the rollback will
-                        drop. MLX runs the chain right behind the verify while the host reads
-                        the verdict, rolls back and reports; k is last round's (k_hint).
-    commit(ctx)         the next round goes on from the anticipated chain: its round is settled,
-                        or (slot caches, `launches_ahead`) the next round is launched on its
-                        verdict still in the graph.
-    A chain reads the MLX arrays the cache held when it was built; cache writes make new
-    arrays (see proposers.py), so the loop may write the cache while a chain runs.
-    """
-
-    name = "mtp"
-    needs_hidden = True
-
-    def __init__(self, drafter: Assistant, target: Gemma4Target, overlap: bool = True, compiled: bool = True):
-        target.check_compatible(drafter)  # Gemma4Target + assistant, or drafter.TargetView + Drafter
-        self.drafter = drafter
-        self.target = target
-        self.drafts_ahead = overlap  # depth-2 overlap: the loop calls anticipate()
-        # the loop may launch the next verify on an anticipated chain before reading the verdict
-        # (engine.py, cache.SlotKVCache): a target view that reads the slot caches' holes. The
-        # loop sets it False when it does not (no slot caches for this target)
-        self.launches_ahead = overlap and getattr(target, "reads_slot_caches", False)
-        self.drafter_step = drafter.compiled_step() if compiled else drafter.step
-        self.pending: Chain | None = None
-        self.k_hint = 0  # drafts asked last round: the guess for an anticipated chain
-        self.overlap_hits = 0  # rounds whose chain had been anticipated
-
-    # -- protocol ----------------------------------------------------------------------------
-    def start(self, ctx) -> None:
-        self.pending, self.k_hint = None, 0
-        if ctx.hidden is None:
-            raise EngineError("MTP needs the target's hidden state; the round loop did not provide it")
-
-    def propose(self, ctx, k: int) -> Draft:
-        chain, self.pending = self.pending, None
-        overlapped = chain is not None and chain.ready
-        if overlapped:
-            self.overlap_hits += 1
-        else:
-            chain = self._begin(ctx)
-        self._extend(chain, k, ctx.sampling)
-        self.k_hint = k
-        tokens = mx.concatenate(chain.tokens[:k]).astype(mx.uint32)
-        q = mx.stack(chain.qs[:k]) if chain.qs else None
-        return Draft(tokens, q, overlapped=overlapped)
-
-    def anticipate(self, ctx, verdict: LazyVerdict) -> None:
-        self.pending = None
-        if self.k_hint and verdict.hidden is not None:
-            chain = self._begin_after(ctx, verdict)
-            self._extend(chain, self.k_hint, ctx.sampling)
-            if not self.launches_ahead:  # else it runs with the next verify, which reads it
-                # (MLX's CPU stream takes ~50 ops ahead of the device: an eval here waits for this verify)
-                mx.async_eval(*chain.outputs())
-            self.pending = chain
-
-    def commit(self, ctx) -> None:
-        if self.pending is not None:
-            self.pending.ready = True
-
-    def chain_ahead(self) -> bool:
-        """Whether a chain was anticipated on the launched round's verdict (the next round can
-        be launched on it now)."""
-        return self.pending is not None
-
-    # -- the chain ---------------------------------------------------------------------------
-    def _begin(self, ctx) -> Chain:
-        """A chain on the settled state: the host knows the last token and its position."""
-        position = mx.array(ctx.position, dtype=mx.int32)
-        return self._chain(ctx, position, mx.array(ctx.tokens[-1:], dtype=mx.uint32), ctx.hidden)
-
-    def _begin_after(self, ctx, verdict: LazyVerdict) -> Chain:
-        """A chain on the state a launched round's verdict will leave (all of it lazy)."""
-        return self._chain(ctx, verdict.next_position, verdict.token, verdict.hidden, after=verdict)
-
-    def _chain(self, ctx, position: mx.array, token: mx.array, hidden: mx.array,
-               after: LazyVerdict | None = None) -> Chain:
-        """A chain from `token` at `position`, the target's K/V before it, and the target's
-        hidden state that produced it."""
-        kv, masks = self.target.drafter_view(ctx.target_cache, position - 1)
-        return Chain(position, ctx.tokens, kv, masks, token, hidden.reshape(-1), tokens=[], qs=[], after=after)
-
-    def _extend(self, chain: Chain, k: int, sampling) -> None:
-        """Draft until the chain holds k tokens: argmax in the graph at T=0; at T>0 a sample
-        from the drafter's full distribution q (same temperature / top-k / top-p as the
-        target), kept for rejection sampling."""
-        from engines.mlx_chat.sampling import sample, target_probs
-
-        while len(chain.tokens) < k:
-            step = self._step(chain)
-            if sampling.greedy:
-                token = mx.argmax(step.logits, axis=-1, keepdims=True)
-            else:
-                q = target_probs(step.logits, sampling)
-                token = sample(q).reshape(1)
-                chain.qs.append(q)
-            chain.tokens.append(token)
-            chain.token, chain.h = token, step.h_next
-
-    def target_forward(self, tokens: mx.array, cache: list) -> tuple[mx.array, mx.array]:
-        """The loop's target forward while MTP runs: logits and final-norm hidden states, for
-        gemma4_text and for the text part of gemma4 alike."""
-        return self.target.forward(tokens, cache)
-
-    def _step(self, chain: Chain):
-        """One drafter forward from the chain's current token and h_prev."""
-        embedding = self.target.embed(chain.token)[0]
-        return self.drafter_step(embedding, chain.h, chain.position, chain.kv, chain.masks)
+    drafter: Any
+    target: Any
+    step: Callable
 
 
 def load_drafter(path: str):
@@ -333,9 +197,10 @@ def preload_drafter(engine, path: str) -> None:
     engine.__dict__.setdefault("mtp_drafters", {})[path] = load_drafter(path)
 
 
-def make_mtp_proposer(engine, request) -> MTPProposer:
-    """Called by ChatEngine for `--spec mtp`. Drafters are loaded once per engine and kept
-    in `engine.mtp_drafters` (path -> drafter; tests may put a drafter of their own there)."""
+def mtp_drafter(engine, request) -> MtpSource:
+    """The MTP drafter `--spec mtp` asks for, checked against the engine's target. Drafters are
+    loaded once per engine and kept in `engine.mtp_drafters` (path -> drafter; tests may put a
+    drafter of their own there)."""
     path = request.spec.draft_model or engine.draft_path
     if not path:
         raise EngineError("--spec mtp needs an MTP drafter: the Gemma 4 assistant or a drafter trained with `specscope drafter train` (--draft-model DIR)")
@@ -351,8 +216,6 @@ def make_mtp_proposer(engine, request) -> MTPProposer:
         target = drafter.target  # the view that returns the layers this drafter reads
     else:  # the Gemma 4 assistant (or a test's wrapper of one)
         target = Gemma4Target.of(engine.model)
-    options = engine.mtp_options  # depth-2 overlap and the compiled step: on unless an A/B run turns them off
-    # `engine.mtp_proposer` (a class or factory with MTPProposer's signature) lets the benchmark
-    # and the tests run a replaying drafter through the real loop.
-    factory = engine.__dict__.get("mtp_proposer", MTPProposer)
-    return factory(drafter, target, overlap=options.overlap, compiled=options.compiled)
+    target.check_compatible(drafter)
+    step = drafter.compiled_step() if engine.mtp_options.compiled else drafter.step
+    return MtpSource(drafter, target, step)

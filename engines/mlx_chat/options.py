@@ -1,10 +1,7 @@
 """How the chat engine runs MTP rounds: a ChatEngine's `mtp_options`, given at load
 (`ChatEngine.load(..., mtp_options=MtpOptions(...))`) or set on the engine between requests.
-Every switch is on by default and turns off for the benchmarks' A/B runs and the tests that
-check both ways; each applies from the next request (its proposer and cache are made then). In
-the batch's loop (a lone request is a batch of one) `pipeline` and `overlap` are one mechanism:
-MTP steps launch on the last step's verdicts still in the graph unless either is off
-(engines/batch/engine.py, `_verifies_ahead`)."""
+Both switches are on by default and turn off for the benchmarks' A/B runs and the tests that
+check both ways; each applies from the next request."""
 
 from __future__ import annotations
 
@@ -13,13 +10,10 @@ from dataclasses import dataclass
 
 @dataclass
 class MtpOptions:
-    # Rounds launch before the last verdict is read: the next round's verify goes in on this
-    # one's verdict still in the graph, on slot caches (cache.SlotKVCache) -- full-attention
-    # targets only. Off: each round is launched after the last verdict, on caches that roll back
-    # (bench/mtp_launch_early.py measures the difference).
-    pipeline: bool = True
-    # Depth-2 overlap: the drafter chains the next round's drafts on the verdict still in the
-    # graph (the reference's LLAMA_PIPELINE_DEPTH2; bench/mtp_overlap.py).
-    overlap: bool = True
-    # The drafter's step runs mx.compile'd; off runs it eagerly (bench/mtp_overlap.py).
+    # MTP steps launch on the last step's verdicts still in the graph: each row's chain drafted
+    # from its lazy verdict and the verify queued behind it (engines/batch/engine.py,
+    # `_verifies_ahead`). Off: each step launches after its verdicts are read
+    # (bench/chat_batch_of_one.py measures the difference).
+    ahead: bool = True
+    # The drafter's step runs mx.compile'd; off runs it eagerly.
     compiled: bool = True

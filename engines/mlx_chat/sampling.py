@@ -129,7 +129,7 @@ def verdict_in_graph(
     """A launched round's verdict before the host reads it, lazily: (accepted [] int32, the
     token after the accepted drafts [1] uint32). The in-graph twin of verify_greedy (argmax
     [k+1]) and verify_sampled (sampled); `token` is a plain round's sample (no drafts).
-    Depth-2 overlap drafts the next round from it while the host is still waiting."""
+    An MTP row's next chain is drafted from it while the host is still waiting."""
     k = drafts.shape[0]
     if argmax is not None:
         if k == 0:

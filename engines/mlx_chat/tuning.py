@@ -116,7 +116,7 @@ def calibrate(engine, prompts: list[str], spec: SpecConfig, max_tokens: int,
 def drafting_s(cal: Calibration, latency: dict[int, float]) -> float:
     """Seconds per drafted token: the host's timer around drafting, or what a calibration round
     cost beyond the target's forward of its width, per draft -- the larger. Why both: an MTP
-    drafter with depth-2 overlap drafts in the graph behind the last verify, so the host's timer
+    drafter whose steps launch ahead drafts in the graph behind the last verify, so the host's timer
     sees almost nothing while on a CPU the chain lengthens the round (engines/speculative/
     tuning.py); a profile that said ~0 priced its drafts as free until the run measured them."""
     width = 1 + MAX_STEPS

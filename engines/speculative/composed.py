@@ -43,17 +43,13 @@ and against a plain round (no drafts) when none of them pays:
     model        the model's chain of k
     model+ngram  the chain, then the n-gram tokens that continue context + chain, as many as
                  pay for the wider verify (the chain's tokens are read on the host for the
-                 lookup: with depth-2 overlap that waits for the anticipated chain, which the
-                 verify would wait for anyway)
+                 lookup)
 
 Drafting is priced from the rounds' own times (`observe`; kept by the engine per drafter
 across requests, DraftingCosts: costs are the machine's, not the prompt's): rounds without a chain give the
 verify's cost by width (a width not measured lately scaled to the load now), and a chain round's
 time beyond the verify of its width, per chain token, is what drafting costs (as a share of a
-plain verify then, so at the load now too) -- its own chain if drafted then, and the next one
-anticipated behind its verify (depth-2 overlap), wasted or not. Chains are anticipated only after a chain
-round chosen by the chooser (the next round likely chains again; after an n-gram round or a
-probe it is drafted when chosen: a probe so prices a chain drafted then, without the next one).
+plain verify then, so at the load now too).
 A run whose rounds all chain measures no verify alone, so the first round that would chain
 runs plain, and so does one in every PROBE_AFTER chain rounds in a row: without it a drafter
 that costs more than it brings -- the tiny Gemma 4 pair's assistant on a CPU -- would be chosen
@@ -402,11 +398,6 @@ class ComposedProposer:
         # may the next round chain? (again after a chain; the chooser's choice with no n-gram match; a probe)
         self.hidden_wanted = bool(stale or chain or (planned if not found else self.chooser.plan(0, k)[1])
                                   or (MEASURED and self.costs.probe_due()))
-        if not chain and getattr(self.model, "pending", None) is not None:
-            # the MTP chain anticipated for this round, which does not chain: by the next round it
-            # is another round's (left, the next chain round took it as its own and drafted from
-            # a stale state -- all rejected)
-            self.model.pending = None
         if chain:
             self.last = (chain, EMPTY, len(ctx.tokens), [] if m else found, None)  # (chained completes it)
             return chain
@@ -433,20 +424,6 @@ class ComposedProposer:
         found = self.ngram.index.propose(room, after=draft.ids()) if room > 0 else []
         m = self.chooser.tail(draft.size, len(found))
         return self.extend(draft, found[:m]) if m else draft
-
-    @property
-    def drafts_ahead(self) -> bool:
-        """Read by the loop right after this round's verify is launched: anticipate the next
-        chain only after a chain round (the next likely chains too) that was not a probe (the
-        drafter was priced out: the next round likely does not chain, and the chain anticipated
-        for it would be computed and dropped -- on the tiny Gemma 4 pair it made the round after
-        each probe 1.2-1.9 ms dearer, a ~1.7 ms round); otherwise the loop need not build the
-        verdict in the graph for it at all."""
-        return (self.model.drafts_ahead and self.last is not None and self.last[0] > 0
-                and not (MEASURED and self.costs.probed))
-
-    def anticipate(self, ctx: Context, verdict) -> None:
-        self.model.anticipate(ctx, verdict)
 
     def observe(self, step) -> None:
         """The round in flight took step.wall_s, settle to settle (the loop's own measure): price

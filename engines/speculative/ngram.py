@@ -73,7 +73,6 @@ class NGramProposer:
     n_max: int = 4
     name: str = "ngram"
     needs_hidden: bool = False
-    drafts_ahead: bool = False  # the lookup needs the accepted tokens themselves
     index: NGramIndex = field(init=False)
     auto: Any = None  # --steps auto's AutoSteps: told each round's whole continuation (tuning.py)
 

@@ -23,8 +23,8 @@ Optional, asked for by attributes:
                         its rows that draft (DraftGroup.propose_rows), not each row on its own.
     leave()             the sequence left the batch: its row in the group is freed.
     observe(step)       composed drafting prices its sources by the rounds' own times.
-    anticipate(ctx, v)  `drafts_ahead`: the chat loop hands the proposer a launched round's
-                        verdict still in the graph (engines/mlx_chat: depth-2 overlap).
+    propose_after       (on the group) drafts chained on a launched step's verdicts still in
+                        the graph, so the next step launches before they are read (MTP).
 
 Every proposer only proposes (vLLM v1's split): the loop's verifier decides, the loop rolls
 the target back, and a proposer rolls back what it keeps of its own (a draft model's cache).
@@ -77,7 +77,6 @@ EMPTY = Draft([])
 class Proposer(Protocol):
     name: str
     needs_hidden: bool  # the loop keeps ctx.hidden for it
-    drafts_ahead: bool  # the loop calls anticipate (chat's depth-2 overlap)
 
     def start(self, ctx: Context) -> None: ...
 

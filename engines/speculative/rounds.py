@@ -38,7 +38,7 @@ class Round:
     text: str
     accept_flags: list[bool]
     draft_s: float  # host time spent drafting before the verify could launch (about 0 when the
-    # drafts were made ahead, depth-2 overlap: the drafter's device time then falls in verify_s)
+    # drafts were made ahead, an MTP step launched ahead: the drafter's device time then falls in verify_s)
     verify_s: float
     wall_s: float
     t_s: float = 0.0  # seconds since the run started, at the end of this round

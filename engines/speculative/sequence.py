@@ -1,5 +1,5 @@
-"""One request in the round loop, whichever engine runs it (the chat loop, the batch's rows,
-GLM-OCR): what it asked for, its proposer and the k of its next round (the schedule), what it
+"""One request in the round loop, whichever engine runs it (a row of the chat batch, or of
+GLM-OCR's): what it asked for, its proposer and the k of its next round (the schedule), what it
 has emitted (Output), and the Round of each of its target forwards.
 
 A round, from the sequence's side:
@@ -13,9 +13,6 @@ A round, from the sequence's side:
                                         tokens, teach the schedule the round, commit the proposer
     rnd = seq.report(step, verdict, tokens, finish)
                                         detokenize (stop strings held back), the Round
-
-`commit` and `report` are apart so that the chat loop can launch the next round's forward
-between them: the text of round r is built while the device runs round r + 1.
 """
 
 from __future__ import annotations
@@ -39,18 +36,15 @@ def never() -> bool:
 @dataclass
 class Step:
     """A round from launch to report: what was asked and drafted, and what it cost. Engines
-    add the lazy results of their verify forward (engines/mlx_chat: mlx_chat.engine.Step)."""
+    add the lazy results of their verify forward (engines/batch/engine.py: Step)."""
 
     steps: int  # drafts asked for
     draft: Draft = field(default_factory=lambda: EMPTY)
     draft_s: float = 0.0  # host time drafting before the verify could launch
-    build_s: float = 0.0  # host time building the verify's graph (chat)
     verify_s: float = 0.0
     wall_s: float = 0.0  # settle to settle: the round as its request waits for it
-    note: str | None = None  # said by this step's Round (speculation stopped while it ran)
     expected: tuple[list[float], list[float]] | None = None  # --steps auto: tok/s and tokens per k when k was chosen
-    ahead: int = 0  # drafts anticipated for this round by the last one (chat's depth-2 overlap)
-    launched_early: bool = False  # launched on the last round's verdict still in the graph (chat)
+    launched_early: bool = False  # launched on the last round's verdict still in the graph (MTP rows)
 
     @property
     def k(self) -> int:
@@ -163,17 +157,13 @@ class Sequence:
 
     def priced(self, step: Step, next_step: Step | None) -> bool:
         """Whether this round's time, settle to settle, is what a round of its k costs (--steps
-        auto prices the widths by it). Not when it paid for drafts it did not verify: a chain
-        anticipated at the last round's k, cut to this one's (depth-2 overlap). Nor, where rounds
-        launch before the last verdict, unless this round and the next both did and the rounds
+        auto prices the widths by it). Where rounds launch before the last verdict, not unless this round and the next both did and the rounds
         on either side drafted as many: the host enqueues round r+1 while the device runs round
         r, and MLX's CPU stream takes only ~50 ops ahead, so the host reaches r's settle when
         the device is well into r+1 -- part of r's time is r+1's, and part of the round before
         r's is r's (the first round after the prefill carries the second's; the last launched
         early lacks its own). Priced so, the probes made a second draft look cheap
         (docs/benchmarks.md, "Speculation that tunes itself")."""
-        if step.ahead > step.k:
-            return False
         next_early = next_step is not None and next_step.launched_early
         if step.launched_early or next_early:
             return step.launched_early and next_early and self.last_k == step.k == next_step.k
@@ -185,7 +175,7 @@ class Sequence:
         expected = step.expected if not prefill else None
         return self.out.round(
             verdict, tokens, finish, proposed=step.k, draft_s=step.draft_s, verify_s=step.verify_s,
-            wall_s=step.wall_s, steps=step.steps, prefill=prefill, note=step.note,
+            wall_s=step.wall_s, steps=step.steps, prefill=prefill,
             draft_source=step.draft.source if step.k else None,
             expected_tok_s=expected[0] if expected else None, expected_tokens=expected[1] if expected else None,
             launched_early=step.launched_early,

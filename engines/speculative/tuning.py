@@ -12,21 +12,19 @@ cost and acceptance by position), refined as the run goes (the run's own rounds 
 beside the profile's acceptance, and its rounds' costs fit the profile's curve as
 scale x latency(1 + k) + k x drafting); without a profile, the run's own rounds alone once they
 have shown two widths -- and until then the EMA depth controller (schedule.AdaptiveDepth) moves
-k, which is what shows them. The chat engine keeps the rounds' costs and the acceptance by
+k, which is what shows them. A batch of one keeps the rounds' costs and the acceptance by
 position across requests with the same drafter (`costs`, `history`): a later request starts
 from those costs, and from that acceptance as its prior where it has no profile. The costs
 follow the machine's load at every width, measured or not (`round_costs`).
 
-Why whole rounds, timed settle to settle, and not a forward and a drafting cost apart: with
-depth-2 overlap (MTP) the next chain is queued in the graph right behind the verify, so the
+Why whole rounds, timed settle to settle, and not a forward and a drafting cost apart: when
+MTP steps launch ahead the next chain is queued in the graph right behind the verify, so the
 host's timer around propose sees almost nothing, while on a CPU the chain runs on the same
 cores between the two settles and lengthens the round by what it costs -- on a GPU it hides
 behind the host's work and costs nothing, and the round's time says so either way. Two
 consequences, each keeping auto from over-drafting (tests/engines/speculative/test_tuning.py):
-- a round that paid for drafts it did not verify (a chain anticipated at the last round's k,
-  cut to a smaller one) is not a price of its own k (`record(..., priced=False)`), nor is a
-  round launched before the last verdict whose neighbours drafted another k (part of its time
-  is theirs);
+- a round launched before the last verdict whose neighbours drafted another k is not a price
+  of its own k (`record(..., priced=False)`: part of its time is theirs);
 - a width narrower than every one measured is priced by the slope of the narrowest two, not as
   dear as the narrowest: the fallback starts deep and probes go deeper, so a flat price would
   keep k = 1 (and plain rounds) from ever being chosen, hence measured.
@@ -71,9 +69,8 @@ PROBE_MAX = 64
 # k - 1 >= 1): a narrower width is otherwise measured only when chosen, so one measured dear
 # under a passing load would keep its k from being chosen again (test_tuning.py's
 # test_a_narrower_width_priced_dear_by_a_passing_load_is_measured_again). Three rounds because only
-# the middle one is surely a price: with depth-2 overlap the first carries the chain anticipated
-# at k, and with rounds launched before the verdict the first and last share their time with
-# their neighbours of k (see the chat engine's `_priced`). Without a profile, one draft a round,
+# the middle one is surely a price: with rounds launched before the verdict the first and last
+# share their time with their neighbours of k (Sequence.priced). Without a profile, one draft a round,
 # never measured, is tried at once: priced from the wider widths the fallback showed it can look
 # as dear as they are, and one draft, often the k that pays, would wait SHALLOW_AFTER rounds.
 # Not to k = 0: plain rounds cost a drafter worth drafting most, and a plain round's price only
@@ -83,7 +80,7 @@ SHALLOW_ROUNDS = 3
 
 
 def round_costs() -> LoadScaledCosts:
-    """What `--steps auto` keeps of its rounds' costs by width (the chat engine keeps one per
+    """What `--steps auto` keeps of its rounds' costs by width (a batch of one keeps one per
     drafter across requests). Why each half (tests/engines/speculative/test_tuning.py drives both on a
     model of this CPU whose load changes mid-run):
     - scaled by the load (LoadScaledCosts): a width measured before a load rose, or under one
@@ -157,7 +154,7 @@ class PositionAcceptance:
 
 @dataclass
 class Probes:
-    """When the next probe one draft deeper comes (PROBE_AFTER, PROBE_MAX). The chat engine keeps
+    """When the next probe one draft deeper comes (PROBE_AFTER, PROBE_MAX). A batch of one keeps
     it across requests with the costs and the acceptance it helps measure: a short request that
     started over at the first pace would probe at that pace every time."""
 
@@ -199,7 +196,7 @@ class AutoSteps:
     max_steps: int
     profile: Profile | None = None
     costs: StepCosts = field(default_factory=round_costs)  # whole rounds (drafting included): width -> seconds;
-    # the chat engine keeps one per drafter across requests (a round's cost is the machine's, not the prompt's)
+    # a batch of one keeps one per drafter across requests (a round's cost is the machine's, not the prompt's)
     probes: Probes = field(default_factory=Probes)  # when the next probe comes (PROBE_AFTER)
     since_shallow: int = 0  # rounds chosen since the last shallower probe (SHALLOW_AFTER)
     shallow: list[int] = field(default_factory=list)  # the rounds left of a shallower probe (their k)
@@ -207,7 +204,7 @@ class AutoSteps:
     last_rates: list[float] = field(default_factory=list)  # expected tok/s per k, at the last choice
     last_tokens: list[float] = field(default_factory=list)  # expected tokens per round (E[accepted + 1]) per k, ditto
     seen: PositionAcceptance | None = None
-    # earlier requests with this drafter (the chat engine keeps it): every round is counted there
+    # earlier requests with this drafter (a batch of one keeps it): every round is counted there
     # too, and without a profile its acceptance by position is this run's prior, weighing as
     # PRIOR_ROUNDS rounds -- not one half at every position, which prices a rarely accepted second
     # draft at 50% until the run has reached it a dozen times, at every request
@@ -232,7 +229,7 @@ class AutoSteps:
 
     def attach(self, costs: StepCosts, history: "PositionAcceptance", probes: Probes | None = None,
                kept: Rounds | None = None) -> None:
-        """Start from what earlier requests with this drafter showed (the chat engine keeps
+        """Start from what earlier requests with this drafter showed (a batch of one keeps
         them): the rounds' costs, their acceptance by position as the prior, the pace of
         the probes, and (n-gram) every fixed k's rounds replayed on their outputs."""
         self.costs, self.history = costs, history
@@ -390,8 +387,7 @@ class AutoSteps:
         counted instead), and its cost -- the whole round, verify_s + draft_s, by its width --
         unless it is the drafter's first (it warms up: graphs built, caches allocated, maybe a
         second) or the loop says its time is not what a round of its k costs (`priced` False:
-        it paid for a chain anticipated deeper than its k, or its rounds overlap and a
-        neighbour drafted another k; see the chat engine's `_priced`)."""
+        its rounds overlap and a neighbour drafted another k; Sequence.priced)."""
         if not self.continuations:
             self._count(proposed, accepted)
         self.probes.recorded(proposed if asked is None else asked, proposed, accepted)

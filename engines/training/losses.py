@@ -6,8 +6,8 @@ position (soft labels, EAGLE), depth d weighted DEPTH_DECAY^(d-1) (later depths 
 the earlier ones were accepted). The rest of EAGLE's recipe -- regressing the target's hidden
 state and noise on the state read -- is left out: it measures no better here (docs/drafter.md,
 "How it is trained"). The K/V a depth-d query reads stop at position t-d, where the chain's
-first token sits -- exactly what the drafter sees in the chat engine (mtp.MTPProposer: fixed
-query position, the target cache before the chain). No row is computed for chains that start
+first token sits -- exactly what the drafter sees in the chat engine (engines/batch/mtp.py:
+fixed query position, the target cache before the chain). No row is computed for chains that start
 in a prompt (depth_outputs' `first`): the loss counts none of them."""
 
 from __future__ import annotations

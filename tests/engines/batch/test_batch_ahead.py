@@ -4,8 +4,7 @@ table holding the last step's kept counts lazily (SlotTable.defer). Drafters tra
 tiny llama (full attention) and the tiny Gemma 3 (an 8-token sliding window every run outgrows),
 accepted often but not always, so acceptance is compared round for round as well as tokens.
 
-A lone MTP run on full-attention slot caches launches its rounds the same way, so a batch of one
-equals it round for round. Launched ahead, a round's k is chosen before the last verdict is read
+Launched ahead, a round's k is chosen before the last verdict is read
 (at most what is left after the most that round can emit): near the end of a request it can be
 one lower than a step chosen after the verdict -- the only difference allowed between the two."""
 
@@ -41,18 +40,41 @@ def same_until_the_tail(ahead, after, request: Request) -> None:
     assert emitted >= request.max_tokens - 2 * (request.spec.steps + 1), (a, b)
 
 
-def test_a_batch_of_one_equals_the_lone_run_launched_the_same_way(targets):
-    """Full attention: the lone loop launches its MTP rounds before the verdict too (slot caches)."""
+def test_a_step_launched_ahead_is_priced_only_between_steps_of_its_k(targets, monkeypatch):
+    """--steps auto prices a width by its rounds' time, settle to settle. When steps launch
+    before the last verdict, part of a round's time is its neighbours' (the host enqueues the
+    next step while the device runs this one), so a round whose neighbour launched ahead with
+    another k, or did not launch ahead while it did, is not a price (Sequence.priced): told to
+    auto as priced=False. Must fail if every round were priced."""
+    from engines.speculative.tuning import AutoSteps
+
     engine, _, drafter = targets["llama"]
-    every = []
-    for prompt, k in zip(TRAINED_ON, (3, 1, 5)):
-        request = Request(prompt=prompt, max_tokens=40, spec=mtp(drafter, k))
-        rounds = alone(engine, request, verifies_ahead=True)
-        assert summary(rounds) == summary(list(engine.generate(request)))
-        assert sum(r.launched_early for r in rounds) > len(rounds) // 2
-        every += rounds
-    proposed, accepted = sum(r.proposed for r in every), sum(r.accepted for r in every)
-    assert 0.15 * proposed < accepted < proposed, (accepted, proposed)
+    script = [1, 1, 1, 2, 2, 2, 1, 1, 3, 3, 1, 1, 1, 2, 1, 1]
+    chosen = iter(script)
+    monkeypatch.setattr(AutoSteps, "choose", lambda self: next(chosen, None))
+    recorded = []
+    record = AutoSteps.record
+
+    def spy(self, proposed, accepted, verify_s=None, draft_s=None, priced=True, asked=None):
+        recorded.append(priced)
+        record(self, proposed, accepted, verify_s, draft_s, priced, asked)
+
+    monkeypatch.setattr(AutoSteps, "record", spy)
+    request = Request(prompt=TRAINED_ON[0], max_tokens=60, spec=mtp(drafter, 3, auto=True))
+    rounds = [r for r in alone(engine, request, verifies_ahead=True) if not r.prefill]
+    ks = [r.proposed for r in rounds]
+    assert ks[:16] == script  # the script ran
+    assert sum(r.launched_early for r in rounds[1:16]) == 15
+    want = []
+    for i, r in enumerate(rounds):
+        next_early = i + 1 < len(rounds) and rounds[i + 1].launched_early
+        if r.launched_early or next_early:  # between steps launched ahead, of its k
+            want.append(r.launched_early and next_early and ks[i - 1] == r.proposed == ks[i + 1])
+        else:
+            want.append(True)
+    assert recorded == want
+    assert want[:15] == [False, True, False, False, True, False, False, False, False, False, False, True, False,
+                         False, False]  # round 0, launched after the prefill, is no price; round 1 is
 
 
 @pytest.mark.parametrize("model", ["llama", "gemma3"])

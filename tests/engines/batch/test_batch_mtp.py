@@ -33,13 +33,13 @@ def mtp_requests(drafter: str, draft_model: str | None = None) -> list[Request]:
 
 
 def lone_rounds(engine, request):
-    """The request alone, its rounds launched one after another's verdict as the batch's are:
-    a lone MTP run otherwise launches the next verify before reading the last verdict, and its
-    schedule (skip streak, adaptive k) then decides one round later -- the same tokens, other
-    draft lengths (tests/engines/training/test_slot_cache.py checks that loop)."""
+    """The request alone, its steps launched one after another's verdict as the batch's here
+    are: a batch of one otherwise launches the next verify before reading the last verdict, and
+    its schedule (skip streak, adaptive k) then decides one round later -- the same tokens,
+    other draft lengths (tests/engines/batch/test_batch_ahead.py checks that)."""
     from engines.mlx_chat.options import MtpOptions
 
-    before, engine.mtp_options = engine.mtp_options, MtpOptions(pipeline=False)
+    before, engine.mtp_options = engine.mtp_options, MtpOptions(ahead=False)
     try:
         return list(engine.generate(request))
     finally:
@@ -111,38 +111,33 @@ def test_gemma4_assistant_rows_in_a_batch(dense_pair):
 
 def test_gemma4_assistant_drafts_in_a_batch_equal_its_lone_drafts(dense_pair, monkeypatch):
     """The assistant is random (rarely accepted), so its drafts themselves are compared: from
-    the same context every batch row drafts what the lone proposer drafts, past the sliding
-    window (which a window one position short, or a neighbour's K/V, would change)."""
+    the same context every row of a batch of two, compacted on nearly every step, drafts what
+    it drafts alone (a batch of one that never compacts), past the sliding window (which a
+    window one position short, a neighbour's K/V or a compaction's lost slot would change)."""
     from engines.batch.mtp import BatchMTP
-    from engines.mlx_chat.engine import ChatEngine
-    from engines.mlx_chat.mtp import MTPProposer
     from tests.engines.gemma4.checkpoints import SLIDING_WINDOW
 
-    engine = ChatEngine.load(str(dense_pair.target))  # the chat engine's own loop drafts with MTPProposer
+    engine = load_chat(str(dense_pair.target))
     mtp = lambda k: SpecConfig("mtp", k, draft_model=str(dense_pair.assistant))  # noqa: E731
     reqs = [Request(prompt="the cat and the dog", max_tokens=40, spec=mtp(3)),
             Request(prompt="we see the old moon and the sun", max_tokens=40, spec=mtp(5))]
-    lone_drafts, batch_drafts = {}, {}
-    real_lone, real_batch = MTPProposer.propose, BatchMTP.propose
+    drafts = {}
+    real = BatchMTP.propose
 
-    def lone_propose(self, ctx, k):
-        draft = real_lone(self, ctx, k)
-        lone_drafts[tuple(ctx.tokens)] = draft.tokens.tolist()
-        return draft
+    def propose(self, cache, asks, after=None):
+        made = real(self, cache, asks, after)
+        for (_, ctx, _, _), d in zip(asks, made):
+            drafts.setdefault(tuple(ctx.tokens), []).append(d.tokens.tolist())
+        return made
 
-    def batch_propose(self, cache, asks):
-        drafts = real_batch(self, cache, asks)
-        for (_, ctx, _, _), d in zip(asks, drafts):
-            batch_drafts[tuple(ctx.tokens)] = d.tokens.tolist()
-        return drafts
-
-    monkeypatch.setattr(MTPProposer, "propose", lone_propose)
-    monkeypatch.setattr(BatchMTP, "propose", batch_propose)
+    monkeypatch.setattr(BatchMTP, "propose", propose)
     for r in reqs:
         lone_rounds(engine, r)
+    lone_drafts, drafts = drafts, {}
     # compacting on nearly every step drops what the window no longer needs: the drafter's
     # sliding layers still see the last kept token's whole window
     run_batch(BatchEngine(engine, max_batch=2, budget=None, compact_min_slots=2, verifies_ahead=False), reqs,
               join_late=0)
+    batch_drafts = drafts
     assert len(batch_drafts) > 15 and max(len(c) for c in batch_drafts) > 2 * SLIDING_WINDOW
     assert all(batch_drafts[c] == lone_drafts[c] for c in batch_drafts)

@@ -17,7 +17,7 @@ import pytest
 
 from engines.types import Sampling
 from engines.batch.engine import settle_row, verify_rows
-from engines.mlx_chat.engine import Step
+from engines.batch.engine import Step
 from engines.speculative.proposer import Draft
 from engines.speculative.verify import Verdict
 from tests.engines.mlx_chat.test_verification_law import drafter, round_law, target

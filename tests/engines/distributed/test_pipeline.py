@@ -73,7 +73,7 @@ def one_process(pair: Pair):
     after the last one's verdict, as rank 0's are (the ranks mirror forwards of tokens it has read)."""
     from engines.mlx_chat.options import MtpOptions
 
-    engine = load_chat(str(pair.target), draft_model=str(pair.assistant), mtp_options=MtpOptions(overlap=False))
+    engine = load_chat(str(pair.target), draft_model=str(pair.assistant), mtp_options=MtpOptions(ahead=False))
     served = [Served(ServedModel("tiny-llama", "chat", SpecConfig("mtp", 3, draft_model=str(pair.assistant))), engine)]
     return start_in_thread(build_app(ServeConfig(max_batch=4), served))
 

@@ -1,12 +1,13 @@
-"""A drafter whose acceptance we choose, for tests and the benchmark: the real MTP proposer
-and the real assistant forward run every step (so cost, K/V reads and h_prev plumbing are
-real), then the drafted token is replaced by the target's own continuation -- wrong at a
-chosen rate.
+"""A drafter whose acceptance we choose, for tests and the benchmarks: the batch's real MTP
+group and the real assistant forward run every step (so cost, K/V reads and h_prev plumbing
+are real), then each row's drafted token is replaced by the target's own continuation --
+wrong at a chosen rate. Handed to the engine as its MTP group maker (`engine.mtp_group =
+replay_factory(...)`, read by engines/batch/engine.py).
 
 T=0: `reference` is the target's greedy output (prompt + tokens); step j of a chain drafted
 at position P proposes reference[P + 1 + j], or with probability `error_rate` another token.
-The draw depends only on (seed, P, j), so chains started and dropped (depth-2 overlap) do
-not change which drafts are wrong: overlap on and off see the same acceptance.
+The draw depends only on (seed, P, j), so steps launched ahead of their verdicts or after
+them see the same acceptance.
 
 T>0: `oracle(context) -> p` gives the target's exact next-token distribution after `context`;
 the drafter proposes q = (1 - error_rate) * p + error_rate * (a point on the allowed token of
@@ -24,8 +25,6 @@ import mlx.core as mx
 import numpy as np
 
 from engines.batch.mtp import BatchMTP
-from engines.mlx_chat.gemma4_assistant import DraftStep
-from engines.mlx_chat.mtp import Chain, MTPProposer
 
 MAX_STEPS = 16  # the longest chain the table serves
 BOOST = 50.0  # added to the replayed token's logit: an argmax, whatever the drafter said
@@ -46,7 +45,7 @@ class Seen:
     h_prev: mx.array
     kv: dict[str, tuple[mx.array, mx.array]]
     masks: dict[str, mx.array | None]
-    anticipated: bool
+    launched_ahead: bool  # chained on a launched step's verdict still in the graph
 
     def visible_kv(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """The K/V entries the drafter's query attends to, per attention type."""
@@ -61,74 +60,31 @@ class Seen:
         return out
 
 
-class ReplayMTPProposer(MTPProposer):
-    def __init__(self, drafter, target, overlap: bool = True, compiled: bool = True, *,
-                 reference: list[int] | None = None,
-                 oracle: Callable[[tuple[int, ...]], np.ndarray] | None = None,
-                 error_rate: float = 0.2, seed: int = 0, temperature: float = 1.0):
-        super().__init__(drafter, target, overlap=overlap, compiled=compiled)
-        self.reference, self.oracle = reference, oracle
-        self.temperature = temperature  # the run's: logits = T log q, so target_probs gives q
-        self.error_rate, self.seed = error_rate, seed
-        self.seen: list[Seen] = []  # every chain begun, anticipated or not
-        self.table = self.choices(reference, drafter.vocab_size) if reference is not None else None
+@dataclass
+class ReplayBatchMTP(BatchMTP):
+    """The batch's MTP rows replayed: the real drafter forward runs for every row, then each
+    row's draft at chain step j from position P is reference[P + 1 + j] (wrong at the error
+    rate) at T=0, or (T>0) drawn from the biased oracle q after the row's own history. Every
+    chain's start is kept (`seen`)."""
 
-    def _begin(self, ctx) -> Chain:
-        chain = super()._begin(ctx)
-        self.seen.append(Seen(chain.position, chain.h, chain.kv, chain.masks, anticipated=False))
-        return chain
+    reference: list[int] | None = None
+    oracle: Callable[[tuple[int, ...]], np.ndarray] | None = None
+    error_rate: float = 0.2
+    seed: int = 0
+    temperature: float = 1.0  # the run's: logits = T log q, so target_probs gives q
 
-    def _begin_after(self, ctx, verdict) -> Chain:
-        chain = super()._begin_after(ctx, verdict)
-        self.seen.append(Seen(chain.position, chain.h, chain.kv, chain.masks, anticipated=True))
-        return chain
+    def __post_init__(self):
+        self.seen: list[Seen] = []  # every chain begun, launched ahead or not
+        self.table = self.choices(self.reference, self.drafter.vocab_size) if self.reference is not None else None
 
     def choices(self, reference: list[int], vocab: int) -> mx.array:
         """[position, j] -> the token step j of a chain at that position proposes (T=0). A
-        table, so an anticipated chain, whose position is still lazy, reads it in the graph;
+        table, so a chain launched ahead, whose position is still lazy, reads it in the graph;
         made before the run, so the benchmark's timings do not include it."""
         n = len(reference)
         table = [[wrong_token(self.seed, pos, j, self.error_rate, reference[pos + 1 + j] if pos + 1 + j < n else 0, vocab)
                   for j in range(MAX_STEPS)] for pos in range(n + 1)]
         return mx.array(table, dtype=mx.int32)
-
-    def _step(self, chain: Chain) -> DraftStep:
-        step = super()._step(chain)  # the real drafter forward
-        vocab = step.logits.shape[-1]
-        j = len(chain.tokens)
-        if self.oracle is None:  # T=0 replay
-            # an anticipated chain past the end (drafts beyond max_tokens) is never used: clamp
-            choice = self.table[mx.minimum(chain.position, self.table.shape[0] - 1), j]
-            onehot = mx.arange(vocab) == choice
-            return DraftStep(mx.where(onehot, step.logits.max() + BOOST, step.logits), step.h_next)
-        drafted = tuple(int(t.item()) for t in chain.tokens)  # T>0 (tests only): sync per step
-        p = self.oracle(tuple(history(chain)) + drafted)
-        q = (1 - self.error_rate) * p
-        q[over_estimated(p)] += self.error_rate
-        # an h-dependent term keeps the real forward in the graph; it is exactly zero
-        with np.errstate(divide="ignore"):
-            logits = mx.array(np.maximum(self.temperature * np.log(q), -1e30), dtype=mx.float32)
-        logits = logits + 0.0 * step.logits
-        return DraftStep(logits, step.h_next)
-
-
-    def batch_group(self):
-        """The batch's MTP group drafting as this proposer does (engines/batch/mtp.py)."""
-        return ReplayBatchMTP(self.drafter, self.target, self.drafter_step, replay=self)
-
-
-@dataclass
-class ReplayBatchMTP(BatchMTP):
-    """The batch's MTP rows replayed as ReplayMTPProposer replays one stream: the real drafter
-    forward runs for every row, then each row's draft at chain step j from position P is
-    reference[P + 1 + j] (wrong at the error rate) at T=0, or (T>0) drawn from the biased
-    oracle q after the row's own history."""
-
-    replay: ReplayMTPProposer | None = None
-
-    def made_from(self, proposer) -> bool:
-        return proposer is self.replay or (isinstance(proposer, ReplayMTPProposer) and proposer.table is not None
-                                           and self.replay.table is proposer.table)
 
     def propose(self, cache, asks, after=None):
         self.after, self.drafted = after, [[] for _ in asks]
@@ -139,31 +95,30 @@ class ReplayBatchMTP(BatchMTP):
         return position, token, self.h
 
     def _view(self, cache, rows, positions, index):
-        """What each row's chain reads, kept as ReplayMTPProposer keeps a chain's (Seen)."""
+        """What each row's chain reads (Seen)."""
         kv, masks = super()._view(cache, rows, positions, index)
         for r in range(len(rows)):
-            self.replay.seen.append(Seen(positions[r], self.h[r], {k: (a[r:r + 1], b[r:r + 1]) for k, (a, b) in kv.items()},
-                                         {k: m[r] for k, m in masks.items()}, anticipated=self.after is not None))
+            self.seen.append(Seen(positions[r], self.h[r], {k: (a[r:r + 1], b[r:r + 1]) for k, (a, b) in kv.items()},
+                                  {k: m[r] for k, m in masks.items()}, launched_ahead=self.after is not None))
         return kv, masks
 
     def _pick(self, logits, asks, position, start):
         vocab = logits.shape[-1]
-        replay = self.replay
-        if replay.oracle is None:  # T=0: the table, read in the graph (a row's start may be lazy)
-            choice = replay.table[mx.minimum(start, replay.table.shape[0] - 1), position]
+        if self.oracle is None:  # T=0: the table, read in the graph (a row's start may be lazy)
+            choice = self.table[mx.minimum(start, self.table.shape[0] - 1), position]
             onehot = mx.arange(vocab)[None] == choice[:, None]
             logits = mx.where(onehot, logits.max(axis=-1, keepdims=True) + BOOST, logits)
         else:  # T>0 (tests only): each row's history read on the host
             rows = []
             for r, (_, ctx, _, _) in enumerate(asks):
-                p = replay.oracle(tuple(row_history(ctx, int(start[r].item()), self.after, r)) + tuple(self.drafted[r]))
-                q = (1 - replay.error_rate) * p
-                q[over_estimated(p)] += replay.error_rate
+                p = self.oracle(tuple(row_history(ctx, int(start[r].item()), self.after, r)) + tuple(self.drafted[r]))
+                q = (1 - self.error_rate) * p
+                q[over_estimated(p)] += self.error_rate
                 with np.errstate(divide="ignore"):
-                    rows.append(np.maximum(replay.temperature * np.log(q), -1e30))
+                    rows.append(np.maximum(self.temperature * np.log(q), -1e30))
             logits = mx.array(np.stack(rows), dtype=mx.float32) + 0.0 * logits
         token, q = super()._pick(logits, asks, position, start)
-        if replay.oracle is not None:
+        if self.oracle is not None:
             for r, t in enumerate(token.tolist()):
                 self.drafted[r].append(t)
         return token, q
@@ -187,17 +142,6 @@ def over_estimated(p: np.ndarray) -> int:
     return int(np.where(p > 0, np.abs(p - 0.5), np.inf).argmin())
 
 
-def history(chain: Chain) -> list[int]:
-    """The token ids up to and including the one the chain's first step embeds. For an
-    anticipated chain this reads its verdict, i.e. waits for the verify."""
-    if chain.after is None:
-        return chain.context[: int(chain.position.item()) + 1]
-    v = chain.after
-    accepted = int(v.accepted.item())
-    return chain.context[: v.position + 1] + v.drafts[:accepted].tolist() + v.token.tolist()
-
-
 def replay_factory(**kwargs):
-    """For engine.mtp_proposer: ReplayMTPProposer with these keyword arguments."""
-    return lambda drafter, target, overlap=True, compiled=True: ReplayMTPProposer(
-        drafter, target, overlap, compiled, **kwargs)
+    """For engine.mtp_group: ReplayBatchMTP with these keyword arguments."""
+    return lambda drafter, target, step: ReplayBatchMTP(drafter, target, step, **kwargs)

@@ -1,10 +1,11 @@
-"""Gemma 4 MTP through the real round loop (ChatEngine.generate with --spec mtp), on tiny HF
-checkpoints loaded by the product's loaders.
+"""Gemma 4 MTP through the real round loop (the chat engine's batch of one with --spec mtp), on
+tiny HF checkpoints loaded by the product's loaders.
 
 Lossless at T=0 for steps 1..7 (the random assistant, accepted ~never; and a replaying
 drafter accepted often but not always), the drafter's view of the target (h_prev at the
-last accepted position, K/V equal to plain decoding's, sliding window included), depth-2
-overlap, graceful degradation (a drafter that raises, an incompatible drafter).
+last accepted position, K/V equal to plain decoding's, sliding window included), steps
+launched ahead of their verdicts, graceful degradation (a drafter that raises, an
+incompatible drafter).
 """
 
 import functools
@@ -16,8 +17,7 @@ from tests.engines.chat import load_chat
 mx = pytest.importorskip("mlx.core")
 
 from engines.types import Request, SpecConfig  # noqa: E402
-from engines.mlx_chat.engine import ChatEngine  # noqa: E402
-from engines.mlx_chat.mtp import Gemma4Target, MTPProposer  # noqa: E402
+from engines.mlx_chat.mtp import Gemma4Target  # noqa: E402
 from engines.mlx_chat.options import MtpOptions  # noqa: E402
 from tests.engines.gemma4.checkpoints import SLIDING_WINDOW  # noqa: E402
 from tests.engines.gemma4.reference import drafter_kv  # noqa: E402
@@ -48,9 +48,9 @@ def edge_engine(edge_pair):
 @pytest.fixture
 def engine_and_pair(pair, request):
     engine = request.getfixturevalue(f"{pair.name}_engine")
-    engine.__dict__.pop("mtp_proposer", None)
+    engine.__dict__.pop("mtp_group", None)
     yield engine, pair
-    engine.__dict__.pop("mtp_proposer", None)
+    engine.__dict__.pop("mtp_group", None)
 
 
 def mtp(pair, steps, **kw):
@@ -128,14 +128,14 @@ def test_replayed_drafts_lossless_and_accepted_often(engine_and_pair, adaptive):
     # the target's final-norm hidden states over the whole greedy sequence, in one pass
     cache = engine.model.make_cache()
     _, hidden_all = target.forward(mx.array(reference)[None], cache)
-    proposers = []
+    groups = []
 
-    def factory(drafter, tgt, overlap=True, compiled=True):
-        p = replay_factory(reference=reference, error_rate=0.25, seed=1)(drafter, tgt, overlap, compiled)
-        proposers.append(p)
-        return p
+    def factory(drafter, tgt, step):
+        group = replay_factory(reference=reference, error_rate=0.25, seed=1)(drafter, tgt, step)
+        groups.append(group)
+        return group
 
-    engine.mtp_proposer = factory
+    engine.mtp_group = factory
     proposed = accepted = 0
     for steps in (1, 2, 3, 5, 7):
         rounds = run(engine, mtp(pair, steps, adaptive=adaptive, max_steps=7))
@@ -149,13 +149,13 @@ def test_replayed_drafts_lossless_and_accepted_often(engine_and_pair, adaptive):
     assert 0.4 < accepted / proposed < 0.95, (accepted, proposed)
 
     # h_idx and rollback: what each chain read is what plain decoding holds at that point
-    # (an anticipated chain sees the K/V of every verified input; its masks must hide the
-    # drafts the rollback dropped)
-    checked = anticipated = 0
-    for p in proposers:
-        for seen in p.seen[::5]:
+    # (a chain launched ahead sees the K/V of every verified input; its masks must hide the
+    # drafts its verdict rejects)
+    checked = ahead = 0
+    for group in groups:
+        for seen in group.seen[::5]:
             position = int(np.array(seen.position))
-            if position >= len(reference):  # anticipated past max_tokens, never used
+            if position >= len(reference):  # launched ahead past max_tokens, never used
                 continue
             np.testing.assert_allclose(np.array(seen.h_prev), np.array(hidden_all[0, position - 1]), atol=1e-4)
             fresh = engine.model.make_cache()
@@ -168,24 +168,24 @@ def test_replayed_drafts_lossless_and_accepted_often(engine_and_pair, adaptive):
                 np.testing.assert_allclose(kv[kind][1], np.array(want[kind][1]), atol=1e-4)
             assert kv["sliding_attention"][0].shape[2] == min(position, SLIDING_WINDOW)
             checked += 1
-            anticipated += seen.anticipated
-    assert checked > 10 and 0 < anticipated < checked
+            ahead += seen.launched_ahead
+    assert checked > 10 and 0 < ahead < checked
 
 
 def test_rounds_launched_ahead_on_and_off_agree(edge_engine, edge_pair, monkeypatch):
     """Each round launched on the last one's verdict still in the graph (its chain drafted from
-    it), or after reading it (MtpOptions(overlap=False)): the same tokens, and -- the replay's
+    it), or after reading it (MtpOptions(ahead=False)): the same tokens, and -- the replay's
     errors depending on (position, step) only -- the same acceptance, round for round, until the
     last rounds (launched ahead, a round's k is chosen before the last verdict is read)."""
     ids = edge_engine.prompt_ids(Request(prompt=PROMPT))
     plain = tokens_of(run(edge_engine))
-    edge_engine.mtp_proposer = replay_factory(reference=ids + plain, error_rate=0.25, seed=2)
+    edge_engine.mtp_group = replay_factory(reference=ids + plain, error_rate=0.25, seed=2)
     try:
         on = run(edge_engine, mtp(edge_pair, 3))
-        monkeypatch.setattr(edge_engine, "mtp_options", MtpOptions(overlap=False))
+        monkeypatch.setattr(edge_engine, "mtp_options", MtpOptions(ahead=False))
         off = run(edge_engine, mtp(edge_pair, 3))
     finally:
-        edge_engine.__dict__.pop("mtp_proposer", None)
+        edge_engine.__dict__.pop("mtp_group", None)
     assert tokens_of(on) == tokens_of(off) == plain
     assert sum(r.launched_early for r in on) > len(on) // 2 and not any(r.launched_early for r in off)
     same = next(i for i, (a, b) in enumerate(zip(on, off)) if a.proposed != b.proposed)
@@ -193,16 +193,15 @@ def test_rounds_launched_ahead_on_and_off_agree(edge_engine, edge_pair, monkeypa
     assert sum(r.accepted for r in on) > 0
 
 
-def test_overlap_and_compile_switches_from_the_engines_options(edge_engine, edge_pair, monkeypatch):
-    from engines.mlx_chat.mtp import make_mtp_proposer
+def test_the_compile_switch_from_the_engines_options(edge_engine, edge_pair, monkeypatch):
+    from engines.mlx_chat.mtp import mtp_drafter
 
-    monkeypatch.setattr(edge_engine, "mtp_options", MtpOptions(overlap=False, compiled=False))
-    proposer = make_mtp_proposer(edge_engine, Request(spec=mtp(edge_pair, 3)))
-    assert isinstance(proposer, MTPProposer) and not proposer.drafts_ahead
-    assert proposer.drafter_step == proposer.drafter.step  # eager
+    monkeypatch.setattr(edge_engine, "mtp_options", MtpOptions(compiled=False))
+    source = mtp_drafter(edge_engine, Request(spec=mtp(edge_pair, 3)))
+    assert source.step == source.drafter.step  # eager
     monkeypatch.setattr(edge_engine, "mtp_options", MtpOptions())
-    proposer = make_mtp_proposer(edge_engine, Request(spec=mtp(edge_pair, 3)))
-    assert proposer.drafts_ahead and proposer.drafter_step != proposer.drafter.step  # compiled
+    source = mtp_drafter(edge_engine, Request(spec=mtp(edge_pair, 3)))
+    assert source.step != source.drafter.step  # compiled
 
 
 def test_published_gemma4_layout_with_draft_model_at_load(tmp_path_factory):
@@ -245,11 +244,11 @@ class RaisingDrafter:
         return lambda *args: self._call(compiled, args)
 
 
-@pytest.mark.parametrize("overlap", [True, False])
-def test_drafter_that_raises_mid_run(edge_engine, edge_pair, overlap, monkeypatch):
+@pytest.mark.parametrize("ahead", [True, False])
+def test_drafter_that_raises_mid_run(edge_engine, edge_pair, ahead, monkeypatch):
     from engines.mlx_chat.mtp import load_drafter
 
-    monkeypatch.setattr(edge_engine, "mtp_options", MtpOptions(overlap=overlap))
+    monkeypatch.setattr(edge_engine, "mtp_options", MtpOptions(ahead=ahead))
     path = str(edge_pair.assistant)
     plain = tokens_of(run(edge_engine))
     drafters = edge_engine.__dict__.setdefault("mtp_drafters", {})
@@ -317,7 +316,7 @@ def test_mtp_output_is_mlx_lm_greedy(engine_and_pair):
     engine, pair = engine_and_pair
     ids = engine.prompt_ids(Request(prompt=PROMPT))
     want = [t for t, _ in generate_step(mx.array(ids), engine.model, max_tokens=MAX_TOKENS)]
-    engine.mtp_proposer = replay_factory(reference=ids + want, error_rate=0.25, seed=1)
+    engine.mtp_group = replay_factory(reference=ids + want, error_rate=0.25, seed=1)
     rounds = run(engine, mtp(pair, 3))
     assert tokens_of(rounds) == want
     assert 0 < sum(r.accepted for r in rounds) < sum(r.proposed for r in rounds)

@@ -57,7 +57,7 @@ def sample_runs(engine, pair, oracle, n, steps=2, made=None, early=None):
     """`early`: gets the number of rounds launched before the last verdict was read."""
     factory = replay_factory(oracle=oracle, error_rate=0.5, temperature=SAMPLING["temperature"])
     made = [] if made is None else made
-    engine.mtp_proposer = lambda *args, **kw: made.append(factory(*args, **kw)) or made[-1]
+    engine.mtp_group = lambda *args: made.append(factory(*args)) or made[-1]
     counts, proposed, accepted = Counter(), 0, 0
     try:
         for seed in range(n):
@@ -74,7 +74,7 @@ def sample_runs(engine, pair, oracle, n, steps=2, made=None, early=None):
             if early is not None:
                 early.append(sum(r.launched_early for r in rounds))
     finally:
-        engine.__dict__.pop("mtp_proposer", None)
+        engine.__dict__.pop("mtp_group", None)
     return counts, proposed, accepted
 
 

@@ -21,7 +21,7 @@ def test_stop_strings_across_rounds(dense_pair):
 
     plain = runner(SpecConfig())
     reference = engine.prompt_ids(Request(prompt=PROMPT)) + tokens_of(plain([]))
-    engine.mtp_proposer = replay_factory(reference=reference, error_rate=0.25, seed=1)
+    engine.mtp_group = replay_factory(reference=reference, error_rate=0.25, seed=1)
     mtp = SpecConfig(method="mtp", steps=3, draft_model=str(dense_pair.assistant))
     check_stop_strings(plain, {"mtp": runner(mtp)})
     assert 0 < sum(r.accepted for r in runner(mtp)([])) < sum(r.proposed for r in runner(mtp)([]))

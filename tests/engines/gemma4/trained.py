@@ -37,7 +37,7 @@ def cache_path(target_dir: Path, assistant_dir: Path) -> Path:
 
 def examples(engine) -> list[tuple]:
     """(token embedding, h_prev, position, K/V view, label) of each drafting point along the
-    target's greedy outputs: exactly what MTPProposer hands the drafter's first step."""
+    target's greedy outputs: exactly what the batch's MTP rows hand the drafter's first step."""
     target = Gemma4Target.of(engine.model)
     out = []
     for prompt in TRAIN_PROMPTS:

@@ -20,7 +20,6 @@ class ReplayDrafter:
 
     name = "replay"
     needs_hidden = False
-    drafts_ahead = False
 
     def start(self, ctx):
         self.prompt = len(ctx.tokens) - 1  # ctx.tokens: the prompt, then the emitted tokens

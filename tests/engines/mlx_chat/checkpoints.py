@@ -189,3 +189,21 @@ def perturbed_copy(source: str | Path, directory: str | Path, noise: float = 0.0
             weights[k] = (w + noise * w.std() * rng.standard_normal(w.shape)).astype(w.dtype)
     save_file(weights, str(directory / "model.safetensors"), metadata={"format": "pt"})
     return directory
+
+
+def make_tiny_mamba(directory: str | Path, *, seed: int = 0, hidden: int = 32, layers: int = 2,
+                    words: list[str] | tuple[str, ...] = WORDS, reachable_eos: bool = False) -> Path:
+    """A MambaForCausalLM (model_type mamba): recurrent layers, whose state cannot roll back, so
+    the batch cannot hold it (a model that decodes plainly)."""
+    import torch
+    from transformers import MambaConfig, MambaForCausalLM
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    n_tok, vocab = _vocab(directory, words, reachable_eos)
+    torch.manual_seed(seed)
+    config = MambaConfig(vocab_size=vocab, hidden_size=hidden, state_size=8, num_hidden_layers=layers,
+                         expand=2, conv_kernel=4, bos_token_id=1, pad_token_id=0)
+    model = MambaForCausalLM(config).to(torch.float32)
+    _scale_up(model, torch, 2.0)
+    return _finish(directory, model, n_tok, reachable_eos, None)

@@ -62,9 +62,9 @@ def flat_machine(tiny, monkeypatch):  # noqa: F811
     record = AutoSteps.record
     monkeypatch.setattr(AutoSteps, "record", lambda self, proposed, accepted, verify_s=None, draft_s=None, *rest:
                         record(self, proposed, accepted, flat(1 + proposed), 0.0, *rest))
-    tiny._auto_seen.clear()
+    tiny.loop.auto_seen.clear()
     yield
-    tiny._auto_seen.clear()
+    tiny.loop.auto_seen.clear()
 
 
 def law(engine, spec):
@@ -119,7 +119,7 @@ def test_ngram_auto_measures_deep_positions_from_whole_continuations(engines, tm
     record = AutoSteps.record
     monkeypatch.setattr(AutoSteps, "record", lambda self, proposed, accepted, verify_s=None, draft_s=None, *rest:
                         record(self, proposed, accepted, nearly_flat(1 + proposed), 0.0, *rest))
-    engine._auto_seen.clear()
+    engine.loop.auto_seen.clear()
     plain = tokens(engine.generate(Request(prompt=COPY, max_tokens=80)))
     spec = SpecConfig("ngram", 3, auto=True, profile=str(path))
 
@@ -129,7 +129,7 @@ def test_ngram_auto_measures_deep_positions_from_whole_continuations(engines, tm
         return [r.steps for r in rounds if not r.prefill and r.expected_tok_s]
 
     ks = chosen()
-    engine._auto_seen.clear()  # the second run starts where the first did
+    engine.loop.auto_seen.clear()  # the second run starts where the first did
     monkeypatch.setattr(AutoSteps, "continuation", lambda self, found, at: None)  # the drafts alone
     monkeypatch.setattr(AutoSteps, "passed", lambda self, found, at: None)  # (and no replay of other k)
     drafts_only = chosen()
@@ -157,11 +157,11 @@ def test_ngram_auto_replays_every_fixed_k_round_for_round(engines, monkeypatch):
         return choose(self)
 
     monkeypatch.setattr(AutoSteps, "choose", snapshotting)
-    engine._auto_seen.clear()
+    engine.loop.auto_seen.clear()
     request = Request(prompt=COPY, max_tokens=max_tokens, spec=SpecConfig("ngram", 3, auto=True))
     rounds = list(engine.generate(request))
     auto = tokens(rounds)
-    engine._auto_seen.clear()
+    engine.loop.auto_seen.clear()
     # the fixed runs' last rounds are cut to the tokens left: compare before them
     made, widths = next(s for s in reversed(snapshots) if max(s[0]) <= max_tokens - 2 * MAX_STEPS)
     assert min(made) >= max_tokens // 2  # the replay kept up with the output
@@ -202,15 +202,15 @@ def test_the_kept_round_costs_follow_the_load_across_requests(engines, monkeypat
     monkeypatch.setattr(AutoSteps, "record", lambda self, proposed, accepted, verify_s=None, draft_s=None, *rest:
                         record(self, proposed, accepted, load[0] * flat(1 + proposed), 0.0, *rest))
     monkeypatch.setattr(AutoSteps, "choose", lambda self: next(script[0]))
-    engine._auto_seen.clear()
+    engine.loop.auto_seen.clear()
     spec = SpecConfig("ngram", 3, auto=True)
     try:
         list(engine.generate(Request(prompt=COPY, max_tokens=80, spec=spec)))
-        [(costs, *_)] = engine._auto_seen.values()
+        [(costs, *_)] = engine.loop.auto_seen.values()
         quiet = dict(costs.seconds)
         assert {3, 4} <= set(quiet)
         load[0], script[0] = 2.0, itertools.repeat(1)
         list(engine.generate(Request(prompt=COPY, max_tokens=80, spec=spec)))
         assert {w: costs.seconds[w] for w in quiet} == pytest.approx({w: 2 * s for w, s in quiet.items()})
     finally:
-        engine._auto_seen.clear()
+        engine.loop.auto_seen.clear()

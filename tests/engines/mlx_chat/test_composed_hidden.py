@@ -1,25 +1,23 @@
 """Chat's composed proposer asks a forward for the target's hidden state only when the round
 after it may chain (engines/speculative/composed.py, ComposedProposer.needs_hidden): with the
 drafter priced out, plain and n-gram rounds run without it, the round before a due probe and
-every chain round with it, and a chain is never started from an older round's state. Nor does
-it anticipate the next chain behind a probe (drafts_ahead): only behind a chain the chooser
-chose. On a cost model, no timings. (The end-to-end runs -- lossless, priced out, probed -- are in
+every chain round with it, and a chain is never started from an older round's state. On a
+cost model, no timings. (The end-to-end runs -- lossless, priced out, probed -- are in
 tests/engines/training/test_composed.py.)"""
 
 import mlx.core as mx
 
 from engines.speculative.composed import ComposedProposer, DraftingCosts
-from engines.mlx_chat.proposers import ProposerContext
+from engines.speculative.proposer import Context
 from engines.speculative.ngram import NGramProposer
 from engines.speculative.proposer import Draft
 from engines.types import Sampling
 
 
 class Drafter:
-    """An MTP drafter's side of the protocol: it reads the hidden state and drafts `k` zeros
-    (with depth-2 overlap: it would anticipate a chain behind any round the proposer lets it)."""
+    """An MTP drafter's side of the protocol: it reads the hidden state and drafts `k` zeros."""
 
-    name, needs_hidden, drafts_ahead = "mtp", True, True
+    name, needs_hidden = "mtp", True
 
     def __init__(self):
         self.chains = 0
@@ -44,23 +42,18 @@ def priced(chain_token_s: float) -> DraftingCosts:
     return costs
 
 
-ahead: list[bool] = []  # drafts_ahead at each round of the last run()
-
-
 def run(costs: DraftingCosts, rounds: int) -> tuple[ComposedProposer, list[tuple[bool, bool]]]:
     """`rounds` rounds on a context the n-gram lookup finds nothing in, the loop's way: propose,
     then the forward (returning the hidden state if needs_hidden says so), then commit. Returns
     (needs_hidden at each forward, whether that round chained)."""
-    ctx = ProposerContext(list(range(10)), Sampling(), None, None, hidden=mx.zeros((4,)))
+    ctx = Context(list(range(10)), Sampling(), hidden=mx.zeros((4,)))
     proposer = ComposedProposer(Drafter(), NGramProposer(1, 4), costs)
     proposer.start(ctx)
-    ahead.clear()
     seen = []
     for i in range(rounds):
         chains = proposer.model.chains
         proposer.propose(ctx, 2)
         seen.append((proposer.needs_hidden, proposer.model.chains > chains))
-        ahead.append(proposer.drafts_ahead)  # read by the loop after the forward is launched
         ctx.hidden = mx.zeros((4,)) if proposer.needs_hidden else None  # as the loop's _commit sets it
         ctx.tokens.append(100 + i)  # never seen before: no n-gram match
         proposer.last = None
@@ -89,23 +82,10 @@ def test_a_chain_the_chooser_wants_again_waits_one_round_for_the_state():
     cheap = priced(chain_token_s=0.0)  # drafting got cheap: the chooser chains from now on
     proposer.costs, proposer.chooser.expected = cheap, {}
     proposer._price()
-    ctx = ProposerContext(list(range(30)), Sampling(), None, None, hidden=None)  # the last forward had none
+    ctx = Context(list(range(30)), Sampling(), hidden=None)  # the last forward had none
     first = proposer.propose(ctx, 2)
     assert first.size == 0 and proposer.needs_hidden  # plain, and this forward returns the state
     ctx.hidden = mx.zeros((4,))
     ctx.tokens.append(999)
     proposer.commit(ctx)
     assert proposer.propose(ctx, 2).size >= 2 and proposer.model.chains == 1
-
-
-def test_no_chain_is_anticipated_behind_a_probe():
-    """A probe drafts while the drafter is priced out: the round after it likely does not chain,
-    and a chain anticipated for it was computed and dropped (on the tiny Gemma 4 pair that made
-    the round after each probe 1.2-1.9 ms dearer, about a probe's own cost again)."""
-    _, seen = run(priced(chain_token_s=0.01), 200)
-    probes = [i for i, (_, chained) in enumerate(seen) if chained]
-    assert probes == [64, 193]
-    assert not any(ahead), [i for i, a in enumerate(ahead) if a]  # the old proposer: at both probes
-    _, seen = run(priced(chain_token_s=0.0), 20)  # chains that pay: chosen, and anticipated
-    chained = [i for i, (_, c) in enumerate(seen) if c]
-    assert len(chained) >= 15 and all(ahead[i] for i in chained)

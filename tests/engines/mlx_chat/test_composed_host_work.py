@@ -7,7 +7,7 @@ while nothing it reads changes -- with the same answers as pricing every round."
 import random
 
 from engines.speculative.composed import REPRICE_UNCHAINED_EVERY, ComposedProposer, DraftingCosts
-from engines.mlx_chat.proposers import ProposerContext
+from engines.speculative.proposer import Context
 from engines.speculative.sequence import Step
 from engines.speculative.ngram import NGramProposer
 from engines.speculative import composed as chooser_module
@@ -20,7 +20,7 @@ from engines.types import Sampling
 class PricedOut:
     """The model drafter's side of a composed run whose chain never pays."""
 
-    name, needs_hidden, drafts_ahead = "mtp", False, False
+    name, needs_hidden = "mtp", False
 
     def start(self, ctx):
         pass
@@ -37,7 +37,7 @@ def priced_out() -> DraftingCosts:
     return costs
 
 
-def rounds(proposer: ComposedProposer, ctx: ProposerContext, n: int) -> None:
+def rounds(proposer: ComposedProposer, ctx: Context, n: int) -> None:
     """`n` rounds the loop's way on a context the n-gram lookup finds nothing in."""
     for _ in range(n):
         proposer.propose(ctx, 2)
@@ -48,7 +48,7 @@ def rounds(proposer: ComposedProposer, ctx: ProposerContext, n: int) -> None:
 
 def test_a_round_without_a_chain_takes_no_median(monkeypatch):
     proposer = ComposedProposer(PricedOut(), NGramProposer(1, 4), priced_out())
-    ctx = ProposerContext(list(range(10)), Sampling(), None, None)
+    ctx = Context(list(range(10)), Sampling())
     proposer.start(ctx)
     medians = []
     real = costs_module.statistics.median
@@ -61,7 +61,7 @@ def test_a_round_without_a_chain_takes_no_median(monkeypatch):
 
 def test_a_choice_is_priced_once_while_nothing_it_reads_changes(monkeypatch):
     proposer = ComposedProposer(PricedOut(), NGramProposer(1, 4), priced_out())
-    ctx = ProposerContext(list(range(10)), Sampling(), None, None)
+    ctx = Context(list(range(10)), Sampling())
     proposer.start(ctx)
     rounds(proposer, ctx, 1)
     priced = []

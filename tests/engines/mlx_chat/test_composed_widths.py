@@ -4,7 +4,7 @@ width no longer chosen is measured again -- after REMEASURE_AFTER rounds in a ro
 n-gram continuation short, one drafts all of it. On a cost model, no timings."""
 
 from engines.speculative.composed import CHAIN_PROBE_AFTER, REMEASURE_AFTER, ComposedProposer, DraftingCosts
-from engines.mlx_chat.proposers import ProposerContext
+from engines.speculative.proposer import Context
 from engines.speculative.sequence import Step
 from engines.speculative.ngram import NGramProposer
 from engines.speculative.composed import NGRAM
@@ -35,7 +35,7 @@ class PricedOut:
     """The model drafter's side of a composed run whose chain never pays (only its names are
     read, and `propose` by the probes)."""
 
-    name, needs_hidden, drafts_ahead = "mtp", False, False
+    name, needs_hidden = "mtp", False
 
     def start(self, ctx):
         pass
@@ -44,11 +44,11 @@ class PricedOut:
         pass
 
 
-def copying_run(costs: DraftingCosts) -> tuple[ComposedProposer, ProposerContext]:
+def copying_run(costs: DraftingCosts) -> tuple[ComposedProposer, Context]:
     """A composed proposer over a context whose n-gram lookup finds a 7-token continuation, with
     n-gram's counts showing an acceptance of 0.3 at every position: seven drafts pay for a
     verify of 8 if it costs what one of 2 does, one draft if the wider ones cost half as much again."""
-    ctx = ProposerContext([1, 2, 3, 4, 5, 6, 7, 8, 9] * 4, Sampling(), None, None)
+    ctx = Context([1, 2, 3, 4, 5, 6, 7, 8, 9] * 4, Sampling())
     proposer = ComposedProposer(PricedOut(), NGramProposer(1, 4), costs)
     proposer.start(ctx)
     seen = proposer.chooser.seen[NGRAM]

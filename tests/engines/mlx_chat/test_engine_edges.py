@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 from engines.types import EngineError, Request, SpecConfig
-from engines.mlx_chat.engine import ChatEngine
 from engines.speculative.ngram import NGramProposer
 from tests.engines.mlx_chat import checkpoints
 from tests.engines.chat import load_chat
@@ -116,13 +115,9 @@ class FailingProposer(NGramProposer):
         return super().propose(ctx, k)
 
 
-class EngineWithFailingDrafter(ChatEngine):
-    def make_proposer(self, request):
-        return FailingProposer()
-
-
-def test_graceful_degradation(llama_dir, engines):
-    engine = EngineWithFailingDrafter.load(llama_dir)
+def test_graceful_degradation(llama_dir, engines, monkeypatch):
+    engine = load_chat(llama_dir)
+    monkeypatch.setattr("engines.batch.engine.NGramProposer", FailingProposer)  # the batch's n-gram rows
     rounds = run(engine, SpecConfig(method="ngram", steps=3), max_tokens=40)
     notes = [r for r in rounds if r.note]
     assert len(notes) == 1 and "speculation stopped" in notes[0].note and "drafter broke" in notes[0].note

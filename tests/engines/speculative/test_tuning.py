@@ -454,8 +454,8 @@ def test_where_a_deeper_verify_costs_more_the_probes_back_off():
     assert statistics.mean(ratios) > 0.97, ratios
 
 
-# MTP rounds launched before the last verdict (a full-attention target, engines/mlx_chat/cache.py
-# SlotKVCache): whole rounds by k as the chat loop times them in a row (plain and one draft 34 ms,
+# MTP rounds launched before the last verdict (engines/batch/engine.py, `_launch_ahead`): whole
+# rounds by k as the loop times them in a row (plain and one draft 34 ms,
 # two 50, three 51; a SmolLM2 drafter trained here), and how a round's time, settle to settle, is
 # shared with the next: a round of two between rounds of one takes 38 ms (issue 26)
 SMOLLM2_EARLY = {1: 0.034, 2: 0.0323, 3: 0.0466, 4: 0.0459, 5: 0.0482, 6: 0.058, 7: 0.068, 8: 0.073}
@@ -563,13 +563,13 @@ def test_a_drafter_that_is_never_right_is_turned_off():
     assert statistics.mean(speeds[1:]) * SMOLLM2[1] > 0.9
 
 
-def test_a_round_that_paid_for_a_deeper_chain_is_not_the_price_of_its_k():
-    """With depth-2 overlap a round after a deeper one carries the chain anticipated at that
-    depth (cut to its own k): its time is not what its k costs."""
+def test_a_round_the_loop_says_is_no_price_is_not_the_price_of_its_k():
+    """A round launched ahead between rounds of another k shares its time with them
+    (Sequence.priced): its time is not what its k costs."""
     auto = AutoSteps(MAX_STEPS)
     auto.record(2, 0, 0.103, 0.0)  # the drafter's first round: warming up, not counted
     auto.record(2, 0, 0.103, 0.0)
-    auto.record(1, 0, 0.103, 0.0, priced=False)  # the chain of 2 anticipated, cut to 1
+    auto.record(1, 0, 0.103, 0.0, priced=False)  # launched ahead between rounds of 2
     assert auto.costs.seconds == {3: 0.103}
     auto.record(1, 0, 0.093, 0.0)
     assert auto.costs.seconds == {3: 0.103, 2: 0.093}

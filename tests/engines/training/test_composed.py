@@ -106,7 +106,7 @@ def chains_late(engine, drafter, monkeypatch, drafting_costs: float | None) -> t
         real(self, step)
 
     monkeypatch.setattr(composed.ComposedProposer, "observe", observe)
-    engine._composed_costs.clear()  # each case measures its own drafter
+    engine.loop.composed.clear()  # each case measures its own drafter
     late, chained, same = 0, 0, True
     for prompt in MIXED:
         plain = tokens(engine.generate(Request(prompt=prompt, max_tokens=64)))
@@ -146,7 +146,7 @@ def test_drafting_costs_carry_to_the_next_request(targets, monkeypatch):
 
     chains_late(engine, drafter, monkeypatch, drafting_costs=3.0)  # measures the drafter dear
     carried = first_rounds()
-    engine._composed_costs.clear()
+    engine.loop.composed.clear()
     fresh = first_rounds()
     assert not any((s or "").startswith("mtp") for s in carried), carried
     assert fresh[0] is None and any((s or "").startswith("mtp") for s in fresh[1:3]), fresh

@@ -1,6 +1,6 @@
 """A drafter trained in seconds on the tiny llama and the tiny Gemma 3 (sliding window 8):
 accepted far above chance on the target's own outputs, and --spec mtp with it is plain greedy
-decoding token for token -- steps 1..5, overlap on and off, far past the window.
+decoding token for token -- steps 1..5, steps launched ahead and after their verdicts, far past the window.
 
 The tiny llama's drafter is accepted about a third of the time on the outputs it was trained on
 (3 drafts a round, 200 steps); an untrained drafter (same shape, step 0) 1-3%; chance is 1/78."""
@@ -63,10 +63,10 @@ def test_training_lifts_acceptance_far_above_chance(targets, model, tmp_path):
 
 
 @pytest.mark.parametrize("model", ["llama", "gemma3"])
-@pytest.mark.parametrize("overlap", [True, False])
-def test_mtp_with_a_trained_drafter_equals_plain_greedy(targets, model, overlap, monkeypatch):
+@pytest.mark.parametrize("ahead", [True, False])
+def test_mtp_with_a_trained_drafter_equals_plain_greedy(targets, model, ahead, monkeypatch):
     engine, _, drafter_dir = targets[model]
-    monkeypatch.setattr(engine, "mtp_options", MtpOptions(overlap=overlap))
+    monkeypatch.setattr(engine, "mtp_options", MtpOptions(ahead=ahead))
     proposed = accepted = 0
     for prompt in TRAINED_ON[:2] + FRESH:
         plain = tokens_of(run(engine, prompt, max_tokens=56))
