@@ -132,7 +132,7 @@ class DocumentRun(QObject):
         crops = data_dir() / "regions" / hashlib.sha256(Path(image).read_bytes()).hexdigest()[:16]
         job = ReadPage("", w.controls.engine_options(), request, layout, page.number, str(crops),
                        max_batch=w.controls.max_batch)
-        spec = PageSpec(job, page, w.controls.model_path(), w.run_settings(), autosave=w.autosave)
+        spec = PageSpec(job, page, w.controls.model_path(), w.run_settings(), autosave=w.autosaving.on)
         self._begin(label)
         self.worker = worker = PageWorker(spec, w.engines)
         worker.engine_loaded.connect(self._on_engine_loaded)
@@ -140,7 +140,7 @@ class DocumentRun(QObject):
         worker.region_started.connect(self._on_region_started)
         worker.batch_stepped.connect(self._on_batch_stepped)
         worker.region_read.connect(self._on_region_read)
-        worker.autosave_failed.connect(w.show_autosave_failed)
+        worker.autosave_failed.connect(w.autosaving.show_failed)
         worker.finished.connect(self._on_finished)
         worker.cancelled.connect(self._on_cancelled)
         worker.errored.connect(self._on_errored)

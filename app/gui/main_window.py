@@ -27,7 +27,7 @@ from pathlib import Path
 
 from PySide6.QtCore import QByteArray, QEvent, Qt, QTimer, Signal
 from PySide6.QtWidgets import (
-    QApplication, QFileDialog, QFrame, QLabel, QMainWindow, QMessageBox, QScrollArea, QSizePolicy, QSplitter,
+    QApplication, QFileDialog, QFrame, QMainWindow, QMessageBox, QScrollArea, QSizePolicy, QSplitter,
     QStackedWidget, QVBoxLayout, QWidget,
 )
 
@@ -37,10 +37,10 @@ from app.records.compare import CompareResult, compare_sessions
 from app.records.documents import LayoutPage, PageResult, export_document, page_figures
 from app.records.round_series import RoundSeries
 from app.records.sessions import (
-    SavedSession, autosave_problem, crashed_sessions, export_csv, export_json, export_png, export_text_file,
-    load_session, mark_interrupted, new_autosave_path, page_record, sessions_dir,
+    SavedSession, export_csv, export_json, export_png, export_text_file, load_session, page_record,
 )
 from app.settings import AppSettings, data_dir, save_settings
+from app.gui.autosave import Autosaving
 from app.gui.menus import build_menus
 from app.gui.model_jobs import ModelJobs
 from app.gui.views.chat_pane import ChatPane
@@ -49,7 +49,6 @@ from app.gui.document_run import DocumentRun
 from app.gui.views.document import DocumentView
 from app.gui.views.elided_label import ElidedLabel
 from app.gui.views.models_dialog import ModelOffer, ModelsDialog, missing_model
-from app.gui.views.notice import Notice
 from app.gui.views.ocr_pane import OcrPane
 from app.gui.server_watch import ServerWatch
 from app.gui.tuning import Tuner
@@ -106,14 +105,12 @@ class MainWindow(QMainWindow):
         super().__init__()
         self.settings = settings or AppSettings()
         self.persist = persist  # save settings on close (off for tests and screenshots)
-        self.autosave = autosave
         self.preload = preload  # load the chat model in the background once the window shows (the app does)
         # the engines run in a child process (app.gui.engine_process): a native crash there is a
         # message here. engine_loader (tests) runs in that process: a top-level function.
         self.engines = EngineProcess(engine_loader)
         self.mode = "chat"
         self.fallback: str | None = None  # the shown run's drafter fallback, if its drafter failed
-        self.autosave_message: str | None = None  # why runs are not (or no longer) being saved
         self.worker: RunWorker | None = None
         self.thread = None
         self.threads: list = []  # (QThread, RunWorker) pairs, kept alive until the thread finishes
@@ -134,6 +131,7 @@ class MainWindow(QMainWindow):
 
         self.setWindowTitle(APP_NAME)
         self.setAcceptDrops(True)
+        self.autosaving = Autosaving(self, autosave)  # whether runs are saved; a crashed run's recovery
         self._build_panes()
         output = self._build_output_column()
         self._build_splits(output)
@@ -141,7 +139,7 @@ class MainWindow(QMainWindow):
         self.document_run = DocumentRun(self)  # pages read by region (the layout stage)
         actions = build_menus(self)
         self.run_action, self.stop_action, self.clear_action, self.models_action = actions
-        self._check_autosave()
+        self.autosaving.check_at_start()
         self.controls.apply_settings(self.settings)
         self.mode = self.controls.engine
         self._on_engine_changed(self.controls.engine)
@@ -198,8 +196,7 @@ class MainWindow(QMainWindow):
         self.model_offer = ModelOffer(self.model_jobs)  # "OCR needs GLM-OCR ... [Download GLM-OCR]"
         self.model_offer.models_requested.connect(self.open_models_dialog)
         output_col.addWidget(self.model_offer)
-        self.recovery = Notice()  # offers a run a crash cut short
-        output_col.addWidget(self.recovery)
+        output_col.addWidget(self.autosaving.recovery)
         self.tuner = Tuner(self.engines, self)  # Tune…, and its offer when an Auto run has no profile
         self.tuner.tune_requested.connect(self.tune)
         self.round_shown.connect(self.tuner.round_shown)
@@ -233,8 +230,7 @@ class MainWindow(QMainWindow):
         self.setCentralWidget(self.side_split)
         self.status = ElidedLabel("Ready")
         self.statusBar().addWidget(self.status, 1)
-        self.autosave_label = QLabel(objectName="muted")  # says when runs are not being saved
-        self.statusBar().addPermanentWidget(self.autosave_label)
+        self.statusBar().addPermanentWidget(self.autosaving.label)
         self.model_label = ElidedLabel(objectName="muted")
         self.statusBar().addPermanentWidget(self.model_label)
 
@@ -580,20 +576,20 @@ class MainWindow(QMainWindow):
             self.transcript.show_message(str(e), "info")
             return False
         self._pick_paired_drafter(request)
-        saving = self.autosave
+        saving = self.autosaving.on
         page = self.ocr.run_page() if request.kind == "ocr" else None
         run = RunSpec(request=request, model=self.controls.model_path(),
                       options=self.controls.engine_options(), settings=self.run_settings(),
-                      autosave=self._autosave_path(request.kind), label=label,
+                      autosave=self.autosaving.path_for(request.kind), label=label,
                       page=page_record(page) if page is not None else None)
         self._begin_panes(request, label)
-        if saving and not self.autosave:  # the autosave folder failed just now: say so with this run
-            self.transcript.show_message(self.autosave_message, "warning")
+        if saving and not self.autosaving.on:  # the autosave folder failed just now: say so with this run
+            self.transcript.show_message(self.autosaving.message, "warning")
         self.worker = RunWorker(run, self.engines)
         self.worker.engine_loaded.connect(self._on_engine_loaded)
         self.worker.prefill_progressed.connect(self._on_prefill_progressed)
         self.worker.round_finished.connect(self._on_round)
-        self.worker.autosave_failed.connect(self.show_autosave_failed)
+        self.worker.autosave_failed.connect(self.autosaving.show_failed)
         # bound methods of this window, never lambdas: a lambda would run on the worker thread
         self.worker.finished.connect(self._on_worker_finished)
         self.worker.cancelled.connect(self._on_worker_cancelled)
@@ -843,57 +839,6 @@ class MainWindow(QMainWindow):
         return series
 
     # --- sessions -------------------------------------------------------------------------
-    def _check_autosave(self) -> None:
-        """At start: runs are autosaved only where they can be; a run a crash cut short is offered."""
-        if not self.autosave:
-            return
-        problem = autosave_problem()
-        if problem is not None:
-            self._autosave_off(f"Autosave is off: {problem}. Runs still work; File \u203a Export keeps one.")
-            return
-        crashed = crashed_sessions()
-        if crashed:
-            last = crashed[0]
-            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(last.started_at))
-            self.recovery.offer(f"A {last.kind} run of {when} did not finish (the app quit mid-run); "
-                                f"its {last.rounds} rounds were saved.", "Reopen")
-            self.recovery.accepted.connect(lambda: self._answer_recovery(crashed, reopen=True))
-            self.recovery.dismissed.connect(lambda: self._answer_recovery(crashed, reopen=False))
-
-    def _answer_recovery(self, crashed: list, reopen: bool) -> None:
-        for entry in crashed:  # offered once: the files get the "end" line their runs never wrote
-            try:
-                mark_interrupted(entry.path)
-            except OSError:
-                pass
-        if reopen:
-            self.open_session(crashed[0].path)
-
-    def _autosave_off(self, message: str, show: bool = True) -> None:
-        self.autosave = False
-        self.autosave_message = message
-        self.autosave_label.setText("Autosave off")
-        self.autosave_label.setToolTip(message)
-        if show:
-            self.transcript.show_message(message, "warning")
-
-    def _autosave_path(self, kind: str) -> Path | None:
-        if not self.autosave:
-            return None
-        try:
-            return new_autosave_path(kind)
-        except OSError as e:  # the folder went away or became read-only since the start
-            self._autosave_off(f"Autosave is off: cannot write to {sessions_dir()} ({e.strerror or e}). "
-                               f"This run goes on unsaved; File \u203a Export keeps it.", show=False)
-            return None
-
-    def show_autosave_failed(self, message: str) -> None:
-        """The autosave stopped mid-run (full disk); the run goes on, and the window says so."""
-        self.autosave_label.setText("Autosave stopped")
-        self.autosave_label.setToolTip(message)
-        self.autosave_message = f"Autosave stopped: {message}. The run goes on; File \u203a Export keeps it."
-        self.transcript.show_message(self.autosave_message, "warning")
-
     def show_saved(self, saved: SavedSession) -> None:
         """Shows a past session (from its autosave file) in the panes."""
         if self.running:

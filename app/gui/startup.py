@@ -226,8 +226,8 @@ def run_gui(args: argparse.Namespace) -> int:
     settings = load_settings()
     apply_arguments(settings, args)
     window = MainWindow(settings, persist=not screenshot, preload=True)
-    if window.autosave_message:  # e.g. a read-only data folder: the run goes on unsaved
-        print(f"specscope: {window.autosave_message}", file=sys.stderr)
+    if window.autosaving.message:  # e.g. a read-only data folder: the run goes on unsaved
+        print(f"specscope: {window.autosaving.message}", file=sys.stderr)
     if _arg(args, "ocr"):
         unreadable = []
         window.document.load_failed.connect(unreadable.append)

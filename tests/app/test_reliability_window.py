@@ -64,9 +64,9 @@ def test_read_only_data_folder_runs_without_autosave_and_says_so(qtbot, make_win
         home = data.parent if data.name == "data" else data
         monkeypatch.setenv("SPECSCOPE_HOME", str(home))
         window = make_window(max_tokens=12)
-        assert not window.autosave and "not writable" in window.autosave_message
-        assert str(home / "data") in window.autosave_message
-        assert window.autosave_label.text() == "Autosave off"
+        assert not window.autosaving.on and "not writable" in window.autosaving.message
+        assert str(home / "data") in window.autosaving.message
+        assert window.autosaving.label.text() == "Autosave off"
         assert "Autosave is off" in window.transcript.message_text
         rec = Recorder(window)
         window.chat.prompt.setPlainText("the cat")
@@ -80,7 +80,7 @@ def test_autosave_on_a_full_disk_stops_the_autosave_not_the_run(qtbot, make_wind
     with mounted_tmpfs(home / "data", "64k") as data:
         monkeypatch.setenv("SPECSCOPE_HOME", str(home))
         window = make_window(max_tokens=300)
-        assert window.autosave  # writable at the start
+        assert window.autosaving.on  # writable at the start
         filler = data / "filler"
         with open(filler, "wb") as f:  # leave room for the header and a few rounds only
             f.write(b"\0" * (os.statvfs(data).f_bavail * os.statvfs(data).f_frsize - 6000))
@@ -91,7 +91,7 @@ def test_autosave_on_a_full_disk_stops_the_autosave_not_the_run(qtbot, make_wind
         thread = window.threads[-1][0] if window.threads else None
         assert rec.outcomes == ["finished"], window.transcript.message_text  # before: the run errored
         assert sum(len(r.tokens) for r in rec.rounds) == 300  # nothing lost on screen
-        assert window.autosave_label.text() == "Autosave stopped"
+        assert window.autosaving.label.text() == "Autosave stopped"
         assert "No space left on device" in window.transcript.message_text
         if thread is not None:
             assert thread.wait(10_000)  # the worker said done; its thread ended (no leak)
@@ -120,15 +120,15 @@ def test_a_run_killed_mid_way_is_offered_at_the_next_start(qtbot, make_window, s
     assert killed.returncode == -signal.SIGKILL, killed.stderr
 
     window = make_window()
-    assert window.recovery.isVisibleTo(window)  # before: nothing was offered
-    assert "did not finish" in window.recovery.label.text() and "3 rounds" in window.recovery.label.text()
-    qtbot.mouseClick(window.recovery.action_button, Qt.MouseButton.LeftButton)
-    assert not window.recovery.isVisibleTo(window)
+    assert window.autosaving.recovery.isVisibleTo(window)  # before: nothing was offered
+    assert "did not finish" in window.autosaving.recovery.label.text() and "3 rounds" in window.autosaving.recovery.label.text()
+    qtbot.mouseClick(window.autosaving.recovery.action_button, Qt.MouseButton.LeftButton)
+    assert not window.autosaving.recovery.isVisibleTo(window)
     assert window.transcript.response_text() == "the cat sat"
     assert [r.index for r in window.session.rounds] == [0, 1, 2]
 
     again = make_window()  # offered once: the file now records how the run ended
-    assert not again.recovery.isVisibleTo(again)
+    assert not again.autosaving.recovery.isVisibleTo(again)
 
 
 def test_a_long_prompt_shows_prefill_progress_in_the_status_bar(qtbot, make_window):
