@@ -1,5 +1,6 @@
-"""Many sequences, one target forward per step: continuous batching with per-sequence
-speculation (THE batch loop is `BatchEngine.step`).
+"""Many chat sequences, one target forward per step: continuous batching with per-sequence
+speculation, over an mlx-lm target. The round loop is engines/speculative/loop.py's
+(`RowBatch.step`); this module is its chat side.
 
 One step:
 
@@ -35,12 +36,9 @@ A lone request is a batch of one (`generate`).
 
 from __future__ import annotations
 
-import itertools
 import random
 import time
-from collections import deque
 from dataclasses import dataclass, field
-from typing import Iterator
 
 import mlx.core as mx
 
@@ -63,6 +61,7 @@ from engines.speculative.rounds import Round
 from engines.speculative.schedule import MAX_STEPS
 from engines.speculative.sequence import Sequence
 from engines.speculative.sequence import Step as BaseStep
+from engines.speculative.loop import RowBatch
 from engines.speculative.verify import Verdict, verify_greedy, verify_sampled
 
 NO_DRAFTS = Draft(mx.array([], dtype=mx.uint32))  # a plain row's: the graph reads its drafts as an array
@@ -75,7 +74,6 @@ class Step(BaseStep):
     argmax: mx.array | None = None  # [k+1] at T=0
     sampled: mxs.SampledVerdict | None = None  # T>0 with drafts
     token: mx.array | None = None  # [1] T>0 plain sample
-    hidden: mx.array | None = None  # [k+1, D] when the row's proposer reads it (MTP)
     slots_settled: bool = False  # a plain step's slots, kept whatever its tokens (settled at launch)
 
     @property
@@ -109,14 +107,11 @@ def next_key(seq: Sequence) -> mx.array | None:
 
 
 @dataclass
-class BatchEngine:
+class BatchEngine(RowBatch):
     """Continuous batching over a loaded ChatEngine's target (its model, tokenizer, drafters)."""
 
     chat: ChatEngine
-    max_batch: int = 8
     prefill_chunk: int = PREFILL_CHUNK
-    running: list[Sequence] = field(default_factory=list)  # in cache row order
-    joining: deque = field(default_factory=deque)  # Joining: reading their prompts, in arrival order
     cache: BatchCache | None = None
     compact_min_slots: int = 64  # compact a table once this many columns are dead in every row
     budget: DraftBudget | None = field(default_factory=DraftBudget.new)  # None: rows draft what they ask
@@ -124,7 +119,6 @@ class BatchEngine:
     mtps: dict[str, tuple] = field(default_factory=dict)  # MTP drafter path -> (its maker, its batch)
     composed: dict[tuple, tuple] = field(default_factory=dict)  # (method, path) -> (ComposedGroup, DraftingCosts)
     prompt_cache: PromptCache | None = None  # prompts read before (None: every prompt is read)
-    capped: dict[int, int] = field(default_factory=dict)  # sequence id -> the controller's cap last said to it
     # --steps auto, a batch of one: (method, drafter, ...) -> (StepCosts of whole rounds,
     # PositionAcceptance, Probes, Rounds) over the requests so far
     auto_seen: dict[tuple, tuple] = field(default_factory=dict)
@@ -135,8 +129,7 @@ class BatchEngine:
     # MTP rows launch the next step on this one's verdicts still in the graph (the chat engine's
     # mtp_options.ahead turns it off for A/B runs): bench/chat_batch_of_one.py measures it
     verifies_ahead: bool = True
-    ahead: list[Step] | None = None  # the next step, launched on this one's verdicts still in the graph
-    _ids: itertools.count = field(default_factory=itertools.count)
+    steps_run: int = 0
 
     def __post_init__(self):
         check_batchable(self.chat.model)  # UnbatchableModel names the cache it cannot hold
@@ -155,16 +148,8 @@ class BatchEngine:
     def model_info(self) -> dict:
         return {**self.chat.model_info(), "max_batch": self.max_batch}
 
-    @property
-    def busy(self) -> bool:
-        return bool(self.running or self.joining)
-
-    @property
-    def size(self) -> int:
-        return len(self.running)
-
     # -- entering -----------------------------------------------------------------------------
-    def submit(self, request: Request, should_stop: ShouldStop | None = None,
+    def submit(self, request: Request, should_stop: ShouldStop | None = None, *,
                on_prefill: OnPrefill | None = None, twin_of: Sequence | None = None) -> Sequence:
         """Check the request (an invalid one never enters the batch: EngineError) and queue
         it to read its prompt as soon as a row is free. `twin_of`: a sequence queued before
@@ -241,43 +226,53 @@ class BatchEngine:
         auto.attach(*self.auto_seen.setdefault(key, (round_costs(), PositionAcceptance(auto.max_steps), Probes(),
                                                      Rounds(auto.max_steps))))
 
-    # -- THE step ----------------------------------------------------------------------------
-    def step(self) -> list[tuple[Sequence, Round]]:
-        """Up to one prefill chunk of joining prompts, and one target forward over every
-        running sequence. Returns each sequence's Round of this step."""
-        out = self._admit()
-        cancelled = [(s, s.out.stopped("cancelled")) for s in self.running if s.should_stop()]
-        self._leave([s for s, _ in cancelled])  # a cancel or a gone client: out before the forward
-        out += cancelled
-        rows = list(self.running)
-        if rows:
-            t0 = time.perf_counter()
-            steps, self.ahead = self.ahead, None
-            if steps is None:
-                steps = self._draft(rows, self._cap(rows))
-                self._verify_forward(rows, steps)
-            else:
-                rows = rows[:len(steps)]  # rows that joined this step decode from the next
-            if len(rows) == len(self.running) and self._plain_ahead(rows, steps):
-                self.ahead = [Step(0, NO_DRAFTS) for _ in rows]
-                inputs = mx.concatenate([step.next_token.astype(mx.uint32) for step in steps])[:, None]
-                self._verify_forward(rows, self.ahead, inputs)
-            elif len(rows) == len(self.running) and self._verifies_ahead(rows, steps):
-                self.ahead = self._launch_ahead(rows, steps)
-            verdicts = self._verdicts(steps)
-            forward_s = time.perf_counter() - t0
-            now = time.perf_counter()
-            for b, (seq, step, verdict) in enumerate(zip(rows, steps, verdicts)):
-                step.verify_s = forward_s
-                seq.settled(step, now)
-                # MTP: the hidden state that produced the row's new token
-                kept = step.hidden[verdict.accepted] if step.hidden is not None else None
-                tokens, finish = seq.commit(step, verdict, kept, priced=seq.priced(step, self._ahead_of(b)))
-                out.append((seq, report(seq, step, verdict, tokens, finish)))
-            if not steps[0].slots_settled:
-                self.cache.settle([1 + v.accepted for v in verdicts])
-        self._leave([s for s, r in out if r.finish])
-        return out
+    # -- the loop's hooks (engines/speculative/loop.py), in the order a step runs them ---------
+    def _launch(self, rows: list[Sequence]) -> tuple[list[Sequence], list[Step]]:
+        """This step's drafts and forward -- or the step launched ahead on the last one's
+        verdicts -- and, where it can be, the next step launched before this one's verdicts
+        are read: every row plain (as mlx-lm's generate_step), or every row an MTP row
+        (its chain drafted from its lazy verdict)."""
+        steps, self.ahead = self.ahead, None
+        if steps is None:
+            steps = self._draft(rows, self._cap(rows))
+            self._verify_forward(rows, steps)
+        else:
+            rows = rows[:len(steps)]  # rows that joined this step decode from the next
+        if len(rows) == len(self.running) and self._plain_ahead(rows, steps):
+            self.ahead = [Step(0, NO_DRAFTS) for _ in rows]
+            inputs = mx.concatenate([step.next_token.astype(mx.uint32) for step in steps])[:, None]
+            self._verify_forward(rows, self.ahead, inputs)
+        elif len(rows) == len(self.running) and self._verifies_ahead(rows, steps):
+            self.ahead = self._launch_ahead(rows, steps)
+        return rows, steps
+
+    def _verdicts(self, rows: list[Sequence], steps: list[Step]) -> list[Verdict]:
+        """Each row's own verdict, read from its evaluated results."""
+        return [settle_row(step) for step in steps]
+
+    def _settle(self, steps: list[Step], verdicts: list[Verdict]) -> None:
+        """Each row's rejected drafts and padding die in the slot table (a plain step's slots
+        were settled at launch); a table compacts once sparse. MLX's buffer cache is cleared
+        every 256 steps, as mlx-lm's generate_step does every 256 tokens."""
+        if not steps[0].slots_settled:
+            self.cache.settle([1 + v.accepted for v in verdicts])
+        self.cache.compact_if_sparse(min_slots=self.compact_min_slots)
+        self.steps_run += 1
+        if self.steps_run % 256 == 0:
+            mx.clear_cache()
+
+    def _select(self, keep: list[int]) -> None:
+        """The rows that stay, in the cache; the part of a step launched ahead of those that
+        left is dropped (all of it, if its slots are not in the table yet)."""
+        if self.ahead and not self.ahead[0].slots_settled:
+            self.ahead = None
+            self.cache.abandon()
+        if self.ahead:  # (rows that joined since it launched come after its rows)
+            self.ahead = [self.ahead[b] for b in keep if b < len(self.ahead)] or None
+        if self.running:
+            self.cache.select(keep)
+        else:
+            self.cache = None
 
     # -- the step's helpers, in the order they run --------------------------------------------
     def _admit(self) -> list[tuple[Sequence, Round]]:
@@ -342,7 +337,7 @@ class BatchEngine:
         seq.settled(step)
         tokens, finish = seq.start(verdict, hidden[0, -1] if hidden is not None else None)
         step.verify_s = step.wall_s = time.perf_counter() - joining.started
-        rnd = report(seq, step, verdict, tokens, finish, prefill=True)
+        rnd = seq.report(step, verdict, tokens, finish, prefill=True)
         if not rnd.finish:
             if self.cache is None:
                 self.cache = joining.own_cache
@@ -360,31 +355,11 @@ class BatchEngine:
                                    for s in rows])
 
     def _draft(self, rows: list[Sequence], cap: int = MAX_STEPS) -> list[Step]:
-        """Each row's k (its schedule's, within the controller's cap) and drafts: rows of a
-        shared draft model or MTP drafter draft together, the others with their own proposer.
-        A failing drafter stops speculation for its sequence(s) only."""
-        steps = [self._steps(s, cap) for s in rows]
-        groups: dict[int, tuple[DraftGroup, list]] = {}  # shared drafters, each with the rows asking it
-        for b, (seq, k) in enumerate(zip(rows, steps)):
-            group = getattr(seq.proposer, "group", None) if k else None
-            if group is not None:
-                groups.setdefault(id(group), (group, []))[1].append((b, seq, k, next_key(seq)))
-        drafts: dict[int, Draft] = {}
-        t0 = time.perf_counter()
-        for group, asks in groups.values():
-            drafts |= self._draft_together(group, asks)
-        shared_s = time.perf_counter() - t0
-        plans = []
-        for seq, k in zip(rows, steps):
-            t1 = time.perf_counter()
-            if seq.id not in drafts and not seq.schedule.enabled:
-                k = 0  # its shared drafter failed above: plain from here, and its note says why
-            draft = drafts[seq.id] if seq.id in drafts else seq.propose(k)
-            if draft.size and not isinstance(draft.tokens, list):
-                mx.eval(draft.tokens)
-            spent = shared_s if seq.id in drafts else time.perf_counter() - t1
-            plans.append(Step(k, draft, spent, expected=seq.expected()))
-        return plans
+        """Each row's k (its schedule's, within the controller's cap) and drafts (RowBatch.drafts),
+        evaluated before the verify is built on them."""
+        drafted = self.drafts(rows, [self._steps(seq, cap) for seq in rows], self.cache, key=next_key)
+        mx.eval([d.tokens for _, d, _ in drafted if d.size and not isinstance(d.tokens, list)])
+        return [Step(k, d, spent, expected=seq.expected()) for seq, (k, d, spent) in zip(rows, drafted)]
 
     def _steps(self, seq: Sequence, cap: int, remaining: int | None = None) -> int:
         asked = seq.next_steps(remaining)
@@ -392,27 +367,11 @@ class BatchEngine:
         # cap on this machine's timings, so capping it would make its seed unrepeatable.
         sampling = seq.ctx.sampling
         steps = asked if (not sampling.greedy and sampling.seed is not None) else min(asked, cap)
-        if steps < asked and cap != self.capped.get(seq.id):  # said once per change of the cap
+        if steps < asked and cap != seq.cap_said:  # said once per change of the cap
             seq.out.say(f"batch of {self.size}: drafts capped at {cap} per round "
                         "(this machine's measured step costs)")
-            self.capped[seq.id] = cap
+            seq.cap_said = cap
         return steps
-
-    def _draft_together(self, group: DraftGroup, asks: list) -> dict[int, Draft]:
-        """The drafts of a shared drafter's rows (row, sequence, k, key), by sequence id."""
-        try:
-            return {seq.id: d for (_, seq, _, _), d in zip(asks, group.propose_rows(self.cache, asks))}
-        except Exception as e:  # graceful degradation for every sequence of this drafter
-            for _, seq, _, _ in asks:
-                seq.stop_speculating(e)
-                self._leave_group(seq)
-            return {}
-
-    @staticmethod
-    def _leave_group(seq: Sequence) -> None:
-        leave = getattr(seq.proposer, "leave", None)
-        if leave is not None:
-            leave()
 
     def _plain_ahead(self, rows: list[Sequence], steps: list[Step]) -> bool:
         """Whether the next step can be launched now, on this one's tokens still in the graph:
@@ -481,8 +440,7 @@ class BatchEngine:
                 drafts |= {seq.id: d for (_, seq, _, _), d in zip(asks, group.propose_after(self.cache, asks, after))}
             except Exception as e:  # graceful degradation: these rows decode plainly from here
                 for _, seq, _, _ in asks:
-                    seq.stop_speculating(e)
-                    self._leave_group(seq)
+                    self.stop_speculating(seq, e)
         draft_s = time.perf_counter() - t0
         ahead = [Step(d.size, d, draft_s, launched_early=True, expected=seq.expected())
                  for seq in rows for d in [drafts.get(seq.id, NO_DRAFTS)]]
@@ -491,14 +449,6 @@ class BatchEngine:
         padded = [mx.concatenate([row, mx.repeat(row[-1:], width - row.shape[0])]) for row in inputs]
         self._verify_forward(rows, ahead, mx.stack(padded))
         return ahead
-
-    def _ahead_of(self, b: int) -> Step | None:
-        """Row b's part of the step launched ahead, if any."""
-        return self.ahead[b] if self.ahead is not None and b < len(self.ahead) else None
-
-    def _verdicts(self, steps: list[Step]) -> list[Verdict]:
-        """Each row's own verdict: its accepted drafts plus one target token."""
-        return [settle_row(step) for step in steps]
 
     def new_cache(self, rows: int) -> BatchCache:
         """A cache for `rows` sequences. (Tensor parallel, engines/distributed, overrides it and
@@ -521,66 +471,6 @@ class BatchEngine:
         if reader is not None:
             return reader.target_forward(padded, cache.layers)
         return self.model(padded, cache=cache.layers), None
-
-    def _leave(self, done: list[Sequence]) -> None:
-        """Finished, cancelled and disconnected sequences leave; their rows are freed now (and
-        their part of a step launched ahead dropped)."""
-        for seq in done:
-            seq.finished = True
-            self.capped.pop(seq.id, None)
-            self._leave_group(seq)
-        keep = [b for b, s in enumerate(self.running) if not s.finished]
-        if len(keep) == len(self.running):
-            if self.cache is not None:
-                self.cache.compact_if_sparse(min_slots=self.compact_min_slots)
-            return
-        self.running = [self.running[b] for b in keep]
-        if self.ahead and not self.ahead[0].slots_settled:  # its slots are not in the table yet
-            self.ahead = None
-            self.cache.abandon()
-        if self.ahead:  # (rows that joined since it launched come after its rows)
-            self.ahead = [self.ahead[b] for b in keep if b < len(self.ahead)] or None
-        if self.running:
-            self.cache.select(keep)
-        else:
-            self.cache = None
-
-    def clear(self) -> None:
-        """Drop every sequence, running or joining (serve, when a step fails: each request has
-        heard the error)."""
-        for seq in self.running:
-            self._leave_group(seq)
-        self.running.clear()
-        self.joining.clear()
-        self.capped.clear()
-        self.cache, self.ahead = None, None
-
-    # -- a batch of one -------------------------------------------------------------------------
-    def generate(self, request: Request, should_stop: ShouldStop | None = None, *,
-                 on_prefill: OnPrefill | None = None) -> Iterator[Round]:
-        """A lone request through the batch loop (the Engine protocol). Left unfinished -- its
-        consumer stopped reading, or a step raised -- it leaves the batch, as a cancel would."""
-        seq = self.submit(request, should_stop, on_prefill)
-        try:
-            while not seq.finished and self.busy:
-                for s, rnd in self.step():
-                    if s is seq:
-                        yield rnd
-                        if rnd.finish:
-                            seq.finished = True
-        finally:
-            if not seq.finished:
-                self._drop(seq)
-
-    def _drop(self, seq: Sequence) -> None:
-        """`seq` out of the batch, wherever it is: waiting, or running (a step launched ahead
-        is dropped with it)."""
-        waiting = [j for j in self.joining if j.seq is seq]
-        for j in waiting:
-            self.joining.remove(j)
-        seq.finished = True
-        if seq in self.running:
-            self._leave([seq])
 
 
 def batch_of_one(chat: ChatEngine) -> BatchEngine:
@@ -617,16 +507,6 @@ def lazy_verdict(seq: Sequence, step: Step) -> LazyVerdict:
     accepted, token = mxs.verdict_in_graph(mx_tokens(step.draft), step.argmax, step.sampled, step.token)
     hidden = mx.take(step.hidden, accepted, axis=0) if step.hidden is not None else None
     return LazyVerdict(seq.ctx.position, mx_tokens(step.draft), accepted, token, hidden)
-
-
-def report(seq: Sequence, step: Step, verdict: Verdict, tokens: list[int], finish: str | None,
-           prefill: bool = False) -> Round:
-    """The row's Round (Sequence.report). MLX's buffer cache is cleared every 256 tokens, as
-    mlx-lm's generate_step does."""
-    rnd = seq.report(step, verdict, tokens, finish, prefill)
-    if (seq.out.index % 256) == 0:
-        mx.clear_cache()
-    return rnd
 
 
 def settle_row(step: Step) -> Verdict:

@@ -207,14 +207,14 @@ class RankZeroEngine(BatchEngine):
                                       f"{request.spec.method} alone")
         return super()._proposer(request)
 
-    def _draft_together(self, group, asks: list) -> dict:
+    def _draft_together(self, group, asks: list, target_cache) -> dict:
         """The draft model's rows draft together; under option B every rank at once: rank 0 first
         sends what they need (the ops so far and this step's pending tokens), then drafts."""
         if isinstance(group, MirroredDrafter):
             group.announce([(seq.proposer, k, key) for _, seq, k, key in asks], [b for b, _, _, _ in asks])
             self.bus.send(self.log.take())
         t0 = time.perf_counter()
-        drafts = super()._draft_together(group, asks)
+        drafts = super()._draft_together(group, asks, target_cache)
         self._draft_s += time.perf_counter() - t0
         self._drafted += sum(d.size for d in drafts.values())
         return drafts

@@ -1,7 +1,8 @@
 """GLM-OCR sequences read together -- pages, or a page's regions, as the rows of one batch: one
-target forward per step over every row's [pending token, drafts], each row verified on its own
-(THE step is `OcrBatch.step`). The shape of the chat batch (engines/batch/engine.py) on GLM-OCR's
-runtimes; a lone request is a batch of one (engine.OcrEngine.generate).
+target forward per step over every row's [pending token, drafts], each row verified on its own.
+The round loop is engines/speculative/loop.py's (`RowBatch.step`, as the chat batch's); this
+module is its GLM-OCR side, on GLM-OCR's runtimes; a lone request is a batch of one
+(engine.OcrEngine.generate).
 
 One step:
 
@@ -30,11 +31,8 @@ another, each waiting for the row.
 
 from __future__ import annotations
 
-import itertools
 import time
-from collections import deque
-from dataclasses import dataclass, field
-from typing import Iterator
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -42,8 +40,9 @@ from engines.types import EngineError, Request, Sampling, ShouldStop
 # (engine.py's OcrEngine is named in annotations only: it imports this module, for its generate)
 from engines.glm_ocr.positions import Positions, text_rope
 from engines.glm_ocr.prompts import Prompt
-from engines.speculative.proposer import Draft, DraftGroup, Proposer
+from engines.speculative.proposer import Proposer
 from engines.speculative.rounds import Round
+from engines.speculative.loop import RowBatch
 from engines.speculative.sequence import Sequence, Step
 from engines.speculative.sampling import rejection_verify, target_probs
 from engines.speculative.verify import Verdict, verify_greedy
@@ -154,20 +153,15 @@ class Waiting:
 
 
 @dataclass
-class OcrBatch:
+class OcrBatch(RowBatch):
     """Continuous batching of GLM-OCR requests over a loaded OcrEngine (its runtime, tokenizer,
     drafters). `prefill_budget`: prompt tokens prefilled per step once rows are running (at
     least one prompt), so joining pages stall the running ones for a bounded time."""
 
     engine: OcrEngine
-    max_batch: int = 8
     prefill_budget: int = 4096
-    running: list[Sequence] = field(default_factory=list)  # in row order
-    joining: deque = field(default_factory=deque)  # Waiting, in arrival order
-    positions: dict[int, Positions] = field(default_factory=dict)  # sequence id -> its mRoPE positions
     prompt_cache = None  # (the chat batch's prompt cache: a page's image prompt is not kept)
     target: Rows | OneRow | None = None
-    _ids: itertools.count = field(default_factory=itertools.count)
 
     def __post_init__(self):
         if self.max_batch < 1:
@@ -180,53 +174,52 @@ class OcrBatch:
     def runtime(self):
         return self.engine.runtime
 
-    @property
-    def busy(self) -> bool:
-        return bool(self.running or self.joining)
-
-    @property
-    def size(self) -> int:
-        return len(self.running)
-
     # -- entering -----------------------------------------------------------------------------
-    def submit(self, request: Request, should_stop: ShouldStop | None = None, *,
+    def submit(self, request: Request, should_stop: ShouldStop | None = None, *, on_prefill=None,
                drafter: Proposer | None = None, twin_of: Sequence | None = None) -> Sequence:
         """Check the request and read its image (an invalid one never enters: EngineError), and
         queue it for a row. `drafter` replaces its MTP drafter (benchmarks, tests), as in
-        OcrEngine.generate. `twin_of` (another choice of the same request, in serve) is taken for
-        the batch interface's sake: each choice reads its own page."""
+        OcrEngine.generate. `on_prefill` and `twin_of` (another choice of the same request, in
+        serve) are taken for the batch interface's sake: a page's prefill, bounded by the
+        converted cache length, reports no progress, and each choice reads its own page."""
         seq, prompt = self.engine.sequence(request, should_stop, drafter)
         seq.id = next(self._ids)
         seq.key = row_sampler(request)
         self.joining.append(Waiting(seq, prompt))
         return seq
 
-    # -- THE step ----------------------------------------------------------------------------
-    def step(self) -> list[tuple[Sequence, Round]]:
-        """Joining prompts (first tokens), then one target forward over every running row.
-        Returns each sequence's Round of this step."""
-        out = self._admit()
-        stopped = [(s, self._stop(s)) for s in self.running]
-        out += [(s, r) for s, r in stopped if r is not None]
-        self._leave([s for s, r in stopped if r is not None])
-        rows = list(self.running)
-        if rows:
-            steps = self._draft(rows)
-            t0 = time.perf_counter()
-            hidden = self.target.forward([[s.ctx.tokens[-1], *st.draft.ids()] for s, st in zip(rows, steps)],
-                                         [s.ctx.position for s in rows], [self.positions[s.id] for s in rows])
-            verdicts = self._verdicts(rows, steps, hidden)
-            forward_s, now = time.perf_counter() - t0, time.perf_counter()
-            for b, (seq, step, verdict) in enumerate(zip(rows, steps, verdicts)):
-                step.verify_s = forward_s
-                seq.settled(step, now)
-                # the rows of the fed token and the accepted drafts are kept; the MTP layer learns them
-                seq.ctx.rows = hidden[b, : verdict.accepted + 1]
-                tokens, finish = seq.commit(step, verdict, hidden[b, verdict.accepted])
-                out.append((seq, seq.report(step, verdict, tokens, finish)))
-            self.target.settle([1 + v.accepted for v in verdicts])
-        self._leave([s for s, r in out if r.finish and not s.finished])
-        return out
+    # -- the loop's hooks (engines/speculative/loop.py), in the order a step runs them ---------
+    def _launch(self, rows: list[Sequence]) -> tuple[list[Sequence], list[Step]]:
+        """Each row's k and drafts, then one decoder forward over every row: its hidden states
+        kept with its step."""
+        seq_len = self.runtime.seq_len
+        drafted = self.drafts(rows, [min(seq.next_steps(), seq_len - 1) for seq in rows])
+        steps = [Step(k, draft, spent, expected=seq.expected()) for seq, (k, draft, spent) in zip(rows, drafted)]
+        hidden = self.target.forward([[s.ctx.tokens[-1], *st.draft.ids()] for s, st in zip(rows, steps)],
+                                     [s.ctx.position for s in rows], [s.ctx.positions for s in rows])
+        for b, step in enumerate(steps):
+            step.hidden = hidden[b]
+        return rows, steps
+
+    def _verdicts(self, rows: list[Sequence], steps: list[Step]) -> list[Verdict]:
+        """The LM head over every row's real rows in one product (never the padding); each row's
+        verdict from its own logits on its own Sampler."""
+        widths = [1 + step.k for step in steps]
+        logits = self.runtime.logits(np.concatenate([step.hidden[:w] for step, w in zip(steps, widths)]))
+        bounds = np.cumsum([0, *widths])
+        return [seq.key.verify(step.draft.ids(), logits[bounds[b] : bounds[b + 1]])
+                for b, (seq, step) in enumerate(zip(rows, steps))]
+
+    def _kept(self, seq: Sequence, step: Step, verdict: Verdict):
+        """The rows of the fed token and the accepted drafts are kept: the MTP layer learns them."""
+        seq.ctx.rows = step.hidden[: verdict.accepted + 1]
+        return step.hidden[verdict.accepted]
+
+    def _settle(self, steps: list[Step], verdicts: list[Verdict]) -> None:
+        self.target.settle([1 + v.accepted for v in verdicts])
+
+    def _select(self, keep: list[int]) -> None:
+        self.target.select(keep)
 
     # -- the step's helpers, in the order they run --------------------------------------------
     def _admit(self) -> list[tuple[Sequence, Round]]:
@@ -262,90 +255,14 @@ class OcrBatch:
             seq.finished = True
         else:
             self.target.join(alone, len(w.prompt.ids))
-            self.positions[seq.id] = w.prompt.positions
+            seq.ctx.positions = w.prompt.positions
             self.running.append(seq)
         return rnd
 
-    def _stop(self, seq: Sequence) -> Round | None:
+    def _stopped(self, seq: Sequence) -> Round | None:
         """Before the forward: cancelled, or the context has no room for another round."""
         if seq.should_stop():
             return seq.out.stopped("cancelled")
         if seq.ctx.position + self.runtime.seq_len > self.runtime.cache_length:
             return seq.out.stopped("length", f"stopped: the context of {self.runtime.cache_length} tokens is full")
         return None
-
-    def _draft(self, rows: list[Sequence]) -> list[Step]:
-        """Each row's k and drafts: rows whose drafters share a group (engine.MtpGroup: the MTP
-        layer's rows) draft together, the others with their own proposer. A failing drafter
-        stops speculation for its sequence(s) only. A row's drafting time is its own, or its
-        group's."""
-        steps = [Step(min(seq.next_steps(), self.runtime.seq_len - 1), expected=seq.expected()) for seq in rows]
-        groups: dict[int, tuple[DraftGroup, list]] = {}
-        for b, (seq, step) in enumerate(zip(rows, steps)):
-            group = getattr(seq.proposer, "group", None) if step.steps else None
-            if group is not None:
-                groups.setdefault(id(group), (group, []))[1].append((b, seq, step.steps, None))
-        t0 = time.perf_counter()
-        drafts: dict[int, Draft] = {}
-        for group, asks in groups.values():
-            drafts |= self._draft_together(group, asks)
-        shared_s = time.perf_counter() - t0
-        for seq, step in zip(rows, steps):
-            t1 = time.perf_counter()
-            step.draft = drafts[seq.id] if seq.id in drafts else seq.propose(step.steps)
-            step.draft_s = shared_s if seq.id in drafts else time.perf_counter() - t1
-        return steps
-
-    @staticmethod
-    def _draft_together(group: DraftGroup, asks: list) -> dict[int, Draft]:
-        """The drafts of a group's rows, by sequence id; a failing group stops speculation for
-        each of its rows (they decode plainly from here on, their next Round says why)."""
-        try:
-            return {seq.id: d for (_, seq, _, _), d in zip(asks, group.propose_rows(None, asks))}
-        except Exception as e:
-            for _, seq, _, _ in asks:
-                seq.stop_speculating(e)
-            return {}
-
-    def _verdicts(self, rows: list[Sequence], steps: list[Step], hidden: np.ndarray) -> list[Verdict]:
-        """The LM head over every row's real rows in one product (never the padding); each row's
-        verdict from its own logits on its own Sampler."""
-        widths = [1 + step.k for step in steps]
-        logits = self.runtime.logits(np.concatenate([hidden[b, :w] for b, w in enumerate(widths)]))
-        bounds = np.cumsum([0, *widths])
-        return [seq.key.verify(step.draft.ids(), logits[bounds[b] : bounds[b + 1]])
-                for b, (seq, step) in enumerate(zip(rows, steps))]
-
-    def _leave(self, done: list[Sequence]) -> None:
-        """Finished and cancelled sequences leave; their rows are dropped now."""
-        if not done:
-            return
-        for seq in done:
-            seq.finished = True
-            self.positions.pop(seq.id, None)
-            leave = getattr(seq.proposer, "leave", None)
-            if leave is not None:
-                leave()
-        keep = [b for b, s in enumerate(self.running) if not s.finished]
-        if len(keep) < len(self.running):
-            self.target.select(keep)
-            self.running = [self.running[b] for b in keep]
-
-    def clear(self) -> None:
-        """Drop every sequence, running or joining (serve, when a step fails: each request has
-        heard the error)."""
-        self._leave(list(self.running))
-        self.joining.clear()
-
-    # -- a batch of one -------------------------------------------------------------------------
-    def generate(self, request: Request, should_stop: ShouldStop | None = None, *, drafter: Proposer | None = None,
-                 on_prefill=None) -> Iterator[Round]:
-        """A lone request through the batch (the Engine protocol; OcrEngine.generate is a batch
-        of one). `on_prefill` is accepted for the protocol; a page's prefill reports no progress."""
-        seq = self.submit(request, should_stop, drafter=drafter)
-        while self.busy:
-            for s, rnd in self.step():
-                if s is seq:
-                    yield rnd
-                    if rnd.finish:
-                        return

@@ -1,6 +1,7 @@
 """The OCR engine: GLM-OCR's model host -- its runtime (fast torch, Core ML, or the Core ML
 modules' torch twin), tokenizer and drafters -- and what makes a request's Sequence. The round
-loop is the batch's (batch.py, `OcrBatch.step`); a lone request is a batch of one.
+loop is engines/speculative/loop.py's (`RowBatch.step`), on its GLM-OCR side (batch.py,
+`OcrBatch`); a lone request is a batch of one.
 
 Where a token is:
   drafted        Sequence.propose -> MtpDrafter.propose (below): the verified pairs waiting,
@@ -53,6 +54,7 @@ class OcrContext(Context):
 
     rows: np.ndarray | None = None
     embeds: np.ndarray | None = None
+    positions: Positions | None = None  # its mRoPE positions (the batch's rows are placed by them)
 
 
 class MtpDrafter:

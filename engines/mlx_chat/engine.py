@@ -1,6 +1,6 @@
 """The chat engine: an mlx-lm model host -- the target, its tokenizer and drafters, and a
-Sequence made from a Request. The round loop is the batch's (engines/batch/engine.py,
-`BatchEngine.step`): engines.factory sets `ChatEngine.loop` to a batch of one, so a lone request
+Sequence made from a Request. The round loop is engines/speculative/loop.py's (`RowBatch.step`),
+on its chat side engines/batch/engine.py's `BatchEngine`: engines.factory sets `ChatEngine.loop` to a batch of one, so a lone request
 runs through it as any row of a larger batch does.
 
 A model whose caches the batch cannot hold (recurrent or hybrid layers, attention sinks) has no

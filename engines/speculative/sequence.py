@@ -45,6 +45,7 @@ class Step:
     wall_s: float = 0.0  # settle to settle: the round as its request waits for it
     expected: tuple[list[float], list[float]] | None = None  # --steps auto: tok/s and tokens per k when k was chosen
     launched_early: bool = False  # launched on the last round's verdict still in the graph (MTP rows)
+    hidden: Any = None  # the target's final hidden states of its inputs, when its proposer reads them
 
     @property
     def k(self) -> int:
@@ -69,6 +70,7 @@ class Sequence:
     rejections: int = 0  # rounds that ended in a rejection
     asked: int = 0  # rounds it was asked for drafts
     offered: int = 0  # rounds its proposer offered some (an n-gram miss offers nothing)
+    cap_said: int | None = None  # the controller's cap on its drafts, last said to it
 
     @property
     def remaining(self) -> int:
