@@ -52,7 +52,7 @@ class Autosaving(QObject):
             except OSError:
                 pass
         if reopen:
-            self.window.open_session(crashed[0].path)
+            self.window.session_files.open_session(crashed[0].path)
 
     def turn_off(self, message: str, show: bool = True) -> None:
         self.on = False

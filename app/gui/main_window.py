@@ -23,22 +23,19 @@ import sys
 import time
 from collections import deque
 from dataclasses import asdict
-from pathlib import Path
 
 from PySide6.QtCore import QByteArray, QEvent, Qt, QTimer, Signal
 from PySide6.QtWidgets import (
-    QApplication, QFileDialog, QFrame, QMainWindow, QMessageBox, QScrollArea, QSizePolicy, QSplitter,
+    QApplication, QFrame, QMainWindow, QScrollArea, QSizePolicy, QSplitter,
     QStackedWidget, QVBoxLayout, QWidget,
 )
 
 from app import APP_NAME
 from app.records.bursts import Burst
 from app.records.compare import CompareResult, compare_sessions
-from app.records.documents import LayoutPage, PageResult, export_document, page_figures
+from app.records.documents import page_figures
 from app.records.round_series import RoundSeries
-from app.records.sessions import (
-    SavedSession, export_csv, export_json, export_png, export_text_file, load_session, page_record,
-)
+from app.records.sessions import page_record
 from app.settings import AppSettings, data_dir, save_settings
 from app.gui.autosave import Autosaving
 from app.gui.menus import build_menus
@@ -51,10 +48,10 @@ from app.gui.views.elided_label import ElidedLabel
 from app.gui.views.models_dialog import ModelOffer, ModelsDialog, missing_model
 from app.gui.views.ocr_pane import OcrPane
 from app.gui.server_watch import ServerWatch
+from app.gui.session_files import SessionFiles
 from app.gui.tuning import Tuner
 from app.gui.views.server_dialog import ServerDialog
 from app.gui.views.server_load import ServerLoadView
-from app.gui.views.sessions_dialog import SessionsDialog
 from app.gui.views.transcript import TranscriptView
 from app.gui.engine_process import EngineLoader, EngineProcess
 from app.gui.worker import EnginePreload, RunSpec, RunWorker, start_worker
@@ -132,6 +129,7 @@ class MainWindow(QMainWindow):
         self.setWindowTitle(APP_NAME)
         self.setAcceptDrops(True)
         self.autosaving = Autosaving(self, autosave)  # whether runs are saved; a crashed run's recovery
+        self.session_files = SessionFiles(self)  # saved sessions reopened; exports
         self._build_panes()
         output = self._build_output_column()
         self._build_splits(output)
@@ -471,6 +469,11 @@ class MainWindow(QMainWindow):
         self.models_dialog.show()
         self.models_dialog.raise_()
         return self.models_dialog
+
+    def connect_to_server(self) -> None:
+        dialog = ServerDialog(self)
+        if dialog.exec():
+            self.controls.use_server(dialog.model_ref(), dialog.api_key())
 
     # --- input ----------------------------------------------------------------------------
     def dragEnterEvent(self, event) -> None:
@@ -837,130 +840,6 @@ class MainWindow(QMainWindow):
         for rnd in session.rounds:
             series.append(rnd)
         return series
-
-    # --- sessions -------------------------------------------------------------------------
-    def show_saved(self, saved: SavedSession) -> None:
-        """Shows a past session (from its autosave file) in the panes."""
-        if self.running:
-            return
-        self.compare = None
-        self._show_saved_page(saved)  # first: a page shown shows its own run, which the session replaces
-        self.transcript.clear()
-        req = saved.session.request
-        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(saved.session.started_at))
-        if req.get("kind") == "chat":
-            for turn in req.get("history", []):
-                self.transcript.add_turn(turn.get("role", "user"), turn.get("content", ""))
-            self.transcript.add_turn("user", req.get("prompt", ""))
-            self.transcript.begin_response(f"Assistant \u00b7 session of {when}")
-        else:
-            self.transcript.begin_response(f"Session of {when} \u00b7 {Path(str(req.get('image') or '')).name}")
-        telemetry = self.ensure_telemetry()
-        telemetry.clear()
-        for burst in saved.bursts:
-            self.transcript.append_burst(burst)
-            telemetry.append(burst.round)
-        telemetry.refresh(force=True)
-        self.session, self.session_settings = saved.session, saved.settings
-        outcome = saved.outcome or "interrupted (recovered from the autosave file)"
-        self.status.setText(f"Session {saved.path.name}: {len(saved.bursts)} rounds, {outcome}")
-
-    def _show_saved_page(self, saved: SavedSession) -> None:
-        """The document page a saved OCR run read, shown: its file opened again (every page of a
-        PDF) when it is not open. A file that names no page adds its image, unless that is a
-        region's crop, which is no page of the document."""
-        page, image = saved.page, saved.session.request.get("image")
-        if page is None:
-            if (image and Path(image).exists() and image not in self.document.page_images()
-                    and not Path(image).is_relative_to(data_dir() / "regions")):
-                self.document.add_files([image])
-            return
-
-        def index() -> int | None:
-            return next((i for i, p in enumerate(self.document.pages)
-                         if p.source == page.get("source") and p.number == page.get("number")), None)
-
-        if index() is None and Path(str(page.get("source") or "")).exists():
-            self.document.add_files([page["source"]])
-        if index() is not None:
-            self.document.show_page(index())
-
-    def open_session(self, path: str | Path) -> SavedSession:
-        saved = load_session(path)
-        self.show_saved(saved)
-        return saved
-
-    def connect_to_server(self) -> None:
-        dialog = ServerDialog(self)
-        if dialog.exec():
-            self.controls.use_server(dialog.model_ref(), dialog.api_key())
-
-    def open_sessions_dialog(self) -> None:
-        dialog = SessionsDialog(self)
-        if dialog.exec() and dialog.chosen_path():
-            self.open_session(dialog.chosen_path())
-
-    def export(self, kind: str, path: str | Path) -> None:
-        if self.session is None:
-            raise EngineError("nothing to export yet: run something first")
-        if kind == "json":
-            export_json(self.session, path, self.session_settings)
-        elif kind == "csv":
-            export_csv(self.session, path)
-        elif kind == "png":
-            telemetry = self.ensure_telemetry()
-            telemetry.refresh(force=True)
-            export_png(telemetry, path)
-        else:
-            raise ValueError(kind)
-
-    # --- text exports -------------------------------------------------------------------------
-    def document_results(self) -> list[PageResult | LayoutPage]:
-        """What the text exports hold: the pages read, whole or by region (OCR), or the last reply
-        as one page (chat)."""
-        return self.pane.document_results()
-
-    def export_text(self, fmt: str) -> str:
-        """The document as `specscope ocr --format` prints it (the same formatter)."""
-        results = self.document_results()
-        if not results:
-            raise EngineError("nothing to export yet: run something first")
-        return export_document(results, fmt)
-
-    def copy_markdown(self) -> None:
-        try:
-            QApplication.clipboard().setText(self.export_text("md"))
-        except EngineError as e:
-            self.transcript.show_message(str(e), "info")
-
-    def save_text(self, fmt: str, path: str | Path) -> None:
-        export_text_file(self.export_text(fmt), path)
-
-    def save_text_dialog(self, fmt: str) -> None:
-        if not self.document_results():
-            self.transcript.show_message("Nothing to save yet: run something first", "info")
-            return
-        names = {"md": "Markdown (*.md)", "txt": "Plain text (*.txt)", "json": "JSON (*.json)"}
-        source = self.ocr.suggested_name() if self.mode == "ocr" else "specscope"
-        suggested = f"{Path(source).stem}.{fmt}"
-        path, _ = QFileDialog.getSaveFileName(self, "Save Text As", suggested, names[fmt])
-        if path:
-            try:
-                self.save_text(fmt, path)
-            except OSError as e:
-                QMessageBox.warning(self, APP_NAME, f"Saving failed: {e}")
-
-    def export_dialog(self, kind: str) -> None:
-        if self.session is None:
-            self.transcript.show_message("Nothing to export yet: run something first", "info")
-            return
-        name = f"specscope-session.{kind}"
-        path, _ = QFileDialog.getSaveFileName(self, f"Export {kind.upper()}", name, f"{kind.upper()} (*.{kind})")
-        if path:
-            try:
-                self.export(kind, path)
-            except OSError as e:
-                QMessageBox.warning(self, APP_NAME, f"Export failed: {e}")
 
     # --- lifecycle ------------------------------------------------------------------------
     def save_settings(self) -> None:

@@ -95,9 +95,9 @@ def test_chat_run_streams_rounds_in_order_and_equals_the_engine_output(qtbot, ma
     assert telemetry.hover_label.text().startswith(f"round {pick.round.index} ")
 
     # exports: valid JSON (all rounds, settings, machine, model hash), CSV (a row per round), PNG
-    window.export("json", tmp_path / "s.json")
-    window.export("csv", tmp_path / "s.csv")
-    window.export("png", tmp_path / "s.png")
+    window.session_files.export("json", tmp_path / "s.json")
+    window.session_files.export("csv", tmp_path / "s.csv")
+    window.session_files.export("png", tmp_path / "s.png")
     doc = json.loads((tmp_path / "s.json").read_text())
     assert len(doc["rounds"]) == len(rounds) and doc["text"] == window.session.text
     # the exported settings are those the run used: the request's method, and the depth the

@@ -67,15 +67,15 @@ def test_a_pdf_and_an_image_are_read_page_by_page_with_a_summary(qtbot, ocr_wind
     assert "two-page.pdf \u00b7 p. 1" in window.status.text()
 
     # exports: one entry per page, Markdown with a heading per page, plain text per page
-    window.save_text("json", tmp_path / "doc.json")
+    window.session_files.save_text("json", tmp_path / "doc.json")
     pages = json.loads((tmp_path / "doc.json").read_text())["pages"]
     assert [(p["page"], p["task"]) for p in pages] == [(1, "text"), (2, "text"), (1, "text")]
     assert pages[0]["text"] == first.text and pages[0]["rounds"]["tokens"] == len(first.tokens)
-    window.save_text("md", tmp_path / "doc.md")
+    window.session_files.save_text("md", tmp_path / "doc.md")
     assert (tmp_path / "doc.md").read_text().startswith("## two-page.pdf \u00b7 p. 1\n\n")
-    window.save_text("txt", tmp_path / "doc.txt")
+    window.session_files.save_text("txt", tmp_path / "doc.txt")
     assert (tmp_path / "doc.txt").read_text().count("\f") == 2
-    window.copy_markdown()
+    window.session_files.copy_markdown()
     assert QApplication.clipboard().text() == (tmp_path / "doc.md").read_text()
 
 

@@ -166,7 +166,7 @@ def test_the_markdown_pane_shows_the_document_as_copy_as_markdown_gives_it(qtbot
     first = markdown.split("\n\n## second.png")[0]
     during = [md for index, md in shown if index == 1]
     assert during and all(md.startswith(first + "\n\n## second.png\n\n") for md in during)
-    window.copy_markdown()
+    window.session_files.copy_markdown()
     assert QApplication.clipboard().text() == run.markdown.markdown
     window.shutdown()
 
@@ -195,13 +195,13 @@ def test_a_region_session_reopens_on_the_page_it_read_not_on_its_crop(qtbot, hub
               if load_session(f).session.request["image"] == region.crop]
 
     window.document.show_page(0)
-    window.open_session(path)
+    window.session_files.open_session(path)
     assert [(p.source, p.number, p.count) for p in window.document.pages] == pages
     assert window.document.index == 1 and window.transcript.response_text() == region.session.text
     window.shutdown()
 
     fresh = window_for(qtbot)
-    fresh.open_session(path)
+    fresh.session_files.open_session(path)
     assert [(p.source, p.number, p.count) for p in fresh.document.pages] == pages
     assert fresh.document.index == 1 and fresh.transcript.response_text() == region.session.text
     fresh.shutdown()
@@ -255,16 +255,16 @@ def a_page_one_region_at_a_time_then_one_read_whole_are_exported_and_summed_up(q
     assert window.transcript.message_text.startswith("Read 3 pages \u00b7 4 regions \u00b7 ")
 
     # the exports: what `specscope ocr --format md|txt|json` prints for these pages
-    window.copy_markdown()
+    window.session_files.copy_markdown()
     markdown = QApplication.clipboard().text()
     assert markdown == export_document(document, "md") == run.markdown.markdown  # (the page read whole in the pane)
     assert markdown.startswith(f"## page.png\n\n{run.page_markdown[0].strip()}\n\n## second.png\n\n# ")
     assert markdown.endswith(f"## third.png\n\n{document[2].session.text.strip()}\n")
-    window.save_text("txt", tmp_path / "doc.txt")
+    window.session_files.save_text("txt", tmp_path / "doc.txt")
     text = (tmp_path / "doc.txt").read_text()
     assert text == export_document(document, "txt") and text.count("\f") == 2
     assert text.startswith(pages[0].regions[0].text.strip() + "\n\n" + pages[0].regions[1].text.strip())
-    window.save_text("json", tmp_path / "doc.json")
+    window.session_files.save_text("json", tmp_path / "doc.json")
     entries = json.loads((tmp_path / "doc.json").read_text())["pages"]
     assert [len(e.get("regions", [])) for e in entries] == [2, 2, 0] and entries[2]["rounds"]["tokens"] > 0
 

@@ -88,9 +88,9 @@ def test_drop_two_images_read_both_in_order_and_match_the_cli(qtbot, tiny_ocr, t
     window.telemetry.refresh(force=True)
     n = len(rounds) - starts[1]
     assert window.telemetry.point_counts() == {"drafted": n, "accepted": n, "speed": n}
-    window.export("json", tmp_path / "ocr.json")
-    window.export("csv", tmp_path / "ocr.csv")
-    window.export("png", tmp_path / "ocr.png")
+    window.session_files.export("json", tmp_path / "ocr.json")
+    window.session_files.export("csv", tmp_path / "ocr.csv")
+    window.session_files.export("png", tmp_path / "ocr.png")
     doc = json.loads((tmp_path / "ocr.json").read_text())
     assert doc["request"]["image"] == str(images[1]) and doc["request"]["kind"] == "ocr"
     assert len(doc["rounds"]) == n and doc["model"]["hash"]

@@ -63,7 +63,7 @@ def test_killed_mid_run_the_finished_rounds_are_recoverable(qtbot, tiny_chat, sp
     window = MainWindow(AppSettings(), persist=False)
     qtbot.addWidget(window)
     window.show()
-    window.open_session(entry.path)
+    window.session_files.open_session(entry.path)
     assert window.transcript.response_text() == saved.session.text
     window.telemetry.refresh(force=True)
     assert window.telemetry.point_counts()["drafted"] == len(rounds)
