@@ -8,7 +8,7 @@ so the window appears before pyqtgraph is imported.
 
 Each mode's pane keeps its own state (app.gui.views.chat_pane, ocr_pane: transcript, run shown,
 A/B result, status line; the conversation; the pages read): switching modes shows the other
-mode as it was left. One run, top to bottom, is the "runs" section below: run -> _start ->
+mode as it was left. One run, top to bottom, is the "runs" section below: run -> start_run ->
 _on_engine_loaded -> _on_round -> _show_pending -> _on_finished | _on_cancelled | _on_errored,
 and for OCR the next page from _on_finished until the reading ends.
 
@@ -32,11 +32,11 @@ from PySide6.QtWidgets import (
 
 from app import APP_NAME
 from app.records.bursts import Burst
-from app.records.compare import CompareResult, compare_sessions
+from app.records.compare import CompareResult
 from app.records.documents import page_figures
-from app.records.round_series import RoundSeries
 from app.records.sessions import page_record
 from app.settings import AppSettings, data_dir, save_settings
+from app.gui.ab_compare import A_B_ON, AbCompare, series_of
 from app.gui.autosave import Autosaving
 from app.gui.menus import build_menus
 from app.gui.model_jobs import ModelJobs
@@ -70,7 +70,6 @@ DEFAULT_SIZE = (1480, 920)  # shrunk to the screen, so it also fits 1280x800
 # reserved before pyqtgraph is imported so that the window's minimum does not change when the
 # plots arrive (tests/app/test_layout.py checks it against TelemetryView.minimumSizeHint).
 TELEMETRY_MIN_HEIGHT = 230
-A_B_ON = "A/B \u00b7 speculation on"
 ENGINE_QUIT_S = 2.0  # on close, how long the engine process has to end its round and quit before it is killed
 
 
@@ -111,7 +110,6 @@ class MainWindow(QMainWindow):
         self.worker: RunWorker | None = None
         self.thread = None
         self.threads: list = []  # (QThread, RunWorker) pairs, kept alive until the thread finishes
-        self.compare: dict | None = None  # {"phase": "off" | "on", "off": Session}
         self.telemetry = None
         self._telemetry_queued = False
         self.pending: deque[Burst] = deque()  # rounds received but not drawn yet
@@ -130,6 +128,7 @@ class MainWindow(QMainWindow):
         self.setAcceptDrops(True)
         self.autosaving = Autosaving(self, autosave)  # whether runs are saved; a crashed run's recovery
         self.session_files = SessionFiles(self)  # saved sessions reopened; exports
+        self.ab = AbCompare(self)  # A/B compare: speculation off, then on
         self._build_panes()
         output = self._build_output_column()
         self._build_splits(output)
@@ -236,7 +235,7 @@ class MainWindow(QMainWindow):
         """The sidebar's and the model jobs' events."""
         self.controls.run_requested.connect(self.run)
         self.controls.stop_requested.connect(self.stop)
-        self.controls.compare_requested.connect(self.start_compare)
+        self.controls.compare_requested.connect(self.ab.start)
         self.controls.tune_requested.connect(self.tune)
         self.controls.engine_changed.connect(self._on_engine_changed)
         self.controls.method_combo.currentIndexChanged.connect(self.update_model_offer)
@@ -417,7 +416,7 @@ class MainWindow(QMainWindow):
     def _show_in_telemetry(self, session: Session | None, compare: CompareResult | None = None) -> None:
         telemetry = self.ensure_telemetry()
         telemetry.clear()
-        telemetry.set_baseline(self._series_of(compare.off) if compare else None)
+        telemetry.set_baseline(series_of(compare.off) if compare else None)
         telemetry.set_speedup(f"{compare.decode_speedup:.2f}\u00d7" if compare else "\u2013")
         self.tuner.show_in(telemetry, session)
         for rnd in session.rounds if session else []:
@@ -522,10 +521,10 @@ class MainWindow(QMainWindow):
         False (with a message) when it cannot start."""
         if self.running:
             return False
-        self.compare = None
+        self.ab.cancel()
         if self.controls.engine == "ocr":
             return self.read_document()
-        return self._start(label="")
+        return self.start_run(label="")
 
     def read_document(self) -> bool:
         """OCR: reads the pages not read yet, in order, one run per page (or the region drawn);
@@ -548,7 +547,7 @@ class MainWindow(QMainWindow):
                 return False
             return True
         label, image = self.ocr.page_starting()
-        if not self._start(label, image=image):
+        if not self.start_run(label, image=image):
             self.ocr.page_not_started()
             return False
         return True
@@ -568,7 +567,7 @@ class MainWindow(QMainWindow):
             if result.session.finish == "repetition":  # the page's own warning, which the next page replaced
                 self._show_repetition(result.session, result.page.label)
 
-    def _start(self, label: str, spec: SpecConfig | None = None, image: str | None = None) -> bool:
+    def start_run(self, label: str, spec: SpecConfig | None = None, image: str | None = None) -> bool:
         if self.tuner.running:  # a run beside the measurement would skew it, and share its model
             self.transcript.show_message("Tune\u2026 is measuring this machine: runs wait until it ends "
                                          "(or cancel it: Run \u203a Tune Speculation\u2026)", "info")
@@ -651,7 +650,7 @@ class MainWindow(QMainWindow):
         if self.worker is not None:
             self.worker.request_stop()
             self.status.setText("Stopping after this round\u2026")
-        self.compare = None
+        self.ab.cancel()
 
     def _on_engine_loaded(self, session: Session) -> None:
         self.session = session
@@ -732,8 +731,8 @@ class MainWindow(QMainWindow):
             self.telemetry.refresh(force=True)
         if session.finish == "repetition":
             self._show_repetition(session, self.ocr.current_label())
-        if self.compare is not None:
-            self._continue_compare(session)
+        if self.ab.active:
+            self.ab.run_finished(session)
             self.run_ended.emit("finished")
             return
         if session.request.get("kind") == "chat":
@@ -776,7 +775,7 @@ class MainWindow(QMainWindow):
         self.status.setText(f"Stopped after {len(session.rounds)} rounds")
         if session.request.get("kind") == "chat" and session.text:
             self.chat.remember_turn(session)
-        self.compare = None
+        self.ab.cancel()
         if self.ocr.reading is not None:
             self._page_ended(session)
             read = len(self.ocr.results) + len(self.ocr.layout_pages)
@@ -789,7 +788,7 @@ class MainWindow(QMainWindow):
 
     def _on_errored(self, message: str) -> None:
         self.end_run()
-        self.compare = None
+        self.ab.cancel()
         if self.ocr.reading is not None:
             self.ocr.reading_failed(message)
         self.transcript.show_message(message, "error")
@@ -798,48 +797,6 @@ class MainWindow(QMainWindow):
 
     def forget_finished_threads(self) -> None:
         self.threads = [(t, w) for t, w in self.threads if t.isRunning()]
-
-    # --- A/B compare ----------------------------------------------------------------------
-    def start_compare(self) -> bool:
-        """Runs the same input with speculation off, then on; reports speedup and identity."""
-        if self.running:
-            return False
-        on = self.controls.spec_config()
-        if not on.enabled:
-            self.transcript.show_message("A/B compare needs speculation on: set Drafts to 1 or more", "info")
-            return False
-        image = (self.document.region_image() or self.document.current_image()) if self.mode == "ocr" else None
-        self.compare = {"phase": "off", "on_spec": on, "image": image}
-        if not self._start("A/B \u00b7 speculation off", SpecConfig(method="off", steps=0), image):
-            self.compare = None
-            return False
-        return True
-
-    def _continue_compare(self, session: Session) -> None:
-        if self.compare["phase"] == "off":
-            self.compare.update(phase="on", off=session)
-            off_series = self._series_of(session)
-            if not self._start(A_B_ON, self.compare["on_spec"], self.compare.get("image")):
-                self.compare = None
-                return
-            if self.telemetry is not None:
-                self.telemetry.set_baseline(off_series)
-            return
-        result = compare_sessions(self.compare["off"], session)
-        self.compare = None
-        self.last_compare = result
-        if session.request.get("kind") == "chat":
-            self.chat.remember_turn(session)
-        self.transcript.show_message(result.summary(), "info" if result.identical else "warning")
-        if self.telemetry is not None:
-            self.telemetry.set_speedup(f"{result.decode_speedup:.2f}\u00d7")
-        self.compare_finished.emit(result)
-
-    def _series_of(self, session: Session):
-        series = RoundSeries()
-        for rnd in session.rounds:
-            series.append(rnd)
-        return series
 
     # --- lifecycle ------------------------------------------------------------------------
     def save_settings(self) -> None:

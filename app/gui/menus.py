@@ -56,7 +56,7 @@ def build_menus(window) -> MenuActions:
     run = window.menuBar().addMenu("&Run")
     run_action = action(run, "Send", window.run, "Ctrl+R")
     stop = action(run, "Stop", window.stop, "Esc")
-    action(run, "A/B Compare", window.start_compare, "Ctrl+Shift+R")
+    action(run, "A/B Compare", window.ab.start, "Ctrl+Shift+R")
     run.addSeparator()
     action(run, "Tune Speculation\u2026", window.tune)
     models = window.menuBar().addMenu("&Models")

@@ -33,7 +33,7 @@ class SessionFiles(QObject):
         """Shows a past session (from its autosave file) in the panes."""
         if self.window.running:
             return
-        self.window.compare = None
+        self.window.ab.cancel()
         self._show_saved_page(saved)  # first: a page shown shows its own run, which the session replaces
         self.window.transcript.clear()
         req = saved.session.request

@@ -169,7 +169,7 @@ class ScreenshotRun:
         self.window.run_ended.connect(self._on_run_ended)
         if self.compare:
             self.window.compare_finished.connect(lambda _r: self.shoot())
-            started = self.window.start_compare()
+            started = self.window.ab.start()
         else:
             started = self.window.run()
         if not started:
@@ -256,7 +256,7 @@ def run_gui(args: argparse.Namespace) -> int:
                              bool(_arg(args, "ocr") or _arg(args, "chat")))
         QTimer.singleShot(0, lambda: (window.ensure_telemetry(), shot.start()))
     elif _arg(args, "ocr") or _arg(args, "chat"):
-        QTimer.singleShot(0, window.start_compare if _arg(args, "compare") else window.run)
+        QTimer.singleShot(0, window.ab.start if _arg(args, "compare") else window.run)
     code = app.exec()
     app.removeEventFilter(file_events)
     window.shutdown()

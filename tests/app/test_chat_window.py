@@ -193,7 +193,7 @@ def test_ab_compare_runs_off_then_on_and_reports_identical_outputs(qtbot, make_w
     specs = []
     window.run_started.connect(specs.append)
     with qtbot.waitSignal(window.compare_finished, timeout=RUN_TIMEOUT_MS) as done:
-        assert window.start_compare()
+        assert window.ab.start()
     result = done.args[0]
     assert [s.request.spec.steps for s in specs] == [0, 3]
     assert [s.request.spec.method for s in specs] == ["off", "draft"]

@@ -95,7 +95,7 @@ def test_a_2000_round_run_is_drawn_as_moving_averages(qtbot, make_window, record
 def test_switching_modes_carries_nothing_over(qtbot, make_window, tiny_ocr):
     window = make_window(max_tokens=8)
     window.chat.prompt.setPlainText("the cat")
-    assert window.start_compare()
+    assert window.ab.start()
     qtbot.waitUntil(lambda: window.last_compare is not None and not window.running, timeout=RUN_TIMEOUT_MS)
     chat_text, chat_status = window.transcript.edit.toPlainText(), window.status.text()
     assert window.telemetry.figures()["speedup"].endswith("\u00d7")
