@@ -49,7 +49,7 @@ class AbCompare(QObject):
             return False
         image = (w.document.region_image() or w.document.current_image()) if w.mode == "ocr" else None
         self.state = {"phase": "off", "on_spec": on, "image": image}
-        if not w.start_run(A_B_OFF, SpecConfig(method="off", steps=0), image):
+        if not w.runs.start(A_B_OFF, SpecConfig(method="off", steps=0), image):
             self.state = None
             return False
         return True
@@ -61,7 +61,7 @@ class AbCompare(QObject):
         if self.state["phase"] == "off":
             self.state.update(phase="on", off=session)
             off_series = series_of(session)
-            if not w.start_run(A_B_ON, self.state["on_spec"], self.state.get("image")):
+            if not w.runs.start(A_B_ON, self.state["on_spec"], self.state.get("image")):
                 self.state = None
                 return
             if w.telemetry is not None:

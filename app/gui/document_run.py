@@ -123,7 +123,7 @@ class DocumentRun(QObject):
             w.transcript.show_message("Tune\u2026 is measuring this machine: runs wait until it ends", "info")
             return False
         try:
-            request = w.build_request(image=image)
+            request = w.runs.build_request(image=image)
         except EngineError as e:
             w.transcript.show_message(str(e), "info")
             return False
@@ -132,7 +132,7 @@ class DocumentRun(QObject):
         crops = data_dir() / "regions" / hashlib.sha256(Path(image).read_bytes()).hexdigest()[:16]
         job = ReadPage("", w.controls.engine_options(), request, layout, page.number, str(crops),
                        max_batch=w.controls.max_batch)
-        spec = PageSpec(job, page, w.controls.model_path(), w.run_settings(), autosave=w.autosaving.on)
+        spec = PageSpec(job, page, w.controls.model_path(), w.runs.run_settings(), autosave=w.autosaving.on)
         self._begin(label)
         self.worker = worker = PageWorker(spec, w.engines)
         worker.engine_loaded.connect(self._on_engine_loaded)
@@ -155,7 +155,7 @@ class DocumentRun(QObject):
 
     def _begin(self, label: str) -> None:
         w = self.window
-        w.fallback = None
+        w.runs.fallback = None
         w.transcript.hide_message()
         w.ocr.begin(label, second_of_compare=False)
         w.session = None
@@ -241,7 +241,7 @@ class DocumentRun(QObject):
     def _on_finished(self, page: LayoutPage) -> None:
         w = self._ended(page, "finished")
         if w.ocr.reading.queue:
-            if not w.read_next_page():
+            if not w.runs.read_next_page():
                 w.ocr.reading = None
                 w.run_ended.emit("errored")
             return
@@ -259,7 +259,7 @@ class DocumentRun(QObject):
     def _on_errored(self, message: str) -> None:
         w = self.window
         self.worker = None
-        w.end_run()
+        w.runs.end_run()
         for index, state in (self.boxes.get(self.index) or RegionStates([])).states.items():
             if state in ("reading", "waiting"):
                 self._set_state(index, "stopped")
@@ -277,7 +277,7 @@ class DocumentRun(QObject):
             self.page_markdown[self.index] = worker.markdown
         read = outcome == "finished" or (worker is not None and worker.read_to_its_end())
         self.worker = None
-        w.end_run()
+        w.runs.end_run()
         for index, state in list(self.boxes.get(self.index, RegionStates([])).states.items()):
             if state in ("reading", "waiting"):
                 self._set_state(index, "stopped")

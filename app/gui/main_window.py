@@ -1,4 +1,4 @@
-"""The main window: composes the panes and drives a run. No inference code here: a run is a
+"""The main window: composes the panes and what drives them. No inference code here: a run is a
 RunSpec handed to a RunWorker on its own QThread (app.gui.worker), and the engine runs in the
 window's engine process (app.gui.engine_process), so a native crash there is a message here.
 
@@ -8,9 +8,15 @@ so the window appears before pyqtgraph is imported.
 
 Each mode's pane keeps its own state (app.gui.views.chat_pane, ocr_pane: transcript, run shown,
 A/B result, status line; the conversation; the pages read): switching modes shows the other
-mode as it was left. One run, top to bottom, is the "runs" section below: run -> start_run ->
-_on_engine_loaded -> _on_round -> _show_pending -> _on_finished | _on_cancelled | _on_errored,
-and for OCR the next page from _on_finished until the reading ends.
+mode as it was left. What the window composes, one concern each:
+  runs           app.gui.run_controller: one run, top to bottom (Read / Send, Stop)
+  document_run   app.gui.document_run: a page read by region
+  ab             app.gui.ab_compare: A/B compare, speculation off then on
+  autosaving     app.gui.autosave: whether runs are saved; a crashed run's recovery
+  session_files  app.gui.session_files: saved sessions reopened; exports
+  tuner          app.gui.tuning: Tune…
+The window keeps what they share: the panes, `worker` (its `running`) and the threads, and the
+signals its runs emit.
 
 At any size (docs/architecture.md): the window's minimum is what the panes need in their
 narrowest arrangement; reflow_panes puts OCR's document above its text when the two do not fit
@@ -20,23 +26,17 @@ from __future__ import annotations
 
 import base64
 import sys
-import time
-from collections import deque
-from dataclasses import asdict
 
 from PySide6.QtCore import QByteArray, QEvent, Qt, QTimer, Signal
 from PySide6.QtWidgets import (
-    QApplication, QFrame, QMainWindow, QScrollArea, QSizePolicy, QSplitter,
-    QStackedWidget, QVBoxLayout, QWidget,
+    QApplication, QFrame, QMainWindow, QScrollArea, QSizePolicy, QSplitter, QStackedWidget, QVBoxLayout, QWidget,
 )
 
 from app import APP_NAME
-from app.records.bursts import Burst
 from app.records.compare import CompareResult
 from app.records.documents import page_figures
-from app.records.sessions import page_record
 from app.settings import AppSettings, data_dir, save_settings
-from app.gui.ab_compare import A_B_ON, AbCompare, series_of
+from app.gui.ab_compare import AbCompare, series_of
 from app.gui.autosave import Autosaving
 from app.gui.menus import build_menus
 from app.gui.model_jobs import ModelJobs
@@ -54,17 +54,13 @@ from app.gui.views.server_dialog import ServerDialog
 from app.gui.views.server_load import ServerLoadView
 from app.gui.views.transcript import TranscriptView
 from app.gui.engine_process import EngineLoader, EngineProcess
-from app.gui.worker import EnginePreload, RunSpec, RunWorker, start_worker
-from engines.types import EngineError, Request, SpecConfig
-from engines.speculative.rounds import fallback_note
-from engines.speculative.repetition import acceptance_jump
+from app.gui.run_controller import RunController
+from app.gui.worker import EnginePreload, RunWorker, start_worker
 from engines.speculative.session import Session
-from engines.validation import validate
+from engines.types import EngineError
 
 
 GIL_SWITCH_INTERVAL_S = 0.0005
-SHOW_INTERVAL_MS = 15  # how often buffered rounds are drawn
-SHOW_BUDGET_S = 0.012  # and for how long at most, so the event loop always gets its turn
 DEFAULT_SIZE = (1480, 920)  # shrunk to the screen, so it also fits 1280x800
 # The speculation strip's height in its tallest arrangement (cards in 2 rows above the plots),
 # reserved before pyqtgraph is imported so that the window's minimum does not change when the
@@ -106,17 +102,11 @@ class MainWindow(QMainWindow):
         # message here. engine_loader (tests) runs in that process: a top-level function.
         self.engines = EngineProcess(engine_loader)
         self.mode = "chat"
-        self.fallback: str | None = None  # the shown run's drafter fallback, if its drafter failed
         self.worker: RunWorker | None = None
         self.thread = None
         self.threads: list = []  # (QThread, RunWorker) pairs, kept alive until the thread finishes
         self.telemetry = None
         self._telemetry_queued = False
-        self.pending: deque[Burst] = deque()  # rounds received but not drawn yet
-        self.pending_end = None  # (handler, payload) of a run end that waits for them
-        self.flush_timer = QTimer(self)
-        self.flush_timer.setInterval(SHOW_INTERVAL_MS)
-        self.flush_timer.timeout.connect(self._show_pending)
 
         # The worker thread runs Python for every round (reading it from the engine process,
         # the autosave). Every time the GUI thread calls into Qt it releases the GIL, and getting
@@ -129,6 +119,7 @@ class MainWindow(QMainWindow):
         self.autosaving = Autosaving(self, autosave)  # whether runs are saved; a crashed run's recovery
         self.session_files = SessionFiles(self)  # saved sessions reopened; exports
         self.ab = AbCompare(self)  # A/B compare: speculation off, then on
+        self.runs = RunController(self)  # one run, top to bottom
         self._build_panes()
         output = self._build_output_column()
         self._build_splits(output)
@@ -499,58 +490,17 @@ class MainWindow(QMainWindow):
         if not self.running and self.document.paste(QApplication.clipboard()):
             self.controls.set_engine("ocr")
 
-    def build_request(self, spec: SpecConfig | None = None, image: str | None = None) -> Request:
-        """The run the controls describe. Raises EngineError for what the user must fix first."""
-        c = self.controls
-        request = Request(kind=c.engine, max_tokens=c.max_tokens_spin.value(),
-                          spec=spec or c.spec_config(), sampling=c.sampling(), max_repeat=c.max_repeat)
-        if c.engine == "ocr":
-            self.ocr.fill(request, image, c.task_combo.currentData())
-        else:
-            self.chat.fill(request, c.system_edit.toPlainText().strip() or None)
-        validate(request)  # the same check as the CLI's and the server's (engines.validation)
-        return request
-
-    # --- runs -----------------------------------------------------------------------------
+    # --- runs (app.gui.run_controller) --------------------------------------------------------
     @property
     def running(self) -> bool:
         return self.worker is not None
 
     def run(self) -> bool:
-        """Starts a run from the controls (chat: send; OCR: read the pages, or the region);
-        False (with a message) when it cannot start."""
-        if self.running:
-            return False
-        self.ab.cancel()
-        if self.controls.engine == "ocr":
-            return self.read_document()
-        return self.start_run(label="")
+        """Read (OCR) or Send (chat): a run from the controls; False (said) when it cannot start."""
+        return self.runs.run()
 
-    def read_document(self) -> bool:
-        """OCR: reads the pages not read yet, in order, one run per page (or the region drawn);
-        by region when the layout model is there (app.gui.document_run)."""
-        self.ocr.reading = self.ocr.plan_reading()
-        if self.ocr.reading is None:
-            return False
-        if not self.read_next_page():
-            self.ocr.reading = None
-            return False
-        if not self.ocr.reading.region:
-            self.document_run.say_if_missing()
-        return True
-
-    def read_next_page(self) -> bool:
-        layout = self.document_run.layout_for_next_page()
-        if layout is not None:
-            if not self.document_run.read_page(layout):
-                self.ocr.page_not_started()
-                return False
-            return True
-        label, image = self.ocr.page_starting()
-        if not self.start_run(label, image=image):
-            self.ocr.page_not_started()
-            return False
-        return True
+    def stop(self) -> None:
+        self.runs.stop()
 
     def _show_page_result(self, index: int) -> None:
         """Clicking a page that has been read shows its own plots and figures."""
@@ -565,53 +515,7 @@ class MainWindow(QMainWindow):
             self.status.setText(f"{result.page.label}: {s.tokens} tokens, {s.decode_tok_s:.1f} tok/s, "
                                 f"acceptance {100 * s.acceptance_rate:.0f}% ({result.session.finish})")
             if result.session.finish == "repetition":  # the page's own warning, which the next page replaced
-                self._show_repetition(result.session, result.page.label)
-
-    def start_run(self, label: str, spec: SpecConfig | None = None, image: str | None = None) -> bool:
-        if self.tuner.running:  # a run beside the measurement would skew it, and share its model
-            self.transcript.show_message("Tune\u2026 is measuring this machine: runs wait until it ends "
-                                         "(or cancel it: Run \u203a Tune Speculation\u2026)", "info")
-            return False
-        try:
-            request = self.build_request(spec, image)
-        except EngineError as e:
-            self.transcript.show_message(str(e), "info")
-            return False
-        self._pick_paired_drafter(request)
-        saving = self.autosaving.on
-        page = self.ocr.run_page() if request.kind == "ocr" else None
-        run = RunSpec(request=request, model=self.controls.model_path(),
-                      options=self.controls.engine_options(), settings=self.run_settings(),
-                      autosave=self.autosaving.path_for(request.kind), label=label,
-                      page=page_record(page) if page is not None else None)
-        self._begin_panes(request, label)
-        if saving and not self.autosaving.on:  # the autosave folder failed just now: say so with this run
-            self.transcript.show_message(self.autosaving.message, "warning")
-        self.worker = RunWorker(run, self.engines)
-        self.worker.engine_loaded.connect(self._on_engine_loaded)
-        self.worker.prefill_progressed.connect(self._on_prefill_progressed)
-        self.worker.round_finished.connect(self._on_round)
-        self.worker.autosave_failed.connect(self.autosaving.show_failed)
-        # bound methods of this window, never lambdas: a lambda would run on the worker thread
-        self.worker.finished.connect(self._on_worker_finished)
-        self.worker.cancelled.connect(self._on_worker_cancelled)
-        self.worker.errored.connect(self._on_worker_errored)
-        self.thread = start_worker(self.worker)
-        self.thread.finished.connect(self.forget_finished_threads)
-        self.threads.append((self.thread, self.worker))  # both live until the thread has finished
-        self.controls.set_running(True)
-        self.chat.set_running(True)
-        self.status.setText("Loading the model\u2026")
-        self.run_started.emit(run)
-        return True
-
-    def run_settings(self) -> dict:
-        """The window's settings as a run records them (the window's geometry left out)."""
-        self.controls.store_settings(self.settings)
-        settings = asdict(self.settings)
-        settings.pop("window_geometry", None)
-        settings.pop("window_state", None)
-        return settings
+                self.runs.show_repetition(result.session, result.page.label)
 
     def show_model(self, model: dict, kind: str | None) -> None:
         """The status bar's model line: name, runtime and compute units, hash."""
@@ -621,179 +525,7 @@ class MainWindow(QMainWindow):
     def tune(self) -> bool:
         """Tune…: measures this machine's costs for the sidebar's chat model, method and
         drafter in the background (app.gui.tuning); the next Auto run uses the profile."""
-        return self.tuner.tune(self.controls, self.running, self._pick_paired_drafter)
-
-    def _pick_paired_drafter(self, request: Request) -> None:
-        """MTP without a drafter chosen: the chat target's paired assistant, as the CLI does."""
-        if request.kind == "chat" and request.spec.method == "mtp" and not request.spec.draft_model:
-            from app.models.lookup import paired_drafter
-
-            model = self.controls.model_path()
-            try:
-                request.spec.draft_model = paired_drafter(model) if model else None
-            except EngineError:
-                pass  # the offer above the pane says what is missing; the engine says it too
-
-    def _begin_panes(self, request: Request, label: str) -> None:
-        self.fallback = None
-        self.transcript.hide_message()
-        self.transcript.show_rendered(False)
-        if request.kind == "chat":
-            self.chat.begin(request, label, second_of_compare=label == A_B_ON)
-        else:
-            self.ocr.begin(label, second_of_compare=label == A_B_ON)
-        self.session = None
-        if self.telemetry is not None:
-            self.telemetry.clear()
-
-    def stop(self) -> None:
-        if self.worker is not None:
-            self.worker.request_stop()
-            self.status.setText("Stopping after this round\u2026")
-        self.ab.cancel()
-
-    def _on_engine_loaded(self, session: Session) -> None:
-        self.session = session
-        self.session_settings = self.worker.spec.settings if self.worker else {}
-        self.show_model(session.model, session.request.get("kind"))
-        self.status.setText(self.ocr.progress_text() or "Running\u2026")  # "Reading page 2 (2 of 5)…"
-        if self.telemetry is not None:
-            self.tuner.show_in(self.telemetry, session)
-
-    def _on_prefill_progressed(self, progress) -> None:
-        self.status.setText(progress.describe().capitalize() + " \u2014 Esc stops")
-
-    def _on_round(self, burst: Burst) -> None:
-        """Queued from the worker. Only buffers: a fast engine can emit rounds faster than the
-        panes draw them, and Qt delivers all queued events in one batch, so drawing here would
-        starve the event loop. `_show_pending` drains the buffer within a time budget."""
-        if self.session is not None:
-            self.session.add(burst.round)
-        self.pending.append(burst)
-        if not self.flush_timer.isActive():
-            self.flush_timer.start()
-
-    def _show_pending(self) -> None:
-        deadline = time.perf_counter() + SHOW_BUDGET_S
-        last = None
-        while self.pending and time.perf_counter() < deadline:
-            last = self.pending.popleft()
-            self._show_burst(last)
-        if last is not None and not last.round.prefill and last.round.wall_s > 0:
-            rnd = last.round
-            self.status.setText(f"Round {rnd.index} \u00b7 {len(rnd.tokens) / rnd.wall_s:.1f} tok/s"
-                                + (f" \u00b7 {self.fallback}" if self.fallback else ""))
-        if not self.pending:
-            self.flush_timer.stop()
-            if self.pending_end is not None:
-                handler, payload = self.pending_end
-                self.pending_end = None
-                handler(payload)
-
-    def _show_burst(self, burst: Burst) -> None:
-        rnd = burst.round
-        self.fallback = self.fallback or fallback_note(rnd)  # the drafter failed: said until the run ends
-        self.transcript.append_burst(burst)
-        if self.telemetry is not None:
-            self.telemetry.append(rnd)
-        self.round_shown.emit(burst)
-
-    def _on_worker_finished(self, session: Session) -> None:
-        self._after_pending(self._on_finished, session)
-
-    def _on_worker_cancelled(self, session: Session) -> None:
-        self._after_pending(self._on_cancelled, session)
-
-    def _on_worker_errored(self, message: str) -> None:
-        self._after_pending(self._on_errored, message)
-
-    def _after_pending(self, handler, payload) -> None:
-        """Run-end handling waits until every round has been shown."""
-        if self.pending:
-            self.pending_end = (handler, payload)
-        else:
-            handler(payload)
-
-    def end_run(self) -> None:
-        self.worker = None
-        self.controls.set_running(False)
-        self.chat.set_running(False)
-        if self.persist:
-            self.save_settings()
-
-    def _on_finished(self, session: Session) -> None:
-        self.end_run()
-        stats = session.stats()
-        self.status.setText(f"Finished ({session.finish or 'done'}): {stats.tokens} tokens, "
-                            f"{stats.rounds} rounds, {stats.decode_tok_s:.1f} tok/s"
-                            + (f" \u00b7 {stats.fallback}" if stats.fallback else ""))
-        if self.telemetry is not None:
-            self.telemetry.refresh(force=True)
-        if session.finish == "repetition":
-            self._show_repetition(session, self.ocr.current_label())
-        if self.ab.active:
-            self.ab.run_finished(session)
-            self.run_ended.emit("finished")
-            return
-        if session.request.get("kind") == "chat":
-            self.chat.remember_turn(session)
-        if self.ocr.reading is not None:
-            self._page_ended(session)
-            if self.ocr.reading.queue:
-                if self.read_next_page():
-                    return
-                self.ocr.reading = None
-                self.run_ended.emit("errored")
-                return
-            summary = self.ocr.reading_ended()
-            if summary:
-                self.status.setText(summary)
-        self.run_ended.emit("finished")
-
-    def _page_ended(self, session: Session) -> None:
-        result = self.ocr.page_ended(session)
-        if result is not None:
-            self.page_read.emit(result)
-
-    def _show_repetition(self, session: Session, page_label: str | None = None) -> None:
-        """A run stopped because it repeated itself: say so, and show what speculation saw."""
-        note = next((r.note for r in reversed(session.rounds) if r.note and "repeats" in r.note),
-                    "stopped: the output repeats itself")
-        where = f" on {page_label}" if page_label else ""
-        jump = acceptance_jump(session.rounds)
-        signal = ""
-        if jump is not None:
-            recent, before = jump
-            signal = (f" Draft acceptance rose to {100 * recent:.0f}% over the last rounds "
-                      f"(from {100 * before:.0f}%): the model was copying itself.")
-        self.transcript.show_message(f"{note[0].upper()}{note[1:]}{where}.{signal} "
-                                     "(\u201cStop loops at\u201d under Sampling, or --max-repeat, sets how many "
-                                     "copies end a run; Off lets it run to max tokens.)", "warning")
-
-    def _on_cancelled(self, session: Session) -> None:
-        self.end_run()
-        self.status.setText(f"Stopped after {len(session.rounds)} rounds")
-        if session.request.get("kind") == "chat" and session.text:
-            self.chat.remember_turn(session)
-        self.ab.cancel()
-        if self.ocr.reading is not None:
-            self._page_ended(session)
-            read = len(self.ocr.results) + len(self.ocr.layout_pages)
-            self.status.setText(f"Stopped after {len(session.rounds)} rounds; {read} page{'s' * (read != 1)} read "
-                                "are kept \u2014 Read goes on from the next page")
-            self.ocr.reading_stopped()
-        if self.telemetry is not None:
-            self.telemetry.refresh(force=True)
-        self.run_ended.emit("cancelled")
-
-    def _on_errored(self, message: str) -> None:
-        self.end_run()
-        self.ab.cancel()
-        if self.ocr.reading is not None:
-            self.ocr.reading_failed(message)
-        self.transcript.show_message(message, "error")
-        self.status.setText("Error")
-        self.run_ended.emit("errored")
+        return self.tuner.tune(self.controls, self.running, self.runs.pick_paired_drafter)
 
     def forget_finished_threads(self) -> None:
         self.threads = [(t, w) for t, w in self.threads if t.isRunning()]
