@@ -59,7 +59,7 @@ def main() -> None:
     import resources
     from engines.factory import load_engine
     from engines.mlx_chat.models import default_chat_model
-    from engines.mlx_chat.tuning import calibrate, forward_latency
+    from engines.batch.tuning import calibrate, forward_latency
     from engines.speculative.profiles import Profile, machine_id, profile_file
     from engines.speculative.tuning import rates
     from engines.types import SpecConfig

@@ -31,13 +31,15 @@ def measure(reps: int, context: int) -> dict:
     """In this process: the forward's median ms by token count, and the head product's."""
     import mlx.core as mx
 
-    from engines.mlx_chat.cache import make_rollback_cache, rollback
-    from engines.mlx_chat.engine import ChatEngine
+    from engines.batch.cache import BatchCache
+    from engines.mlx_chat.loading import load_model
     from engines.mlx_chat.models import default_chat_model
 
-    model = ChatEngine.load(str(default_chat_model())).model
-    cache = make_rollback_cache(model)
-    mx.eval(model(mx.arange(100, 100 + context, dtype=mx.uint32)[None], cache=cache))
+    model = load_model(str(default_chat_model())).model
+    cache = BatchCache(model, 1)
+    cache.begin(context)
+    mx.eval(model(mx.arange(100, 100 + context, dtype=mx.uint32)[None], cache=cache.layers))
+    cache.settle([context])
 
     def median_ms(fn) -> float:
         times = []
@@ -48,8 +50,9 @@ def measure(reps: int, context: int) -> dict:
         return sorted(times)[reps // 2] * 1000
 
     def forward(n: int) -> None:
-        mx.eval(mx.argmax(model(mx.arange(500, 500 + n, dtype=mx.uint32)[None], cache=cache), axis=-1))
-        rollback(cache, n)  # every repetition at the same context length
+        cache.begin(n)
+        mx.eval(mx.argmax(model(mx.arange(500, 500 + n, dtype=mx.uint32)[None], cache=cache.layers), axis=-1))
+        cache.abandon()  # its slots written over: every repetition at the same context length
 
     head = mx.random.normal((49152, 576))
     mx.eval(head)

@@ -102,8 +102,8 @@ def alternating(engine, prompts, specs: dict, max_tokens) -> dict:
 
 
 def set_pipeline(engine, name: str) -> None:
-    """A case named `...:after` (e.g. mtp-1:after) launches each round after the last verdict is
-    read (rollback caches); any other, before it where the target allows (slot caches)."""
+    """A case named `...:after` (e.g. mtp-1:after) launches each MTP step after the last verdict
+    is read; any other, on that verdict still in the graph (MtpOptions.ahead)."""
     engine.mtp_options = MtpOptions(ahead=name.partition(":")[2] != "after")
 
 
@@ -116,7 +116,7 @@ def main() -> int:
     p.add_argument("--limit", type=int, default=None, help="only the first N prompts")
     p.add_argument("--cases", default="mtp-5,mtp-3,ngram-4",
                    help="beside plain: mtp-5, mtp-3, mtp-2, mtp-1, mtp-auto, ngram-4; an mtp case with ':after' "
-                        "launches each round after the last verdict is read (rollback caches), for A/B")
+                        "launches each step after the last verdict is read, for A/B")
     p.add_argument("--alternate", action="store_true",
                    help="run the cases prompt by prompt, in turn (plain among them), not one case after another")
     args = p.parse_args()

@@ -1,6 +1,6 @@
 """`specscope tune`: measure what speculation costs and gains on this machine for one model
 and drafter, and keep it as the profile `--steps auto` chooses from
-(engines/speculative/tuning.py; the measurements: engines/mlx_chat/tuning.py)."""
+(engines/speculative/tuning.py; the measurements: engines/batch/tuning.py)."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def parser() -> Parser:
 def cmd_tune(argv: list[str]) -> int:
     from engines.speculative.profiles import profile_file
     from engines.speculative.tuning import break_even, rates
-    from engines.mlx_chat.tuning import measure
+    from engines.batch.tuning import measure
 
     args = parser().parse_args(argv)
     if args.context < 8 or args.reps < 1:

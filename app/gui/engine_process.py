@@ -72,7 +72,7 @@ class Run:
 
 @dataclass
 class Tune:
-    """Tune…'s measurement (engines/mlx_chat/tuning.measure) of the chat model at `path`."""
+    """Tune…'s measurement (engines/batch/tuning.measure) of the chat model at `path`."""
 
     path: str
     options: dict
@@ -228,7 +228,7 @@ class EngineHost:
         self.send(Ended("finished"))
 
     def tune(self, job: Tune) -> None:
-        from engines.mlx_chat.tuning import TuneCancelled, measure
+        from engines.batch.tuning import TuneCancelled, measure
 
         engine = self.engine_for("chat", job.path, job.options)
         try:

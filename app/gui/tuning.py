@@ -1,4 +1,4 @@
-"""Tune… in the window: the measurement `specscope tune` makes (engines/mlx_chat/tuning.measure:
+"""Tune… in the window: the measurement `specscope tune` makes (engines/batch/tuning.measure:
 the target's forward latency by width, then the acceptance by draft position on the
 calibration set) for the chat model and method the sidebar shows, as a Job (app.gui.model_jobs)
 on its own worker thread, with progress, cooperative cancel and a one-line error. The

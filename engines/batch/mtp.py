@@ -7,7 +7,7 @@ target's final hidden state that produced it (ctx.hidden: the batch loop keeps i
 accepted position), and the target's K/V before that token; the query position stays that token's for every chained step.
 Which K/V a row sees comes from the slot table (engines/batch/cache.py): its live slots -- a
 rejected draft's slot is dead -- and, for a sliding layer, the positions the last kept token
-attended to (the last `sliding_window` ones: mtp.Gemma4Target.drafter_view says why). Drafts
+attended to (the last `sliding_window` ones: BatchMTP.view says why). Drafts
 are the argmax at T=0, and at T>0 a sample of the drafter's q on the row's own RNG key.
 
 The drafter keeps no cache, so nothing here rolls back: the batch's settle does, for the K/V
@@ -92,7 +92,7 @@ class BatchMTP:
         than the longest k simply keeps the first k of its chain."""
         index = mx.array([b for b, _, _, _ in asks])
         position, token, h = self._start([ctx for _, ctx, _, _ in asks], after)
-        kv, masks = self._view(cache, [b for b, _, _, _ in asks], position, index)
+        kv, masks = self.view(cache, [b for b, _, _, _ in asks], position, index)
         k_max = max(k for _, _, k, _ in asks)
         tokens, qs = [], []
         for i in range(k_max):
@@ -121,9 +121,22 @@ class BatchMTP:
         return (mx.stack([v.next_position for v in after]).astype(mx.int32), mx.concatenate([v.token for v in after]),
                 mx.stack([v.hidden.reshape(-1) for v in after]))
 
-    def _view(self, cache: BatchCache, rows: list[int], positions: mx.array, index: mx.array):
+    def view(self, cache: BatchCache, rows: list[int], positions: mx.array, index: mx.array):
         """Per attention kind the drafter reads: the K/V buffer of the target layer it reads,
-        gathered to the asking rows, and which slots each row's query sees."""
+        gathered to the asking rows, and which slots each row's query (at `positions`, the
+        token not yet in the cache) sees: every live slot for full attention, for sliding
+        attention the last `sliding_window` positions, the window the last kept token attended
+        to (what a sliding-window cache holds).
+
+        That window is a choice the published code does not pin down: transformers' assistant
+        masks the sliding K/V it is handed with |q - kv| <= window (window + 1 positions when
+        given more); llama.cpp applies its usual sliding-window mask at the query's position.
+        All agree until the context passes the window; the parity test hands transformers
+        exactly the K/V this reads, before and past the window.
+
+        Why buffers and masks rather than exact slices: the kept counts may still be lazy (a
+        step launched ahead), and a buffer's shape changes only when the cache grows it, so the
+        compiled drafter step is traced once per growth rather than once per token."""
         kv, masks = {}, {}
         every_row = rows == list(range(cache.rows))
         for kind, layer in self.target.kv_layers.items():

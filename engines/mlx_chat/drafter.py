@@ -43,7 +43,6 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from engines.types import EngineError
-from engines.mlx_chat.cache import cache_buffer
 from engines.mlx_chat.gemma4_assistant import DraftStep, compile_step  # one step record, one compiler for both drafters
 
 MODEL_TYPE = "specscope_drafter"
@@ -158,14 +157,6 @@ class TargetView:
             layers = self.model.model.layers
             hidden = mx.concatenate([*(layers[i].tapped for i in self.feature_layers), hidden], axis=-1)
         return logits, hidden
-
-    def drafter_view(self, cache: list, last_kept: mx.array):
-        """The K/V the drafter reads -- the whole buffer of layer `kv_layer`'s cache -- and a
-        mask of the entries at positions <= last_kept (rejected drafts and unused capacity
-        past the cache's offset are hidden). Same contract as mtp.Gemma4Target.drafter_view."""
-        keys, values, first = cache_buffer(cache[self.kv_layer])
-        positions = mx.arange(first, first + keys.shape[2], dtype=mx.int32)
-        return {"target": (keys, values)}, {"target": positions <= last_kept}
 
     def check_compatible(self, drafter: "Drafter") -> None:
         a = drafter.args

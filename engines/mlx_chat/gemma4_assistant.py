@@ -124,7 +124,7 @@ def compile_step(step):
     replays the traced graph, so a chain step costs less on the device and far less on the
     host (on the CPU backend about 3x less of each). It is traced again for new input shapes
     only, so callers pass position as an mx.array and K/V buffers whose shapes rarely change
-    (mtp.Gemma4Target.drafter_view). Shared by the assistant and drafters trained here."""
+    (engines/batch/mtp.py, BatchMTP.view). Shared by the assistant and drafters trained here."""
     def arrays(token_embedding, h_prev, position, kv, masks):
         out = step(token_embedding, h_prev, position, kv, masks)
         return out.logits, out.h_next

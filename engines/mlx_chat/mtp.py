@@ -18,7 +18,6 @@ import mlx.core as mx
 from mlx_lm.models import gemma4_text
 
 from engines.types import EngineError
-from engines.mlx_chat.cache import cache_buffer
 from engines.mlx_chat.gemma4_assistant import Model as Assistant
 
 
@@ -87,34 +86,6 @@ class Gemma4Target:
 
     def check_compatible(self, drafter: Assistant) -> None:
         check_compatible(self, drafter)
-
-    def drafter_view(self, cache: list, last_kept: mx.array):
-        """The drafter's K/V as (kv, masks): per attention type the whole K/V buffer of the
-        layer it reads, and a boolean mask of the entries it sees once everything after
-        position `last_kept` is rolled back: for full attention every position <= last_kept,
-        for sliding attention the last `sliding_window` of them, i.e. the window the last
-        kept token attended to (what a sliding-window cache holds).
-
-        That window is a choice the published code does not pin down: transformers' assistant
-        masks the sliding K/V it is handed with |q - kv| <= window (window + 1 positions when
-        given more); llama.cpp applies its usual sliding-window mask at the query's position.
-        All agree until the context passes the window; our parity test hands transformers
-        exactly the K/V we read, before and past the window.
-
-        Why buffers and masks rather than exact slices: last_kept may still be lazy (a verdict
-        the host has not read: depth-2 overlap), and a buffer's shape changes only when the
-        cache grows it, so the compiled drafter step is traced once per growth rather than
-        once per token. Entries past the cache's offset (rejected drafts, unused capacity) are
-        masked out."""
-        kv, masks = {}, {}
-        for kind, idx in self.kv_layer.items():
-            keys, values, first = cache_buffer(cache[idx])
-            positions = mx.arange(first, first + keys.shape[2], dtype=mx.int32)
-            visible = positions <= last_kept
-            if kind == "sliding_attention":
-                visible = visible & (positions > last_kept - self.sliding_window)
-            kv[kind], masks[kind] = (keys, values), visible
-        return kv, masks
 
 
 def check_compatible(target: Gemma4Target, drafter: Assistant) -> None:

@@ -30,7 +30,6 @@ from typing import Callable
 import mlx.core as mx
 
 from engines.types import EngineError
-from engines.mlx_chat.cache import cache_buffer
 from engines.mlx_chat.drafter import TargetView
 
 
@@ -228,7 +227,7 @@ def features(target: TargetView, sequences: list[list[int]], seq_len: int, batch
         tokens = mx.array([r + [0] * (seq_len - len(r)) for r in rows], dtype=mx.int32)
         cache = make_prompt_cache(target.model)
         logits, hidden = target.forward(tokens, cache)
-        keys, values, _ = cache_buffer(cache[target.kv_layer])  # a full-attention layer: position j at j
+        keys, values = cache[target.kv_layer].keys, cache[target.kv_layer].values  # full attention: position j at j
         parts["tokens"].append(tokens)
         parts["lengths"].append(mx.array([len(r) for r in rows], dtype=mx.int32))
         parts["hidden"].append(hidden.astype(mx.float16))

@@ -1,28 +1,17 @@
 """What the drafter should read, worked out the plain way, for the tests to compare against:
-exact K/V slices in temporal order from any of the target's caches (mlx-lm's own, ring buffer
-included, or the round loop's rollback caches), where the product reads whole buffers through
-masks (mtp.Gemma4Target.drafter_view)."""
+exact K/V slices in temporal order from mlx-lm's own caches (ring buffer included), where the
+product reads whole buffers through masks (engines/batch/mtp.py, BatchMTP.view)."""
 
 from __future__ import annotations
 
 import mlx.core as mx
 from mlx_lm.models.cache import RotatingKVCache
 
-from engines.mlx_chat.cache import WindowKVCache
 from engines.mlx_chat.mtp import Gemma4Target
-
-
-def window_keys_values(c: WindowKVCache) -> tuple[mx.array, mx.array]:
-    """Keys and values of a WindowKVCache's last `window` positions, oldest first."""
-    live = c.offset - c.start
-    first = max(0, live - c.max_size)
-    return c.keys[..., first:live, :], c.values[..., first:live, :]
 
 
 def cache_keys_values(c) -> tuple[mx.array, mx.array]:
     """A layer cache's keys/values [1, heads, n, dim] in temporal order, oldest first."""
-    if isinstance(c, WindowKVCache):  # a linear buffer: the last `window` positions
-        return window_keys_values(c)
     if isinstance(c, RotatingKVCache):
         # mlx-lm's ring buffer: only its private _temporal_order knows where the ring starts, and
         # mlx-lm has no public accessor. Kept on purpose: the reference must be mlx-lm's own

@@ -94,9 +94,9 @@ class ReplayBatchMTP(BatchMTP):
         position, token, self.h = super()._start(contexts, after)
         return position, token, self.h
 
-    def _view(self, cache, rows, positions, index):
+    def view(self, cache, rows, positions, index):
         """What each row's chain reads (Seen)."""
-        kv, masks = super()._view(cache, rows, positions, index)
+        kv, masks = super().view(cache, rows, positions, index)
         for r in range(len(rows)):
             self.seen.append(Seen(positions[r], self.h[r], {k: (a[r:r + 1], b[r:r + 1]) for k, (a, b) in kv.items()},
                                   {k: m[r] for k, m in masks.items()}, launched_ahead=self.after is not None))

@@ -15,7 +15,7 @@ import mlx.nn as nn
 import mlx.optimizers as optim
 
 from engines.types import Request
-from engines.mlx_chat.cache import make_rollback_cache
+from engines.batch.cache import BatchCache
 from engines.mlx_chat.mtp import Gemma4Target, load_drafter
 
 BUILDER_VERSION = 1  # bump when the training below changes
@@ -44,14 +44,32 @@ def examples(engine) -> list[tuple]:
         ids = engine.prompt_ids(Request(prompt=prompt))
         rounds = engine.generate(Request(prompt=prompt, max_tokens=TOKENS_PER_PROMPT))
         seq = ids + [t for r in rounds for t in r.tokens]
-        cache = make_rollback_cache(engine.model)
-        _, hidden = target.forward(mx.array(seq)[None], cache)
+        cache = BatchCache(engine.model, 1)
+        cache.begin(len(seq))
+        _, hidden = target.forward(mx.array(seq)[None], cache.layers)
+        cache.settle([len(seq)])
         for p in range(len(ids), len(seq) - 1):
-            kv, masks = target.drafter_view(cache, mx.array(p - 1, dtype=mx.int32))
+            kv, masks = view_before(target, cache, p)
             embedding = target.embed(mx.array([seq[p]], dtype=mx.uint32))[0]
             out.append((embedding, hidden[0, p - 1], mx.array(p, dtype=mx.int32), kv, masks, seq[p + 1]))
     mx.eval([e[:2] for e in out])
     return out
+
+
+def view_before(target: Gemma4Target, cache: BatchCache, p: int):
+    """The drafter's K/V at position p from a one-row cache holding a longer sequence: whole
+    buffers, masks showing positions < p (for sliding layers the last `sliding_window` of
+    them), as BatchMTP.view shows a row whose cache ends before p."""
+    kv, masks = {}, {}
+    for kind, idx in target.kv_layers.items():
+        layer = cache.layers[idx]
+        size = layer.table.size
+        positions = mx.array(layer.table.key_positions()[0])
+        visible = (positions >= 0) & (positions < p)
+        if kind == "sliding_attention":
+            visible = visible & (positions >= p - target.sliding_window)
+        kv[kind], masks[kind] = (layer.keys[..., :size, :], layer.values[..., :size, :]), visible
+    return kv, masks
 
 
 def train(engine, assistant_dir: Path):

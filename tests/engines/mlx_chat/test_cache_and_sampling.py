@@ -1,17 +1,15 @@
-"""Exact rollback (sliding windows far past the window) and the MLX sampling maths against the
-NumPy reference in engines/speculative/sampling.py."""
+"""Exact rollback in the batch's slot table (sliding windows far past the window) and the MLX
+sampling maths against the NumPy reference in engines/speculative/sampling.py."""
 
 import mlx.core as mx
 import numpy as np
 import pytest
 from mlx_lm import load
-from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache
+from mlx_lm.models.cache import make_prompt_cache
 
 from engines.types import Sampling
 from engines.mlx_chat import sampling as mxs
-from engines.mlx_chat.cache import WindowKVCache, make_rollback_cache, rollback
 from engines.speculative import sampling as ref
-from tests.engines.gemma4.reference import window_keys_values
 from tests.engines.mlx_chat.conftest import WINDOW
 
 
@@ -24,18 +22,25 @@ def plain_logits(model, cache, prompt, tokens):
     return mx.stack(out)
 
 
-def speculative_logits(model, cache, prompt, tokens, rng):
-    """The same logits, but every step feeds the true token plus 0..7 junk drafts (as a verify
-    forward does; 0 = a plain round), keeps the first position's logits and rolls the junk
-    back."""
-    model(mx.array([prompt]), cache=cache)
+def speculative_logits(model, prompt, tokens, rng):
+    """The same logits through the batch's one-row slot-table cache, every step feeding the true
+    token plus 0..7 junk drafts (as a verify forward does; 0 = a plain round), keeping the first
+    position's logits and only that slot (the junk's slots die), compacting once sparse."""
+    from engines.batch.cache import BatchCache
+
+    cache = BatchCache(model, 1)
+    cache.begin(len(prompt))
+    model(mx.array([prompt]), cache=cache.layers)
+    cache.settle([len(prompt)])
     out = []
     for t in tokens:
         junk = rng.integers(2, 70, size=int(rng.integers(0, 8))).tolist()
-        logits = model(mx.array([[t, *junk]]), cache=cache)[0, 0]
-        out.append(logits)
-        rollback(cache, len(junk))
-    return mx.stack(out)
+        cache.begin(1 + len(junk))
+        out.append(model(mx.array([[t, *junk]]), cache=cache.layers)[0, 0])
+        mx.eval(out[-1])
+        cache.settle([1])
+        cache.compact_if_sparse(min_slots=4)
+    return mx.stack(out), cache
 
 
 @pytest.fixture(scope="module")
@@ -44,29 +49,18 @@ def gemma3(gemma3_dir):
     return model
 
 
-def test_window_cache_rollback_is_exact_far_past_the_window(gemma3):
+def test_slot_table_rollback_is_exact_far_past_the_window(gemma3):
     rng = np.random.default_rng(0)
     prompt = rng.integers(2, 70, size=5).tolist()
     tokens = rng.integers(2, 70, size=12 * WINDOW).tolist()
     want = plain_logits(gemma3, make_prompt_cache(gemma3), prompt, tokens)
-    cache = make_rollback_cache(gemma3)
-    assert any(isinstance(c, WindowKVCache) for c in cache)
-    got = speculative_logits(gemma3, cache, prompt, tokens, rng)
+    got, cache = speculative_logits(gemma3, prompt, tokens, rng)
     np.testing.assert_allclose(np.array(got), np.array(want), atol=2e-4, rtol=1e-4)
-    # and the sliding layers hold exactly the last WINDOW keys plain decoding holds
-    plain_cache = make_prompt_cache(gemma3)
-    plain_logits(gemma3, plain_cache, prompt, tokens)
-    for ours, theirs in zip(cache, plain_cache):
-        if isinstance(theirs, RotatingKVCache):
-            k, _ = window_keys_values(ours)
-            # mlx-lm's ring in time order: its private _temporal_order is the only way to read it
-            # (no public accessor); kept, as the reference must be mlx-lm's own window.
-            k_ref = theirs._temporal_order(theirs.keys)[..., -WINDOW:, :]
-            np.testing.assert_allclose(np.array(k), np.array(k_ref), atol=1e-5)
+    assert cache.tables[0].compactions + cache.tables[-1].compactions > 3  # the window's table dropped old slots
 
 
 def test_mlx_lm_rotating_cache_trim_is_not_exact_past_the_window(gemma3):
-    """Why WindowKVCache exists: the same procedure on mlx-lm's own caches goes wrong once
+    """Why the batch keeps its own slot table: the same procedure on mlx-lm's own caches goes wrong once
     verify chunks and plain one-token rounds mix past the window (the one-token path keeps
     the rolled-back tail as live entries)."""
     rng = np.random.default_rng(0)
@@ -83,17 +77,6 @@ def test_mlx_lm_rotating_cache_trim_is_not_exact_past_the_window(gemma3):
         for c in cache:
             c.trim(len(junk)) if junk else None
     assert not np.allclose(np.array(mx.stack(got)), np.array(want), atol=1e-3)
-
-
-def test_window_cache_refuses_a_rollback_beyond_its_slack():
-    from engines.mlx_chat.cache import RollbackError
-
-    c = WindowKVCache(max_size=4, slack=2)
-    for _ in range(600):  # past the buffer's first compaction
-        c.update_and_fetch(mx.zeros((1, 1, 1, 2)), mx.zeros((1, 1, 1, 2)))
-    c.trim(1)
-    with pytest.raises(RollbackError):
-        c.trim(c.offset - c.start)
 
 
 SETTINGS = [

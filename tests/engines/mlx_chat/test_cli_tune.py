@@ -56,7 +56,7 @@ def test_a_fresh_measurement_reproduces_the_curve():
     is why a run refines the profile with its own rounds; with the median of each width a
     burst of other work broke the 10% in CI, with the fastest it holds.)"""
     from engines.mlx_chat.models import default_chat_model
-    from engines.mlx_chat.tuning import forward_latency
+    from engines.batch.tuning import forward_latency
 
     engine = load_chat(str(default_chat_model()))
     context = engine.tokenizer.encode("the cat is big and the dog is small . " * 30)[:256]
@@ -67,11 +67,11 @@ def test_a_fresh_measurement_reproduces_the_curve():
 
 
 def test_an_overlapped_drafters_drafting_is_priced_from_its_rounds():
-    """With depth-2 overlap an MTP chain is drafted in the graph behind the last verify: the host's
+    """With MTP steps launched ahead a chain is drafted in the graph behind the last verify: the host's
     timer around drafting sees ~0, while the calibration's rounds of 7 drafts cost the forward of
     8 tokens and the chain. The profile's drafting cost is what the round cost beyond the forward,
-    per draft (it was the host's ~0); a drafter the host times (no overlap) keeps its own figure."""
-    from engines.mlx_chat.tuning import Calibration, drafting_s
+    per draft (not the host's ~0); a drafter the host times (launched after) keeps its own figure."""
+    from engines.batch.tuning import Calibration, drafting_s
 
     latency = {w: 0.080 + 0.004 * w for w in range(1, 9)}
     overlapped = Calibration([0.4] * 7, [10] * 7, draft_s=0.0001, rounds=10, round_s=latency[8] + 7 * 0.005)

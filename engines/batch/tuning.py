@@ -1,7 +1,8 @@
 """What `specscope tune` (and the window's Tune…) measures for a chat target on this machine
 (the numbers engines/speculative/tuning.py chooses from): the target's forward latency by
-width, and, over a calibration set run at the deepest draft length, the drafter's cost per
-token and the acceptance by draft position. `measure` does both and makes the Profile; both
+width -- the batch's own forward, on its slot-table cache, as the round loop runs it -- and,
+over a calibration set run at the deepest draft length, the drafter's cost per token and the
+acceptance by draft position. `measure` does both and makes the Profile; both
 callers report its progress and may stop it (TuneCancelled)."""
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ from typing import Callable
 import mlx.core as mx
 
 from engines.types import Request, ShouldStop, SpecConfig
-from engines.mlx_chat.cache import cache_arrays, make_rollback_cache, rollback
-from engines.mlx_chat.prefill import feed_prompt
+from engines.batch.cache import BatchCache
+from engines.mlx_chat.prefill import PREFILL_CHUNK
 from engines.speculative.schedule import MAX_STEPS
 from engines.speculative.profiles import Profile, machine_id
 from engines.speculative.replay import Rounds, replay_text
@@ -34,19 +35,20 @@ class TuneCancelled(Exception):
 def forward_latency(model, context: list[int], reps: int = 9, widths=WIDTHS,
                     on_pass: Callable[[int, int], None] | None = None,
                     should_stop: ShouldStop | None = None, batch: int = 1) -> dict[int, float]:
-    """Seconds of one target forward of w tokens after `context` (the cache rolled back after
-    each, so every forward sees the same context): the fastest of `reps` passes, widths
+    """Seconds of one target forward of w tokens after `context` (its slots written over by the
+    next, so every forward sees the same context): the fastest of `reps` passes, widths
     interleaved. The fastest, not the median: other work on the machine only adds time, and
     a burst of it moved the median's curve by 10% between two measurements in CI (the fastest
     stayed within 3% here with such a burst); the level a run sees is refined from its own
     rounds. `on_pass(i, n)` before each pass over the widths.
     `batch`: B rows of the same context, each forward B x w tokens (the batch's forwards)."""
-    cache = make_rollback_cache(model)
-    if batch == 1:
-        feed_prompt(model, cache, mx.array(context, dtype=mx.uint32), lambda: False, None)
-    else:
-        model(mx.array([context] * batch, dtype=mx.uint32), cache=cache)
-    mx.eval(cache_arrays(cache))
+    cache = BatchCache(model, batch)
+    for start in range(0, len(context), PREFILL_CHUNK):  # the context read as the loop reads a prompt
+        chunk = context[start:start + PREFILL_CHUNK]
+        cache.begin(len(chunk))
+        model(mx.array([chunk] * batch, dtype=mx.uint32), cache=cache.layers)
+        mx.eval(cache.arrays())
+        cache.settle([len(chunk)] * batch)
     token = context[-1]
     seen: dict[int, list[float]] = {w: [] for w in widths}
     for i in range(reps + 1):  # the first pass warms every shape up and is not counted
@@ -56,10 +58,11 @@ def forward_latency(model, context: list[int], reps: int = 9, widths=WIDTHS,
             on_pass(i, reps + 1)
         for w in widths:
             t0 = time.perf_counter()
-            logits = model(mx.array([[token] * w] * batch, dtype=mx.uint32), cache=cache)
+            cache.begin(w)
+            logits = model(mx.array([[token] * w] * batch, dtype=mx.uint32), cache=cache.layers)
             mx.eval(mx.argmax(logits, axis=-1))
             seen[w].append(time.perf_counter() - t0)
-            rollback(cache, w)
+            cache.abandon()
     return {w: min(s[1:]) for w, s in seen.items()}
 
 
