@@ -91,10 +91,16 @@ class SlotTable:
         held = mx.where(j < kept[:, None], mx.array(self.next_pos)[:, None] + j, DEAD)
         return mx.concatenate([mx.array(self.pos), held], axis=1)
 
-    def mask(self, n: int, window: int | None) -> mx.array:
-        """[B, 1, n, size + n] bool: which keys each query of the forward may read."""
+    def mask(self, n: int, window: int | None) -> mx.array | str | None:
+        """[B, 1, n, size + n] bool: which keys each query of the forward may read. When every
+        written slot is live and inside the window, every query reads all keys before it: no
+        mask for one token, "causal" for more (as mlx-lm's own caches say), so the attention
+        adds nothing -- a lone request's plain decoding, and any batch between rejections."""
         assert n == self.width, "a forward's width must be announced with begin()"
         window = window or self.window
+        if self.deferred is None and (self.pos.size == 0 or self.pos.min() >= 0) \
+                and (not window or self.size + n <= window):
+            return None if n == 1 else "causal"
         if self.deferred is None:
             q = self.new_positions()  # [B, n]
             k = np.concatenate([self.pos, q], axis=1)  # [B, S + n]

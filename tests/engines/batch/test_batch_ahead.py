@@ -168,3 +168,25 @@ def test_a_batch_of_one_left_unread_leaves_nothing_behind(targets):
     assert not one.busy and one.cache is None and one.ahead is None
     request = Request(prompt=TRAINED_ON[1], max_tokens=30, spec=mtp(drafter, 2))
     assert summary(list(one.generate(request))) == summary(alone(engine, request, verifies_ahead=True))
+
+
+def test_a_table_with_every_slot_live_asks_for_no_mask():
+    """A lone request's plain decoding (every slot live, inside the window) reads every key: no
+    mask for one token, "causal" for more; once a slot dies, or past the window, the real mask."""
+    import numpy as np
+
+    table = SlotTable(rows=1, window=8)
+    table.begin(3)
+    assert table.mask(3, None) == "causal"
+    table.settle([3])
+    table.begin(1)
+    assert table.mask(1, None) is None
+    table.settle([1])
+    table.begin(3)  # a verify whose last two inputs are rejected
+    table.settle([1])
+    table.begin(1)
+    mask = table.mask(1, None)
+    assert np.array(mask).tolist() == [[[[True] * 5 + [False, False] + [True]]]]
+    full = SlotTable(rows=1, window=4)
+    full.begin(5)
+    assert not isinstance(full.mask(5, None), str)  # past the window: a real mask
