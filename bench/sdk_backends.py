@@ -15,6 +15,11 @@ that directory as it is (its torch runtime computes in float32); mlx-vlm reads i
 float32 by its own tool (`mlx_vlm convert --dtype float32`): the stored bfloat16 on MLX's CPU
 backend read a 448 x 448 page's prompt at about 1 token/s here.
 
+mlx-vlm is a peer, not a dependency of Specscope: `mlx_vlm.server` and `mlx_vlm convert` run with
+the python of a venv of their own outside the checkout, which `scripts/peer-mlx-vlm` makes on the
+first run from its lock (requirements/peers/, made by scripts/lock from requirements/peers/
+mlx-vlm.in) and prints; `specscope serve` runs from this venv.
+
 The SDK: `pipeline.ocr_api` pointed at each server, `max_workers` regions at a time (each server
 batches that many: serve `--max-batch`, mlx-vlm `--max-num-seqs`), `page_loader.max_tokens` =
 --tokens, its other settings as shipped (T=0, top_k 1, repetition_penalty 1.1), the request
@@ -41,6 +46,7 @@ shared machine the figures move with it.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -55,7 +61,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-VENV = Path(sys.executable).parent
+VENV = Path(sys.executable).parent  # the product's venv: `specscope serve`
+
+
+@functools.cache
+def mlx_vlm_python() -> str:
+    """The python of mlx-vlm's own venv (scripts/peer-mlx-vlm installs it on the first call)."""
+    out = subprocess.run([str(ROOT / "scripts" / "peer-mlx-vlm")], check=True, stdout=subprocess.PIPE, text=True)
+    return out.stdout.strip().splitlines()[-1]
+
+
 # GLM's special tokens at the published ids: eos [59246, 59253], the image and video markers
 # 59256-59259 and 59280-59281 are in the published config.json; the others follow GLM-4's order.
 SPECIALS = {59246: "<|endoftext|>", 59247: "[MASK]", 59248: "[gMASK]", 59249: "[sMASK]", 59250: "<sop>",
@@ -128,7 +143,7 @@ def checkpoints(cache: Path) -> tuple[Path, Path, Path]:
         (ocr / ".complete").write_text("ok\n")
     mlx = cache / "glm-ocr-published-shape-full-vocab-mlx-float32"
     if not (mlx / "config.json").is_file():
-        subprocess.run([str(VENV / "python"), "-m", "mlx_vlm", "convert", "--hf-path", str(ocr),
+        subprocess.run([mlx_vlm_python(), "-m", "mlx_vlm", "convert", "--hf-path", str(ocr),
                         "--mlx-path", str(mlx), "--dtype", "float32"], check=True)
     return ocr, mlx, build(cache / "pp-doclayout-v3-published-shape")
 
@@ -280,7 +295,7 @@ def start_servers(ocr: Path, mlx: Path, args: argparse.Namespace,
         "specscope serve": [str(VENV / "specscope"), "serve", "--no-chat", "--ocr-model", str(ocr),
                             "--port", str(ports["specscope serve"]), "--spec", args.spec,
                             "--max-batch", str(args.max_workers), "--ocr-threads", str(args.threads)],
-        "mlx_vlm.server": [str(VENV / "python"), "-m", "mlx_vlm.server", "--model", str(mlx), "--host", "127.0.0.1",
+        "mlx_vlm.server": [mlx_vlm_python(), "-m", "mlx_vlm.server", "--model", str(mlx), "--host", "127.0.0.1",
                            "--port", str(ports["mlx_vlm.server"]), "--max-num-seqs", str(args.max_workers),
                            "--log-level", "WARNING"],
     }
