@@ -64,3 +64,25 @@ def test_the_lock_satisfies_pyproject(lock):
         name = canonicalize_name(req.name)
         assert name in locked, f"{lock.name} lacks {req}"
         assert req.specifier.contains(locked[name], prereleases=True), f"{lock.name}: {name}=={locked[name]} vs {req}"
+
+
+PEERS = sorted((ROOT / "requirements" / "peers").glob("*.in"))
+
+
+@pytest.mark.parametrize("peer", PEERS, ids=[p.stem for p in PEERS])
+def test_a_peer_is_locked_on_its_own(peer):
+    """A benchmark's peer (requirements/peers/NAME.in, installed by scripts/peer-NAME into a venv of
+    its own) is locked for every platform, with hashes, at its pinned version, and is in no product
+    set: its pins must not constrain the product's."""
+    requirements = [Requirement(line) for line in peer.read_text().splitlines() if line.strip() and line[0] != "#"]
+    pinned = {canonicalize_name(r.name): r.specifier for r in requirements
+              if any(s.operator == "==" for s in r.specifier)}  # the peer itself, e.g. mlx-vlm==0.7.10
+    assert pinned, f"{peer.name} pins nothing"
+    locks = sorted(peer.parent.glob(f"{peer.stem}-*-py*.txt"))
+    assert {lock.name.split(f"{peer.stem}-")[1].split("-py")[0] for lock in locks} == set(PLATFORMS)
+    for lock in locks:
+        locked = pins(lock)
+        for name, spec in pinned.items():
+            assert name in locked and spec.contains(locked[name]), f"{lock.name}: {name} vs {spec}"
+    for lock in LOCKS:
+        assert not set(pinned) & set(pins(lock)), f"{lock.name} holds the peer {peer.stem}"
