@@ -2,7 +2,7 @@
 speculation, over an mlx-lm target. The round loop is engines/speculative/loop.py's
 (`RowBatch.step`); this module is its chat side.
 
-One step:
+One step, as it goes for chat:
 
     admit     sequences waiting for a slot read their prompts, up to one prefill chunk's worth
               of tokens per step (so a long prompt never stalls the running streams, and
@@ -26,7 +26,7 @@ One step:
               drafted from its lazy verdict and queued behind this verify (the slot table
               defers this step's kept counts); on a GPU also when every row decodes plainly
               (as mlx-lm's generate_step does). Nobody waiting to join either way.
-    report    each row's Sequence (engines/speculative/sequence.py, as a lone run's) commits
+    report    each row's Sequence (engines/speculative/sequence.py) commits
               its verdict -- clipped at EOS, max_tokens and a repetition loop, its schedule
               taught, its proposer told -- and reports its Round (stop strings held back);
               rows that finished, were cancelled or whose client left, leave; their slots free.
