@@ -60,7 +60,7 @@ def main() -> None:
     from engines.factory import load_engine
     from engines.mlx_chat.models import default_chat_model
     from engines.batch.tuning import calibrate, forward_latency
-    from engines.speculative.profiles import Profile, machine_id, profile_file
+    from engines.profiles import Profile, machine_id, profile_file
     from engines.speculative.tuning import rates
     from engines.types import SpecConfig
 

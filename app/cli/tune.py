@@ -32,7 +32,7 @@ def parser() -> Parser:
 
 
 def cmd_tune(argv: list[str]) -> int:
-    from engines.speculative.profiles import profile_file
+    from engines.profiles import profile_file
     from engines.speculative.tuning import break_even, rates
     from engines.batch.tuning import measure
 

@@ -114,7 +114,7 @@ class TuneProgressed:
 
 @dataclass
 class Tuned:
-    profile: object  # engines.speculative.profiles.Profile
+    profile: object  # engines.profiles.Profile
     model_path: str  # the engine's own path, which the profile's file name is made from
 
 

@@ -26,7 +26,7 @@ from app.gui.views.notice import Notice
 from app.gui.engine_process import EngineProcess, StopFlag, TuneProgressed
 from app.settings import profiles_dir
 from engines.types import Request, SpecConfig
-from engines.speculative.profiles import Profile, ProfileError, profile_file
+from engines.profiles import Profile, ProfileError, profile_file
 
 # Of the progress bar, where each stage starts: the latency passes (one sequence, then the batch
 # sizes) are quick beside the calibration runs.

@@ -45,7 +45,7 @@ class DraftBudget:
         tune` measures forwards of 2, 4 and 8 sequences), when the spec names one (--steps auto);
         otherwise -- or for a profile that cannot serve, which each request's run says once --
         learned from the steps as they run. The steps' own times take over as they come."""
-        from engines.speculative.profiles import Profile, ProfileError, profile_file
+        from engines.profiles import Profile, ProfileError, profile_file
 
         if not spec.profile:
             return cls.new()

@@ -17,7 +17,7 @@ from engines.types import Request, ShouldStop, SpecConfig
 from engines.batch.cache import BatchCache
 from engines.mlx_chat.prefill import PREFILL_CHUNK
 from engines.speculative.schedule import MAX_STEPS
-from engines.speculative.profiles import Profile, machine_id
+from engines.profiles import Profile, machine_id
 from engines.speculative.replay import Rounds, replay_text
 
 WIDTHS = range(1, MAX_STEPS + 2)  # 1 (plain) .. 1 + MAX_STEPS drafts

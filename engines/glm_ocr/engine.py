@@ -31,6 +31,7 @@ from engines.glm_ocr.config import GlmOcrConfig
 from engines.glm_ocr.positions import Positions, prompt_positions, text_rope
 from engines.glm_ocr.prompts import GlmTokenizer, Prompt, prompt_ids
 from engines.glm_ocr.runtime import Runtime
+from engines.profiles import for_spec
 from engines.speculative.composed import ComposedProposer, DraftingCosts
 from engines.speculative.ngram import NGramProposer
 from engines.speculative.output import Output
@@ -351,7 +352,7 @@ class OcrEngine:
         if spec.method not in ("off", "mtp", "ngram"):
             raise EngineError(f"the OCR engine speculates with 'mtp' or 'ngram' (or 'off'), not {spec.method!r}")
         try:
-            schedule = DraftSchedule.of(spec, self.model_path)
+            schedule = DraftSchedule.of(spec, *for_spec(spec, self.model_path))
         except ValueError as e:
             raise EngineError(str(e)) from e
         notes = [prompt.note, schedule.note]

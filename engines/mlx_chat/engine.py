@@ -24,6 +24,7 @@ from engines.mlx_chat.options import MtpOptions
 from engines.mlx_chat.loading import LoadedModel, check_same_tokenizer, load_model
 from engines.mlx_chat.prefill import PREFILL_CHUNK
 from engines.mlx_chat.context import check_fits, context_length
+from engines.profiles import for_spec
 from engines.speculative.proposer import Context, Proposer
 from engines.speculative.ngram import NGramProposer
 from engines.speculative.output import Output
@@ -182,7 +183,8 @@ class ChatEngine:
             raise EngineError("empty prompt")
         check_fits(len(prompt_ids), request.max_tokens, self.context_length)  # before any forward
         proposer, note = proposer_for(request)
-        schedule = DraftSchedule.of(request.spec, self.model_path) if proposer is not None else DraftSchedule(0)
+        schedule = DraftSchedule.of(request.spec, *for_spec(request.spec, self.model_path)) if proposer is not None \
+            else DraftSchedule(0)
         if schedule.auto is not None and isinstance(proposer, NGramProposer):
             proposer.auto = schedule.auto  # n-gram's acceptance from whole continuations (tuning.py)
         if schedule.auto is not None and hasattr(proposer, "chooser"):  # composed: price widths as auto does

@@ -126,25 +126,20 @@ class DraftSchedule:
         self.expected: tuple[list[float], list[float]] | None = None  # auto's tok/s and tokens per k, this choice
 
     @classmethod
-    def of(cls, spec, model: str = "") -> "DraftSchedule":
-        """The schedule a SpecConfig asks for (a disabled one when it does not speculate);
-        `model`: the target's path, which a tuning profile must have been measured for."""
+    def of(cls, spec, profile=None, note: str | None = None) -> "DraftSchedule":
+        """The schedule a SpecConfig asks for (a disabled one when it does not speculate).
+        `profile`: the tuning profile --steps auto starts from (engines/profiles.py `for_spec`
+        reads it; None: measured in the run), `note`: why the one asked for is not used."""
         if not spec.enabled:
             return cls(0)
-        auto, note = None, None
+        auto = None
         if spec.auto:
-            from engines.speculative.profiles import Profile, ProfileError, profile_file
             from engines.speculative.tuning import AutoSteps
 
             auto = AutoSteps(min(spec.max_steps, MAX_STEPS))
-            if spec.profile:
-                try:
-                    path = profile_file(spec.profile, model, spec.method, spec.draft_model or "")
-                    auto.profile = Profile.load(path, model, spec.method, spec.draft_model or "")
-                except ProfileError as e:
-                    note = f"{e} (--steps auto measures this run instead)"
+            auto.profile = profile
         schedule = cls(spec.steps, spec.adaptive, spec.min_steps, spec.max_steps, spec.skip_streak, auto)
-        schedule.note = note
+        schedule.note = note if spec.auto else None
         return schedule
 
     @property

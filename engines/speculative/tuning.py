@@ -33,19 +33,21 @@ N-gram lookup is priced another way (replay.py): what each fixed k would have do
 output so far, each k priced by those rounds at the costs now; the prior is the profile's
 replayed calibration set (`Profile.replayed`), without a profile earlier requests'.
 
-The profile files (reading, writing, which machine and model one is for) are profiles.py's.
+The profile files (reading, writing, which machine and model one is for) are engines/profiles.py's.
 """
 
 from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from engines.speculative.costs import LoadScaledCosts, StepCosts
 from engines.speculative.expected import expected_tokens
-from engines.speculative.profiles import Profile
 from engines.speculative.replay import Replay, Rounds
+
+if TYPE_CHECKING:  # (a profile is read from disk by engines/profiles.py, outside this package)
+    from engines.profiles import Profile
 
 # The profile's acceptance counts as this many rounds beside the run's own, at each position.
 # Not more: a position deep in the chain is reached only by the rounds whose drafts held until

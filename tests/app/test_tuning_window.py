@@ -16,7 +16,7 @@ from app.gui.tuning import TuneSettings
 from app.records.round_series import ROLLING, finite_rolling_mean
 from app.gui.views.transcript import DRAFT_BG, NGRAM_BG
 from app.settings import AppSettings, profiles_dir
-from engines.speculative.profiles import Profile
+from engines.profiles import Profile
 from engines.speculative.tuning import best_k, break_even
 from tests.app.conftest import Recorder, chat_settings
 from tests.app.engine_loaders import cheap
@@ -278,7 +278,7 @@ def test_the_new_controls_and_lines_fit_at_1100_and_1440_px(qtbot, tiny_chat, tr
     import shutil
 
     from app.gui.main_window import MainWindow
-    from engines.speculative.profiles import machine_id, profile_file
+    from engines.profiles import machine_id, profile_file
     from tests.app.test_layout import settled_at
 
     target, drafter, prompt = trained_pair

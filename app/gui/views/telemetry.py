@@ -32,7 +32,7 @@ from PySide6.QtWidgets import QBoxLayout, QFrame, QGridLayout, QHBoxLayout, QLab
 
 from app.gui.views.elided_label import ElidedLabel
 from app.records.round_series import ROLLING, RoundSeries, finite_rolling_mean, rolling_window
-from engines.speculative.profiles import Profile
+from engines.profiles import Profile
 from engines.speculative.rounds import Round
 from engines.speculative.tuning import best_k, break_even
 

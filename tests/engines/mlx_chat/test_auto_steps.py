@@ -11,7 +11,7 @@ import pytest
 
 from engines.types import Request, SpecConfig
 from engines.speculative.schedule import MAX_STEPS
-from engines.speculative.profiles import Profile, machine_id
+from engines.profiles import Profile, machine_id
 from tests.engines.broken_verifiers import BROKEN
 from tests.engines.mlx_chat.test_lossless_sampled import PROMPT, SAMPLING, exact_distribution, tiny  # noqa: F401
 from tests.stats import chi_square_pvalue

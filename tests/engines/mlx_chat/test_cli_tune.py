@@ -10,7 +10,7 @@ import pytest
 from app.cli.main import main
 from engines.types import Request, SpecConfig
 from engines.speculative.schedule import DraftSchedule
-from engines.speculative.profiles import Profile
+from engines.profiles import Profile, for_spec
 from tests.engines.chat import load_chat
 
 
@@ -33,7 +33,7 @@ def test_tune_writes_the_profile_auto_uses(engines, llama_dir, tmp_path, monkeyp
     from app.cli.common import profiles_dir
 
     spec = SpecConfig("ngram", 5, auto=True, profile=str(profiles_dir()))
-    schedule = DraftSchedule.of(spec, out["model"])
+    schedule = DraftSchedule.of(spec, *for_spec(spec, out["model"]))
     assert schedule.note is None and schedule.auto.profile == profile
     rounds = list(engines["llama"].generate(Request(prompt="the cat is big", max_tokens=8, spec=spec)))
     assert rounds[0].note is None or "tuning profile" not in rounds[0].note

@@ -12,7 +12,7 @@ import pytest
 
 from engines.speculative.schedule import MAX_STEPS, DraftSchedule
 from engines.speculative.expected import expected_tokens
-from engines.speculative.profiles import Profile, ProfileError, machine_id, profile_file
+from engines.profiles import Profile, ProfileError, for_spec, machine_id, profile_file
 from engines.speculative.replay import Rounds
 from engines.speculative.tuning import AutoSteps, PositionAcceptance, Probes, best_k, rates, round_costs
 from engines.types import SpecConfig
@@ -87,7 +87,7 @@ def profile(tmp_path, **over) -> str:
 
 def test_a_profile_drives_the_schedule_from_the_first_round(tmp_path):
     spec = SpecConfig("ngram", 5, auto=True, profile=profile(tmp_path))
-    schedule = DraftSchedule.of(spec, "/m")
+    schedule = DraftSchedule.of(spec, *for_spec(spec, "/m"))
     assert schedule.note is None and schedule.next_steps(100) == 0  # poor drafts on a dear verify: plain
 
 
@@ -97,7 +97,7 @@ def test_a_profile_drives_the_schedule_from_the_first_round(tmp_path):
 ])
 def test_a_profile_from_elsewhere_is_refused_in_one_line(tmp_path, change, said):
     spec = SpecConfig("ngram", 5, auto=True, profile=profile(tmp_path, **change))
-    schedule = DraftSchedule.of(spec, "/m")
+    schedule = DraftSchedule.of(spec, *for_spec(spec, "/m"))
     assert said in schedule.note and "\n" not in schedule.note and "specscope tune" in schedule.note
     assert schedule.auto.profile is None and schedule.next_steps(100) == 5  # measured in the run
 

@@ -1,6 +1,8 @@
-"""Tuning profiles on disk: what `specscope tune` measured on this machine for one model and
-drafter (its latency curve by width, drafting cost and acceptance by position), which `--steps
-auto` (tuning.AutoSteps) and the batch controller start from. A profile is JSON; one from
+"""Tuning profiles on disk, outside the backend-agnostic engines/speculative (the engine hosts
+read the one a run names, `for_spec`, and hand it to its schedule): what
+`specscope tune` measured on this machine for one model and drafter (its latency curve by
+width, drafting cost and acceptance by position), which `--steps auto` (speculative/tuning.py's
+AutoSteps) and the batch controller start from. A profile is JSON; one from
 another machine or model, or one that does not parse, is refused with one line
 (`ProfileError`) and the run goes on without it."""
 
@@ -130,3 +132,17 @@ def profile_file(where: str | Path, model: str, method: str, drafter: str = "") 
 
     key = hashlib.sha256(f"{machine_id()}|{model}|{method}|{drafter}".encode()).hexdigest()[:12]
     return where / f"{Path(model).name or 'model'}-{method}-{key}.json"
+
+
+def for_spec(spec, model: str) -> tuple[Profile | None, str | None]:
+    """The tuning profile a --steps auto run names (spec.profile: a file, or the folder of
+    profiles), measured here for `model` (the target's path) and the spec's drafter; or None
+    and the one line saying why not (the run's first Round says it, and the run measures
+    itself instead)."""
+    if not (spec.enabled and spec.auto and spec.profile):
+        return None, None
+    drafter = spec.draft_model or ""
+    try:
+        return Profile.load(profile_file(spec.profile, model, spec.method, drafter), model, spec.method, drafter), None
+    except ProfileError as e:
+        return None, f"{e} (--steps auto measures this run instead)"
