@@ -4,11 +4,12 @@ each row reading its own row of the batch's target K/V.
 
 Per row: a chain starts from the row's last accepted token (not yet in the target's cache), the
 target's final hidden state that produced it (ctx.hidden: the batch loop keeps it from the
-accepted position), and the target's K/V before that token; the query position stays that token's for every chained step.
-Which K/V a row sees comes from the slot table (engines/batch/cache.py): its live slots -- a
-rejected draft's slot is dead -- and, for a sliding layer, the positions the last kept token
-attended to (the last `sliding_window` ones: BatchMTP.view says why). Drafts
-are the argmax at T=0, and at T>0 a sample of the drafter's q on the row's own RNG key.
+accepted position), and the target's K/V before that token; the query position stays that
+token's for every chained step. Which K/V a row sees comes from the slot table
+(engines/batch/cache.py): its live slots -- a rejected draft's slot is dead -- and, for a
+sliding layer, the positions the last kept token attended to (the last `sliding_window` ones:
+BatchMTP.view says why). Drafts are the argmax at T=0, and at T>0 a sample of the drafter's q
+on the row's own RNG key.
 
 The drafter keeps no cache, so nothing here rolls back: the batch's settle does, for the K/V
 the drafter reads. A step launched before the last one's verdict is read (engines/batch/engine.py,

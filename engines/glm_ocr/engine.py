@@ -266,9 +266,13 @@ class OcrEngine:
 
     def count_prompt_tokens(self, request: Request) -> int:
         """The prompt's length in tokens, one per merged image patch included, as `_prompt`
-        builds it (a server reports it): the image is read and fitted, not encoded."""
-        image, config, _ = self._page(request)
-        return len(self._prompt_ids(request, self._image_tokens(image, config)))
+        builds it (a server reports it): from the image's size in its header, not decoded."""
+        from engines.glm_ocr.image import upright_size
+
+        self._check(request)
+        size = upright_size(request.image)
+        config, _ = self._fit_image(size, request)
+        return len(self._prompt_ids(request, self._image_tokens(size, config)))
 
     # -- helpers ------------------------------------------------------------------------------
 
@@ -296,29 +300,33 @@ class OcrEngine:
         it is read with, a note if it was downscaled to fit the context)."""
         from engines.glm_ocr.image import load_image
 
+        self._check(request)
+        image = load_image(request.image)
+        config, note = self._fit_image(image.size, request)
+        return image, config, note
+
+    @staticmethod
+    def _check(request: Request) -> None:
         if request.kind != "ocr":
             raise EngineError(f"the OCR engine cannot run a {request.kind!r} request")
         if not request.image:
             raise EngineError("no image given")
         if request.max_tokens < 1:
             raise EngineError(f"max_tokens must be at least 1, got {request.max_tokens}")
-        image = load_image(request.image)
-        config, note = self._fit_image(image, request)
-        return image, config, note
 
     def _prompt_ids(self, request: Request, n_image: int) -> list[int]:
         return prompt_ids(self.tokenizer, request.task, n_image, self.config.image_token_id)
 
     @staticmethod
-    def _image_tokens(image, config) -> int:
-        """How many image tokens `config` reads `image` into: one per merged patch of its
-        resized size (what the processor's grid gives)."""
+    def _image_tokens(size: tuple[int, int], config) -> int:
+        """How many image tokens `config` reads an image of `size` (width, height) into: one
+        per merged patch of its resized size (what the processor's grid gives)."""
         from engines.glm_ocr.image import smart_resize
 
-        h, w = smart_resize(image.height, image.width, config)
+        h, w = smart_resize(size[1], size[0], config)
         return (h // config.factor) * (w // config.factor)
 
-    def _fit_image(self, image, request: Request):
+    def _fit_image(self, size: tuple[int, int], request: Request):
         """A page whose image tokens would not leave room in the context for the text around
         them and for the answer is read at a lower resolution rather than refused: the pixel
         budget shrinks so that image tokens + prompt text + room to answer (up to a quarter
@@ -331,14 +339,15 @@ class OcrEngine:
         text_tokens = len(self._prompt_ids(request, 0))
         answer_room = min(request.max_tokens, self.runtime.cache_length // 4)
         budget = self.runtime.cache_length - text_tokens - answer_room - self.runtime.seq_len
-        if self._image_tokens(image, config) <= budget:
+        if self._image_tokens(size, config) <= budget:
             return config, None
-        h, w = smart_resize(image.height, image.width, config)
+        width, height = size
+        h, w = smart_resize(height, width, config)
         pixels_per_token = config.factor**2 * config.temporal_patch_size  # max_pixels counts both frames
         fitted = replace(config, max_pixels=max(budget, 1) * pixels_per_token)
         if fitted.max_pixels < config.min_pixels:
             raise EngineError(f"the model's context of {self.runtime.cache_length} tokens has no room for an image")
-        h2, w2 = smart_resize(image.height, image.width, fitted)
+        h2, w2 = smart_resize(height, width, fitted)
         return fitted, (f"image read at {w2}x{h2} instead of {w}x{h} to fit the context of "
                         f"{self.runtime.cache_length} tokens (convert with a larger --cache-length for full resolution)")
 

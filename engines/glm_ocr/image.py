@@ -122,6 +122,21 @@ def load_image(path: str | os.PathLike) -> Image.Image:
     return rgb
 
 
+def upright_size(path: str | os.PathLike) -> tuple[int, int]:
+    """(width, height) of the image at `path` as load_image gives it (EXIF orientation
+    applied), read from its header without decoding the pixels: what its image tokens depend
+    on. An image that cannot be opened raises as load_image does."""
+    try:
+        with Image.open(path) as opened:
+            width, height = opened.size
+            orientation = opened.getexif().get(0x0112)  # EXIF Orientation: 5-8 turn it a quarter
+    except (OSError, SyntaxError, ValueError, EOFError, UnidentifiedImageError, Image.DecompressionBombError):
+        load_image(path)  # the one place that says what is wrong with it
+        raise
+    _refuse_oversized(Path(path).name, (width, height))
+    return (height, width) if orientation in (5, 6, 7, 8) else (width, height)
+
+
 def _refuse_oversized(name: str, size: tuple[int, int]) -> None:
     width, height = size
     if width * height > MAX_SOURCE_PIXELS:

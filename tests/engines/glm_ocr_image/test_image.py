@@ -20,6 +20,7 @@ from engines.types import EngineError
 from engines.glm_ocr.image import (
     ImageProcessorConfig,
     load_image,
+    upright_size,
     num_image_tokens,
     preprocess,
     smart_resize,
@@ -176,6 +177,21 @@ def test_exif_orientation_6_is_applied(tmp_path):
     top, bottom = pixels[:16].mean(axis=(0, 1)), pixels[24:].mean(axis=(0, 1))
     assert top[0] > 200 and top[2] < 60
     assert bottom[2] > 200 and bottom[0] < 60
+
+
+def test_the_upright_size_from_the_header_is_load_images(tmp_path):
+    """What the prompt's image tokens are counted from without decoding (serve's usage): the
+    size load_image gives, EXIF orientation included; a bad file raises as load_image does."""
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    rotated = _save(Image.new("RGB", (40, 20)), tmp_path / "rotated.jpg", format="JPEG", exif=exif)
+    plain = _save(Image.new("RGB", (40, 20)), tmp_path / "plain.png", format="PNG")
+    for path in (rotated, plain):
+        assert upright_size(path) == load_image(path).size
+    assert upright_size(rotated) == (20, 40)
+    (tmp_path / "not.png").write_bytes(b"not an image")
+    with pytest.raises(EngineError, match="not an image"):
+        upright_size(tmp_path / "not.png")
 
 
 def test_one_pixel_image_gives_the_minimum_grid(tmp_path, reference, config):
