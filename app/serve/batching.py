@@ -5,8 +5,11 @@ Requests are admitted on the event loop (at most `max_batch` running plus `queue
 waiting; the next gets 503 with Retry-After), handed to ONE scheduler thread through an inbox,
 and that thread steps the batch (chat: engines/batch's BatchEngine; OCR: engines/glm_ocr's
 OcrBatch): each step reads what joins and runs one forward over every running sequence. Each
-sequence's Rounds go back to its own request's coroutine, which streams or collects them exactly
-as with one request at a time (server.py's EngineQueue, which still serves `--max-batch 1`).
+sequence's Rounds go back to its own request's coroutine, which streams or collects them.
+
+An engine the batch cannot hold (a chat model decoding plainly, an OCR engine without
+`sequence`, a remote server) is stepped the same way as a batch of one (`OneAtATime`): its
+requests run through its own `generate`, one after another, one Round per step.
 
 A client that disconnects sets its `stop` event; the engine reads it at the start of the next
 step, so its row is freed within one step.
@@ -19,13 +22,16 @@ rank in one line on stderr and exits, and mlx.launch stops the other ranks."""
 from __future__ import annotations
 
 import asyncio
+import copy
+import itertools
 import os
 import queue
 import sys
 import threading
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, AsyncIterator, Callable
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, AsyncIterator, Callable, Iterator
 
 from app.serve.metrics import ServeMetrics
 from app.serve.protocol import ApiError, ParsedRequest
@@ -33,6 +39,7 @@ from app.serve.protocol import ApiError, ParsedRequest
 if TYPE_CHECKING:
     from engines.batch.engine import BatchEngine
     from engines.glm_ocr.batch import OcrBatch
+    from engines.types import Engine, Request
 from engines.speculative.rounds import Round
 
 RETRY_AFTER_S = 2
@@ -56,7 +63,7 @@ class Admission:
 
 
 class BatchQueue:
-    def __init__(self, engine: "BatchEngine | OcrBatch", queue_size: int, metrics: ServeMetrics,
+    def __init__(self, engine: "BatchEngine | OcrBatch | OneAtATime", queue_size: int, metrics: ServeMetrics,
                  check_prompt: Callable[[object, ParsedRequest], int | None]):
         self.engine = engine
         self.capacity = engine.max_batch + queue_size
@@ -150,6 +157,10 @@ class BatchQueue:
                 self.metrics.observe_ranks(step.broadcast_s, self.engine.times)
             for seq, rnd in out:
                 admission = self.sinks[seq.id]
+                if isinstance(rnd, Exception):  # its engine failed this request alone (OneAtATime)
+                    admission.push(rnd)
+                    self._finish(seq.id)
+                    continue
                 self.metrics.count_round(rnd)
                 admission.push(rnd)
                 if rnd.finish:
@@ -229,6 +240,100 @@ class BatchQueue:
         self.metrics.requests_waiting.set(len(self.engine.joining))
         self.metrics.requests_processing.set(running)
         self.metrics.requests_deferred.set(len(self.engine.joining))
+
+
+@dataclass
+class Turn:
+    """A request waiting for OneAtATime's engine, or running on it."""
+
+    id: int
+    request: "Request"
+    should_stop: Callable[[], bool]
+    rounds: Iterator[Round] | None = None  # its engine.generate, once it runs
+    last: Round | None = None  # the last Round it yielded, as the engine holds it
+
+
+@dataclass
+class OneAtATime:
+    """An engine the batch cannot hold, as BatchQueue's batch of one: its requests run through
+    engine.generate one after another in arrival order (a request's n choices each alone, one
+    after another), each step one Round of the running request. Cancelling is the engine's own
+    (it polls `should_stop` between its Rounds)."""
+
+    engine: "Engine"
+    running: Turn | None = None
+    joining: deque = field(default_factory=deque)  # Turns waiting, in arrival order
+    _ids: itertools.count = field(default_factory=itertools.count)
+    max_batch = 1
+    prompt_cache = None  # (the chat batch's; BatchQueue reads it)
+
+    @property
+    def busy(self) -> bool:
+        return self.running is not None or bool(self.joining)
+
+    @property
+    def size(self) -> int:
+        return 0 if self.running is None else 1
+
+    def submit(self, request: "Request", should_stop: Callable[[], bool] | None = None, *, twin_of=None) -> Turn:
+        """Queues `request` behind the others (`twin_of`, an earlier choice of the same request,
+        changes nothing here: each choice runs alone)."""
+        turn = Turn(next(self._ids), request, should_stop or (lambda: False))
+        self.joining.append(turn)
+        return turn
+
+    def step(self) -> list[tuple[Turn, Round | Exception]]:
+        """Waiting requests whose clients left end as "cancelled" without running; then the
+        running request's next Round (the first waiting one starts when none runs). An error
+        of the engine is the running request's outcome in place of a Round: it alone hears it,
+        and the next one runs."""
+        gone = [t for t in self.joining if t.should_stop()]
+        for turn in gone:
+            self.joining.remove(turn)
+        out: list[tuple[Turn, Round | Exception]] = [(t, _closing(t, "cancelled")) for t in gone]
+        if self.running is None and self.joining:
+            self.running = self.joining.popleft()
+        turn = self.running
+        if turn is None:
+            return out
+        try:
+            if turn.rounds is None:
+                turn.rounds = self.engine.generate(turn.request, should_stop=turn.should_stop)
+            rnd = next(turn.rounds, None)
+        except Exception as e:
+            self._let_go()
+            return out + [(turn, e)]
+        if rnd is None:  # its Rounds ran out without a finishing one: the engine marked its last
+            # one after yielding it (engines/remote), or never did
+            rnd = _closing(turn, (turn.last.finish if turn.last else None) or "stop")
+        else:
+            # a copy goes out: what the engine changes in its Round after yielding it must not
+            # reach the request, which hears of the end from the closing Round above
+            turn.last, rnd = rnd, copy.copy(rnd)
+        if rnd.finish:
+            self._let_go()
+        return out + [(turn, rnd)]
+
+    def clear(self) -> None:
+        """Drops every request, running or waiting (each has heard why)."""
+        if self.running is not None:
+            self._let_go()
+        self.joining.clear()
+
+    def _let_go(self) -> None:
+        """The running request's generate closed (a generator's `finally` runs now, not when it
+        is collected) and the engine free for the next."""
+        close = getattr(self.running.rounds, "close", None)  # (the protocol's Iterator may not have one)
+        if close is not None:
+            close()
+        self.running = None
+
+
+def _closing(turn: Turn, finish: str) -> Round:
+    """A Round that ran no forward and only ends its request (as the batch's cancelled ones do)."""
+    return Round(index=turn.last.index + 1 if turn.last else 0, proposed=0, accepted=0, tokens=[], from_draft=[],
+                 text="", accept_flags=[], draft_s=0.0, verify_s=0.0, wall_s=0.0, prefill=turn.last is None,
+                 finish=finish)
 
 
 def _stopped(error: BaseException) -> ApiError:

@@ -9,11 +9,10 @@ do as well; Starlette needs no framework of its own around four routes.
 Chat and OCR requests are batched (app/serve/batching.py, `--max-batch N`): up to N sequences
 share one target forward per step, each with its own speculation, and `queue_size` more may
 wait for a row (OCR: engines/glm_ocr/batch.py; on Core ML a batch of one); `--max-batch 1` is a
-batch of one. A chat model the batch cannot hold (and a remote engine) runs one request at a
-time in arrival order on one engine thread (EngineQueue), with `queue_size` waiting behind the
-running one. Either
-way the next request gets 503 with Retry-After, and each Round goes to the event loop, which
-streams it (SSE) or collects it (non-streaming)."""
+batch of one. A chat model the batch cannot hold (and any other engine) goes through the same
+queue as a batch of one (batching.py's OneAtATime): one request at a time in arrival order,
+`queue_size` waiting behind it. The next request gets 503 with Retry-After, and each Round goes
+to the event loop, which streams it (SSE) or collects it (non-streaming)."""
 
 from __future__ import annotations
 
@@ -23,7 +22,6 @@ import os
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import AsyncIterator
 
@@ -34,6 +32,7 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from app.serve.batching import BatchQueue, OneAtATime
 from app.serve.guard import RequestGuard, normalized_origins
 from app.serve.memory import check_memory, physical_memory
 from app.serve.metrics import CONTENT_TYPE_LATEST, ServeMetrics
@@ -44,7 +43,6 @@ from engines.mlx_chat.context import check_fits
 from engines.speculative.rounds import Round
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
-RETRY_AFTER_S = 2
 DEFAULT_MAX_BATCH = 4
 
 
@@ -83,99 +81,15 @@ class Served:
     batch: object = None  # a BatchEngine built by the caller (tensor parallel's rank 0), driven as given
 
 
-class EngineQueue:
-    """Runs one generation at a time on a single worker thread; counts who is waiting. A
-    request holds one place in the line; its n choices run one after another in it."""
-
-    def __init__(self, queue_size: int, metrics: ServeMetrics):
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specscope-engine")
-        self.capacity = queue_size + 1  # the running request plus the waiting ones
-        self.admitted = 0
-        self.choices_left: dict[int, int] = {}  # id(request) -> its choices not finished yet
-        self.lock = threading.Lock()
-        self.metrics = metrics
-
-    def admit(self, count: int = 1) -> None:
-        """A place for one request (`count`, its choices, share it)."""
-        with self.lock:
-            if self.admitted >= self.capacity:
-                raise ApiError(503, "the server is busy (its queue is full); retry later", "server_busy",
-                               kind="server_error", headers={"Retry-After": str(RETRY_AFTER_S)})
-            self.admitted += 1
-            self.metrics.requests_deferred.inc()
-            self.metrics.requests_waiting.inc()
-
-    def state(self) -> dict:
-        """/health's view: decoding or idle, and how many requests wait behind the running one."""
-        with self.lock:
-            running = 1 if self.choices_left else 0
-            return {"state": "decoding" if running else "idle", "running": running,
-                    "waiting": self.admitted - running}
-
-    def _start(self, parsed: ParsedRequest) -> None:
-        with self.lock:
-            if id(parsed) not in self.choices_left:  # the request's first choice to run
-                self.choices_left[id(parsed)] = parsed.n
-                self.metrics.requests_deferred.dec()
-                self.metrics.requests_waiting.dec()
-
-    def _leave(self, parsed: ParsedRequest) -> None:
-        with self.lock:
-            self.choices_left[id(parsed)] -= 1
-            if self.choices_left[id(parsed)] == 0:
-                del self.choices_left[id(parsed)]
-                self.admitted -= 1
-
-    async def rounds(self, served: Served, parsed: ParsedRequest, stop: threading.Event,
-                     prompt_n: list, group: object = None, index: int = 0) -> AsyncIterator[Round]:
-        """The engine's Rounds, produced on the engine thread, delivered on the event loop.
-        (`group`, `index`: a choice of an n-choice request; one at a time, each runs alone.)"""
-        loop = asyncio.get_running_loop()
-        items: asyncio.Queue = asyncio.Queue()
-        done = object()
-
-        def push(item) -> None:
-            loop.call_soon_threadsafe(items.put_nowait, item)
-
-        request = group if group is not None else parsed  # what holds the place in line
-
-        def job() -> None:
-            self._start(request)
-            self.metrics.requests_processing.inc()
-            self.metrics.requests_running.inc()
-            try:
-                if stop.is_set():  # its client left while it waited
-                    return
-                prompt_n.append(check_prompt(served, parsed))
-                for rnd in served.engine.generate(parsed.request, should_stop=stop.is_set):
-                    self.metrics.count_round(rnd)
-                    push(rnd)
-            except BaseException as e:  # handed to the request's coroutine, which answers with it
-                push(e)
-            finally:
-                self.metrics.requests_processing.dec()
-                self.metrics.requests_running.dec()
-                self._leave(request)
-                push(done)
-
-        self.executor.submit(job)
-        while (item := await items.get()) is not done:
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-
-
-def batch_queue(served: Served, config: ServeConfig, metrics: ServeMetrics):
-    """A BatchQueue for a chat model the batch can hold (a ChatEngine) or an OCR model, else
-    None (one at a time; a model whose caches cannot be batched says why on stderr once)."""
+def row_batch(served: Served, config: ServeConfig):
+    """What the model's BatchQueue steps: a BatchEngine for a chat model the batch can hold (a
+    ChatEngine), an OcrBatch for an OCR model, else OneAtATime over the engine (a model whose
+    caches cannot be batched says why on stderr once)."""
     from engines.mlx_chat.engine import ChatEngine
 
     if served.batch is not None:  # its maker checked its memory (each rank holds a shard)
-        from app.serve.batching import BatchQueue
-
-        return BatchQueue(served.batch, config.queue_size, metrics, check_prompt)
+        return served.batch
     if served.model.kind == "ocr" and hasattr(served.engine, "sequence"):
-        from app.serve.batching import BatchQueue
         from engines.glm_ocr.batch import OcrBatch
 
         batch = OcrBatch(served.engine, max_batch=config.max_batch)
@@ -183,12 +97,11 @@ def batch_queue(served: Served, config: ServeConfig, metrics: ServeMetrics):
         if batch.max_batch > 1:  # (Core ML holds one row: OcrBatch makes it a batch of one)
             check_memory(runtime.kv_bytes_per_token(), batch.max_batch, runtime.cache_length,
                          runtime.weights_bytes(), config.memory_bytes or physical_memory())
-        return BatchQueue(batch, config.queue_size, metrics, check_prompt)
+        return batch
     if served.model.kind != "chat" or not isinstance(served.engine, ChatEngine):
-        return None
+        return OneAtATime(served.engine)
     from mlx.utils import tree_flatten
 
-    from app.serve.batching import BatchQueue
     from engines.batch.cache import UnbatchableModel, kv_bytes_per_token
     from engines.batch.controller import DraftBudget
     from engines.batch.engine import BatchEngine
@@ -200,7 +113,7 @@ def batch_queue(served: Served, config: ServeConfig, metrics: ServeMetrics):
         engine = BatchEngine(served.engine, max_batch=config.max_batch, budget=budget)
     except UnbatchableModel as e:
         print(f"specscope serve: {served.model.id} runs one request at a time: {e}", file=sys.stderr, flush=True)
-        return None
+        return OneAtATime(served.engine)
     weights = sum(v.nbytes for _, v in tree_flatten(served.engine.model.parameters()))
     kept = config.prompt_cache_mb * 2**20
     check_memory(kv_bytes_per_token(served.engine.model), config.max_batch, served.engine.context_length or 4096,
@@ -208,7 +121,7 @@ def batch_queue(served: Served, config: ServeConfig, metrics: ServeMetrics):
                  config.memory_bytes or physical_memory())
     if kept:
         engine.prompt_cache = PromptCache(engine.prefill_chunk, kept)
-    return BatchQueue(engine, config.queue_size, metrics, check_prompt)
+    return engine
 
 
 def ranks_report(queues: dict) -> dict:
@@ -255,8 +168,7 @@ def error_response(e: ApiError) -> JSONResponse:
 def build_app(config: ServeConfig, served: list[Served]) -> Starlette:
     config.check()
     metrics = ServeMetrics()
-    one_at_a_time = EngineQueue(config.queue_size, metrics)
-    queues = {s.model.id: batch_queue(s, config, metrics) or one_at_a_time for s in served}
+    queues = {s.model.id: BatchQueue(row_batch(s, config), config.queue_size, metrics, check_prompt) for s in served}
     by_id = {s.model.id: s for s in served}
     models = {s.model.id: s.model for s in served}
 
