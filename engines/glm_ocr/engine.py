@@ -38,8 +38,7 @@ from engines.speculative.output import Output
 from engines.speculative.proposer import Context, Draft, Proposer
 from engines.speculative.repetition import RepetitionDetector
 from engines.speculative.rounds import Round
-from engines.speculative.schedule import DraftSchedule
-from engines.speculative.sequence import Sequence, never
+from engines.speculative.sequence import Sequence
 
 
 # ----------------------------------------------------------------------------- drafters
@@ -360,25 +359,15 @@ class OcrEngine:
         spec = request.spec
         if spec.method not in ("off", "mtp", "ngram"):
             raise EngineError(f"the OCR engine speculates with 'mtp' or 'ngram' (or 'off'), not {spec.method!r}")
-        try:
-            schedule = DraftSchedule.of(spec, *for_spec(spec, self.model_path))
-        except ValueError as e:
-            raise EngineError(str(e)) from e
-        notes = [prompt.note, schedule.note]
-        if not spec.enabled:
-            drafter = None
-        elif drafter is None:
+        note = None
+        if spec.enabled and drafter is None:
             drafter, note = self._drafter(request, prompt)
-            notes.append(note)
-            if drafter is None:
-                schedule.disable()
         out = Output(self.tokenizer.stream(), set(self.config.eos_token_ids), request.max_tokens, request.stop,
                      self._guard(request))
-        for note in notes:
-            if note:
-                out.say(note)
         ctx = OcrContext(list(prompt.ids), request.sampling, embeds=prompt.embeds)
-        return Sequence(request, ctx, drafter, schedule, out, should_stop or never)
+        return Sequence.begin(request, ctx, drafter if spec.enabled else None, out,
+                              profile=for_spec(spec, self.model_path), notes=(prompt.note, note),
+                              should_stop=should_stop)
 
     def _drafter(self, request: Request, prompt: Prompt) -> tuple[Proposer | None, str | None]:
         spec = request.spec

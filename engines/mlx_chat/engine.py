@@ -26,10 +26,8 @@ from engines.mlx_chat.prefill import PREFILL_CHUNK
 from engines.mlx_chat.context import check_fits, context_length
 from engines.profiles import for_spec
 from engines.speculative.proposer import Context, Proposer
-from engines.speculative.ngram import NGramProposer
 from engines.speculative.output import Output
 from engines.speculative.rounds import Round
-from engines.speculative.schedule import DraftSchedule
 from engines.speculative.sequence import Sequence, Step
 from engines.speculative.repetition import detector_for
 from engines.speculative.verify import Verdict
@@ -183,19 +181,8 @@ class ChatEngine:
             raise EngineError("empty prompt")
         check_fits(len(prompt_ids), request.max_tokens, self.context_length)  # before any forward
         proposer, note = proposer_for(request)
-        schedule = DraftSchedule.of(request.spec, *for_spec(request.spec, self.model_path)) if proposer is not None \
-            else DraftSchedule(0)
-        if schedule.auto is not None and isinstance(proposer, NGramProposer):
-            proposer.auto = schedule.auto  # n-gram's acceptance from whole continuations (tuning.py)
-        if schedule.auto is not None and hasattr(proposer, "chooser"):  # composed: price widths as auto does
-            auto = schedule.auto
-            proposer.chooser.latency = lambda width: auto.latency().at(width) if auto.ready() else 1.0
-        out = self.output(request)
-        for said in (note, schedule.note):
-            if said:
-                out.say(said)
-        ctx = Context(prompt_ids, request.sampling)
-        return Sequence(request, ctx, proposer, schedule, out, should_stop or (lambda: False))
+        return Sequence.begin(request, Context(prompt_ids, request.sampling), proposer, self.output(request),
+                              profile=for_spec(request.spec, self.model_path), notes=(note,), should_stop=should_stop)
 
     def output(self, request: Request) -> Output:
         """What a run of `request` emits: its text through mlx-lm's streaming detokenizer."""

@@ -21,7 +21,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from engines.types import Request
+from engines.types import EngineError, Request
+from engines.speculative.ngram import NGramProposer
 from engines.speculative.output import Output
 from engines.speculative.proposer import EMPTY, Context, Draft, Proposer
 from engines.speculative.rounds import Round
@@ -71,6 +72,27 @@ class Sequence:
     asked: int = 0  # rounds it was asked for drafts
     offered: int = 0  # rounds its proposer offered some (an n-gram miss offers nothing)
     cap_said: int | None = None  # the controller's cap on its drafts, last said to it
+
+    @classmethod
+    def begin(cls, request: Request, ctx: Context, proposer: Proposer | None, out: Output, *,
+              profile: tuple[Any, str | None] = (None, None), notes: tuple[str | None, ...] = (),
+              should_stop: Callable[[], bool] | None = None) -> "Sequence":
+        """A request's Sequence, for any engine: its schedule (plain without a proposer), --steps
+        auto wired to what its proposer learns from, and the notes its first Round says.
+        `profile`: the tuning profile auto starts from and why not (engines/profiles.py for_spec)."""
+        try:
+            schedule = DraftSchedule.of(request.spec, *profile) if proposer is not None else DraftSchedule(0)
+        except ValueError as e:
+            raise EngineError(str(e)) from e
+        auto = schedule.auto
+        if auto is not None and isinstance(proposer, NGramProposer):
+            proposer.auto = auto  # n-gram's acceptance from whole continuations (tuning.py)
+        if auto is not None and hasattr(proposer, "chooser"):  # composed: price its widths as auto does
+            proposer.chooser.latency = lambda width: auto.latency().at(width) if auto.ready() else 1.0
+        for said in (*notes, schedule.note):
+            if said:
+                out.say(said)
+        return cls(request, ctx, proposer, schedule, out, should_stop or never)
 
     @property
     def remaining(self) -> int:
