@@ -5,7 +5,8 @@ runtimes). A lone request is a batch of one (`generate`).
 One step (`RowBatch.step`):
 
     admit     the engine reads waiting prompts while rows are free; each reports its first
-              token and joins the batch
+              token and joins the batch (into an idle batch: the step ends there, so a first
+              token never waits for a forward)
     stop      rows cancelled (or out of room, where an engine says so) leave before the forward
     launch    each row's k and drafts (`drafts`: the rows of a shared drafter together), then one
               target forward over every row's [pending token, drafts] -- or the step the engine
@@ -56,7 +57,10 @@ class RowBatch:
     def step(self) -> list[tuple[Sequence, Round]]:
         """Waiting prompts read (their first tokens), then one target forward over every running
         row. Returns each sequence's Round of this step."""
+        idle = not self.running
         out = self._admit()
+        if out and idle:  # first tokens go out now, not after the new rows' first forward
+            return out
         stopped = [(seq, rnd) for seq in self.running if (rnd := self._stopped(seq)) is not None]
         self._leave([seq for seq, _ in stopped])
         out += stopped

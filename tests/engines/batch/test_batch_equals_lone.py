@@ -325,3 +325,17 @@ def test_plain_rows_launch_the_next_step_ahead_and_keep_their_lone_tokens(engine
                 continue
             assert (tokens, got[i][-1].finish) == alone[i][:2], (i, tokens, alone[i][0])
         assert sum(ahead) > len(ahead) / 2, ahead  # most steps were launched ahead
+
+
+def test_a_first_token_is_not_held_back_for_a_forward(engines):
+    """Into an idle batch, the step that reads the prompts returns their first tokens alone (a
+    lone request's time to first token); their first forward is the next step's. Into a running
+    batch, a joining row's first token comes with the running rows' step, which it joins (they
+    never wait for it)."""
+    batch = BatchEngine(engines["llama"], max_batch=4, budget=None)
+    a = batch.submit(Request(prompt=COPY, max_tokens=8, spec=SpecConfig("ngram", 3)))
+    b = batch.submit(Request(prompt=FRESH, max_tokens=8))
+    assert [(seq, rnd.prefill) for seq, rnd in batch.step()] == [(a, True), (b, True)]
+    assert [(seq, rnd.prefill) for seq, rnd in batch.step()] == [(a, False), (b, False)]
+    c = batch.submit(Request(prompt="big red", max_tokens=8))
+    assert [(seq, rnd.prefill) for seq, rnd in batch.step()] == [(c, True), (a, False), (b, False), (c, False)]
