@@ -155,8 +155,7 @@ class BatchEngine(RowBatch):
         it to read its prompt as soon as a row is free. `twin_of`: a sequence queued before
         with the same prompt (another of a request's n choices): this one copies its prefill."""
         seq = self.chat.sequence(request, should_stop, self._proposer)
-        if seq.schedule.auto is not None and self.max_batch == 1:
-            self._auto_from_earlier_requests(seq.schedule.auto, request)
+        self.auto_from_earlier_requests(seq, self.auto_seen, request.spec.draft_model or self.chat.draft_path or "")
         seq.id = next(self._ids)
         seed = request.sampling.seed if request.sampling.seed is not None else random.getrandbits(63)
         seq.key = None if request.sampling.greedy else mx.random.key(seed)
@@ -211,20 +210,6 @@ class BatchEngine(RowBatch):
         if held is None or held[0] is not make or not held[1].made_from(source):
             self.mtps[path] = make, make(source.drafter, source.target, source.step)
         return self.mtps[path][1]
-
-    def _auto_from_earlier_requests(self, auto, request: Request) -> None:
-        """A batch of one's --steps auto starts from what earlier requests with this drafter
-        showed: what its rounds cost by width (the machine's, not the prompt's, so only the first
-        request pays to find them), its acceptance by position as the prior, the pace of its
-        probes one draft deeper, and (n-gram) every fixed k's rounds replayed on their outputs
-        (engines/speculative/tuning.py). A row of a larger batch learns from its own rounds."""
-        from engines.speculative.tuning import PositionAcceptance, Probes, Rounds, round_costs
-
-        spec = request.spec
-        key = (spec.method, spec.draft_model or self.chat.draft_path or "", spec.compose_ngram,
-               request.sampling.greedy, auto.max_steps)
-        auto.attach(*self.auto_seen.setdefault(key, (round_costs(), PositionAcceptance(auto.max_steps), Probes(),
-                                                     Rounds(auto.max_steps))))
 
     # -- the loop's hooks (engines/speculative/loop.py), in the order a step runs them ---------
     def _launch(self, rows: list[Sequence]) -> tuple[list[Sequence], list[Step]]:

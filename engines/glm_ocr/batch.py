@@ -183,6 +183,7 @@ class OcrBatch(RowBatch):
         serve) are taken for the batch interface's sake: a page's prefill, bounded by the
         converted cache length, reports no progress, and each choice reads its own page."""
         seq, prompt = self.engine.sequence(request, should_stop, drafter)
+        self.auto_from_earlier_requests(seq, self.engine.auto_seen)  # a document's pages, one after another
         seq.id = next(self._ids)
         seq.key = row_sampler(request)
         self.joining.append(Waiting(seq, prompt))

@@ -198,6 +198,7 @@ class OcrEngine:
         # the loop detector's shape (its copies come from Request.max_repeat); None turns it off
         self.repetition: RepetitionDetector | None = RepetitionDetector()
         self.draft_costs = DraftingCosts()  # composed drafting's measurements, kept across pages
+        self.auto_seen: dict[tuple, tuple] = {}  # --steps auto's, kept across pages read one at a time
         self.mtp_group = MtpGroup(runtime)  # a batch's MTP rows draft through it together
 
     @classmethod

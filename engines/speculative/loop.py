@@ -138,6 +138,23 @@ class RowBatch:
         self._leave(list(self.running))
         self.joining.clear()
 
+    def auto_from_earlier_requests(self, seq: Sequence, seen: dict, drafter: str = "") -> None:
+        """A batch of one's --steps auto starts from what earlier requests with this drafter
+        showed (`seen`, kept by the engine): what its rounds cost by width (the machine's, not the
+        prompt's, so only the first request pays to find them), its acceptance by position as
+        the prior, the pace of its probes one draft deeper, and (n-gram) every fixed k's rounds
+        replayed on their outputs (engines/speculative/tuning.py). A row of a larger batch learns
+        from its own rounds."""
+        auto = seq.schedule.auto
+        if auto is None or self.max_batch != 1:
+            return
+        from engines.speculative.tuning import PositionAcceptance, Probes, Rounds, round_costs
+
+        spec = seq.request.spec
+        key = (spec.method, drafter, spec.compose_ngram, seq.request.sampling.greedy, auto.max_steps)
+        auto.attach(*seen.setdefault(key, (round_costs(), PositionAcceptance(auto.max_steps), Probes(),
+                                           Rounds(auto.max_steps))))
+
     # -- a batch of one -------------------------------------------------------------------------
     def generate(self, request, should_stop=None, *, on_prefill=None, **submit_options) -> Iterator[Round]:
         """A lone request through the batch loop (the Engine protocol). Left unfinished -- its

@@ -219,6 +219,7 @@ def test_steps_auto_picks_k_from_this_runs_costs(engine, trained_glm_ocr, monkey
     chosen = {}
     for shape, blocks in (("steps", lambda rows: math.ceil(rows / 3)), ("flat", lambda rows: 1)):
         monkeypatch.setattr(engine.runtime, "decode_rows", costed(blocks))
+        engine.auto_seen.clear()  # each shape measured from scratch (pages read in a row share them)
         rounds, ks = auto_run(engine, images[0])
         assert [t for r in rounds for t in r.tokens] == plain
         assert not [r.note for r in rounds if r.note]  # no "not tuned" line: it measured itself
@@ -229,3 +230,15 @@ def test_steps_auto_picks_k_from_this_runs_costs(engine, trained_glm_ocr, monkey
     probes = len(chosen["steps"]) // (PROBE_AFTER + 1) + 1  # one round in nine drafts one more (tuning.PROBE_AFTER)
     assert sum(k > 2 for k in chosen["steps"]) <= probes and max(chosen["steps"]) <= 3, chosen
     assert sum(k >= 3 for k in chosen["flat"]) > len(chosen["flat"]) / 2, chosen
+
+
+def test_steps_auto_starts_a_page_from_the_pages_before(engine, trained_glm_ocr):
+    """Pages read one after another (a document, a batch of one each) share --steps auto's
+    measurements, as a chat's requests do: the second page's auto prices its first round."""
+    _, images = trained_glm_ocr
+    engine.auto_seen.clear()
+    first, _ = auto_run(engine, images[0])
+    second, _ = auto_run(engine, images[1])
+    first_round = [next(r for r in rounds if not r.prefill) for rounds in (first, second)]
+    assert first_round[0].expected_tok_s is None and first_round[1].expected_tok_s is not None
+    assert len(engine.auto_seen) == 1
