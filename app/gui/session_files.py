@@ -15,7 +15,7 @@ from app import APP_NAME
 from app.gui.views.sessions_dialog import SessionsDialog
 from app.records.documents import LayoutPage, PageResult, export_document
 from app.records.sessions import (
-    SavedSession, export_csv, export_json, export_png, export_text_file, load_session,
+    SavedSession, export_csv, export_json, export_png, export_text_file, input_label, load_session,
 )
 from app.settings import data_dir
 from engines.types import EngineError
@@ -34,9 +34,12 @@ class SessionFiles(QObject):
         if self.window.running:
             return
         self.window.ab.cancel()
+        req = saved.session.request
+        mode = "chat" if req.get("kind") == "chat" else "ocr"
+        if self.window.mode != mode:  # a session shows where runs of its kind show
+            self.window.controls.set_engine(mode)
         self._show_saved_page(saved)  # first: a page shown shows its own run, which the session replaces
         self.window.transcript.clear()
-        req = saved.session.request
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(saved.session.started_at))
         if req.get("kind") == "chat":
             for turn in req.get("history", []):
@@ -44,7 +47,7 @@ class SessionFiles(QObject):
             self.window.transcript.add_turn("user", req.get("prompt", ""))
             self.window.transcript.begin_response(f"Assistant \u00b7 session of {when}")
         else:
-            self.window.transcript.begin_response(f"Session of {when} \u00b7 {Path(str(req.get('image') or '')).name}")
+            self.window.transcript.begin_response(f"Session of {when} \u00b7 {input_label(req, saved.page)}")
         telemetry = self.window.ensure_telemetry()
         telemetry.clear()
         for burst in saved.bursts:

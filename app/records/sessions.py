@@ -63,6 +63,19 @@ def page_record(page: Page, region=None) -> dict:
     return record
 
 
+def input_label(request: dict, page: dict | None) -> str:
+    """What an OCR run read, named as the CLI names it: `scan.pdf · p. 2 · region 3 doc_title`
+    from the autosave's page record (the request's image may be a region's crop or a rendered
+    PDF page: a temporary file's name); the image's file name when no page is recorded."""
+    if not page:
+        return Path(str(request.get("image") or "")).name
+    label = Page(str(page.get("source") or ""), int(page.get("number") or 1), int(page.get("count") or 1), "").label
+    region = page.get("region")
+    if isinstance(region, dict):
+        label += f" \u00b7 region {int(region.get('index', 0)) + 1} {region.get('label', '')}".rstrip()
+    return label
+
+
 class Autosave(TraceWriter):
     """Appends each round as it happens, flushed, so the file is complete up to the last round.
     A write that fails (full disk) stops the autosave, not the run (TraceWriter.on_error).
@@ -162,7 +175,7 @@ def list_sessions(folder: Path | None = None, limit: int = 200) -> list[SessionE
             model=str(s.model.get("name") or Path(str(s.model.get("path", "?"))).name),
             rounds=len(s.rounds),
             outcome=saved.outcome,
-            preview=(req.get("prompt") or Path(str(req.get("image") or "")).name or s.text)[:80],
+            preview=(req.get("prompt") or input_label(req, saved.page) or s.text)[:80],
             pid=saved.pid,
         ))
     return entries
