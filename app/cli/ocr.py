@@ -134,7 +134,12 @@ def choose_layout(args: argparse.Namespace, ocr_model: str) -> str | None:
 def load_layout(path: str | None):
     from engines.glm_ocr.layout import LayoutModel
 
-    return LayoutModel.load(path) if path is not None else None
+    if path is None:
+        return None
+    layout = LayoutModel.load(path)
+    if layout.note:  # a Core ML conversion that runs on PyTorch here, and why
+        print(f"specscope: {layout.note}", file=sys.stderr, flush=True)
+    return layout
 
 
 def read_document(engine, layout, pages, requests: list[Request], args: argparse.Namespace,

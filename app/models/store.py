@@ -13,7 +13,8 @@ cache may be purged by the OS):
                             across processes: an OS file lock, released if the process dies)
     leases/<key>.<pid>.<n>  one per running use of a model (a CLI run, the GUI's loaded
                             engine); `remove` refuses while a live process holds one
-    coreml/<id>/            GLM-OCR Core ML conversions (the conversion job writes here)
+    coreml/<id>/            Core ML conversions: GLM-OCR's (the conversion job writes here) and
+                            PP-DocLayoutV3's (`specscope convert pp-doclayout-v3`)
     user_models.json        the user's own entries (catalog.py)
 
 Leases are files with the holder's pid rather than an in-process registry because the
@@ -350,7 +351,7 @@ def resolve(id_or_path: str, role: Role | tuple[Role, ...]) -> Path:
     if not st.installed or st.path is None:
         raise EngineError(f"{entry.id}: {st.missing[0] if st.missing else 'not installed'}")
     converted = coreml_dir(entry)
-    if entry.role == "ocr" and sys.platform == "darwin" and (converted / "manifest.json").is_file():
+    if entry.role in ("ocr", "layout") and sys.platform == "darwin" and (converted / "manifest.json").is_file():
         return converted  # the Core ML conversion runs where it can; the checkpoint elsewhere
     return st.path
 

@@ -350,7 +350,7 @@ def _trace(module, example: tuple):
         return torch.jit.trace(module.eval(), example, check_trace=False)
 
 
-def _fix_coremltools_cast_for_numpy2() -> None:
+def fix_coremltools_cast_for_numpy2() -> None:
     """coremltools 9.0 folds torch's `int(size)` with `int(np.array([n]))`, which NumPy >= 2.3
     refuses (only 0-d arrays convert to scalars). Fold size-1 constants via .item() instead;
     everything else goes to coremltools' own routine."""
@@ -376,7 +376,7 @@ def _fix_coremltools_cast_for_numpy2() -> None:
 def _convert(traced, inputs: list, outputs: list[str], states: list, path: Path) -> None:
     import coremltools as ct
 
-    _fix_coremltools_cast_for_numpy2()
+    fix_coremltools_cast_for_numpy2()
     mlmodel = ct.convert(
         traced,
         inputs=inputs,

@@ -3,7 +3,9 @@ first of GLM-OCR's two stages; each region is then read with its task's prompt (
 
 Where things happen (`LayoutModel.regions` top to bottom):
   load         config.json must say pp_doclayout_v3; transformers' own
-               PPDocLayoutV3ForObjectDetection reads the safetensors
+               PPDocLayoutV3ForObjectDetection reads the safetensors. A Core ML conversion
+               (layout_coreml.py) runs on Core ML where it loads (macOS 15+), else on PyTorch from
+               the checkpoint it was converted from
   preprocess   the page as transformers' PPDocLayoutV3ImageProcessor makes it, in torch: that
                class imports torchvision, which cannot be installed beside the locked CPU torch
                on Linux, so `pixel_values` repeats its few steps (see there)
@@ -172,17 +174,26 @@ def pixel_values(image, prep: Preprocessing = Preprocessing()):
 
 class LayoutModel:
     """A PP-DocLayoutV3 checkpoint directory (config.json + safetensors, as
-    PaddlePaddle/PP-DocLayoutV3_safetensors holds it), loaded once for a document's pages."""
+    PaddlePaddle/PP-DocLayoutV3_safetensors holds it), loaded once for a document's pages, or a
+    Core ML conversion of one (layout_coreml.convert_layout).
 
-    def __init__(self, model, id2label: dict[int, str], prep: Preprocessing, path: str):
+    `runtime` is "torch" (`model` is transformers' module) or "coreml" (`model` is a
+    layout_coreml.CoreMLLayout); `note` says why a conversion runs on torch instead."""
+
+    def __init__(self, model, id2label: dict[int, str], prep: Preprocessing, path: str, runtime: str = "torch",
+                 note: str | None = None):
         self.model = model
         self.id2label = id2label
         self.prep = prep
         self.path = path
+        self.runtime = runtime
+        self.note = note
 
     @classmethod
     def load(cls, model_dir: str | os.PathLike) -> "LayoutModel":
         path = Path(model_dir)
+        if (path / "manifest.json").is_file():
+            return cls._load_converted(path)
         model_type = checkpoint_type(path)
         if model_type != MODEL_TYPE:
             raise EngineError(f"{path.name} is a {model_type or 'untyped'} checkpoint, not a PP-DocLayoutV3 layout "
@@ -204,14 +215,39 @@ class LayoutModel:
         id2label = {int(k): v for k, v in model.config.id2label.items()}
         return cls(model, id2label, Preprocessing.from_dir(path), str(path))
 
-    def detect(self, image, threshold: float) -> list[Detection]:
-        """The page's detections scoring at least `threshold`, in the model's reading order."""
+    @classmethod
+    def _load_converted(cls, path: Path) -> "LayoutModel":
+        """Core ML where it loads (macOS 15+), else PyTorch on the checkpoint it was converted
+        from, with a note saying why."""
+        from engines.glm_ocr.layout_coreml import CoreMLLayout, read_manifest
+
+        manifest = read_manifest(path)
+        try:
+            model = CoreMLLayout.load(path)
+        except EngineError as e:
+            source = Path(manifest.get("source", {}).get("path", ""))
+            if not (source / "config.json").is_file():
+                raise EngineError(f"{e}; and the checkpoint it was converted from, {source}, is gone") from None
+            fallback = cls.load(source)
+            fallback.note = f"the layout model runs on PyTorch: {e}"
+            return fallback
+        id2label = {int(k): v for k, v in manifest["id2label"].items()}
+        return cls(model, id2label, Preprocessing.from_dir(path), str(path), runtime="coreml")
+
+    def outputs(self, pixels):
+        """One page's (logits, pred_boxes, order_logits), batch dimension dropped, torch tensors."""
+        if self.runtime == "coreml":
+            return self.model.outputs(pixels)
         import torch
 
         with torch.inference_mode():
-            out = self.model(pixel_values=pixel_values(image, self.prep))
-        return decode_detections(out.logits[0], out.pred_boxes[0], out.order_logits[0], image.width, image.height,
-                                 threshold)
+            out = self.model(pixel_values=pixels)
+        return out.logits[0], out.pred_boxes[0], out.order_logits[0]
+
+    def detect(self, image, threshold: float) -> list[Detection]:
+        """The page's detections scoring at least `threshold`, in the model's reading order."""
+        logits, boxes, order = self.outputs(pixel_values(image, self.prep))
+        return decode_detections(logits, boxes, order, image.width, image.height, threshold)
 
     def regions(self, image, settings: LayoutSettings = LayoutSettings()) -> list[Region]:
         """The regions to read, in reading order (possibly none)."""
