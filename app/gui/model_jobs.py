@@ -1,11 +1,13 @@
-"""Getting a model from the window: app.models' download (and, for GLM-OCR on macOS, its Core
-ML conversion) on a worker QThread, reported as Qt signals (past-tense events, as app.gui.worker's).
-Training a drafter for a chat model (DrafterJob: engines/training) runs the same way.
+"""Getting a model from the window: app.models' download (and, for GLM-OCR and its layout model
+on macOS, their Core ML conversion) on a worker QThread, reported as Qt signals (past-tense
+events, as app.gui.worker's). Training a drafter for a chat model (DrafterJob: engines/training)
+runs the same way.
 
 `ModelJobs` is the window's one place for them: at most one job at a time, started from the
 Models dialog or from a pane's "Download …" offer, watched by both. Cancel is cooperative:
 app.models polls `should_cancel` at every progress point (every 10 MiB inside a file, between
-files, between Core ML packages) and leaves nothing half-installed."""
+files, between Core ML packages or the layout model's conversion steps) and leaves nothing
+half-installed."""
 
 from __future__ import annotations
 
@@ -38,7 +40,9 @@ def download_text(p: DownloadProgress) -> str:
 
 
 def conversion_text(p: ConversionProgress) -> str:
-    where = f"converting {p.package}" if p.package else p.message
+    """`Core ML: converting decoder (1 of 4 packages)`; a job of one package (the layout model)
+    names its step instead: `Core ML: tracing the model (0 of 1 packages)`."""
+    where = f"converting {p.package}" if p.package and p.packages_total > 1 else p.message
     return f"Core ML: {where} ({p.packages_done} of {p.packages_total} packages)"
 
 

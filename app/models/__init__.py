@@ -22,14 +22,15 @@ Install state (`app.models.store`)
     models_dir()        SPECSCOPE_MODELS_DIR, else <platformdirs user data>/models
     status(entry)       -> ModelStatus(id, installed, path, size_on_disk, missing: list[str],
                         downloading, revision); `missing` holds sentences such as
-                        "downloaded, not converted for Core ML" (macOS GLM-OCR) or
+                        "downloaded, not converted for Core ML" (macOS GLM-OCR and its
+                        layout model) or
                         "its drafter ... is not downloaded"
     resolve(id_or_path, role) -> Path   catalog id, hub repo id (downloaded) or a path;
                         EngineError with the next step when it cannot
     remove(id) -> bytes freed   refused while in use or downloading
     lease(path)         context manager: marks a model in use (the GUI holds one while an
                         engine has the model loaded; CLI runs hold one)
-    coreml_dir(entry)   where a GLM-OCR Core ML conversion of `entry` belongs
+    coreml_dir(entry)   where the Core ML conversion of `entry` (GLM-OCR, PP-DocLayoutV3) belongs
 
 Downloads (`app.models.download`)
     download(entry_or_repo, revision=None, *, on_progress=None, should_cancel=None) -> Path

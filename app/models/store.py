@@ -308,7 +308,8 @@ def _hub_status(entry: CatalogEntry) -> ModelStatus:
 
 def status(entry: CatalogEntry, catalog: list[CatalogEntry] | None = None) -> ModelStatus:
     """Installed or not, where, how big on disk, and what is missing before it is ready (the
-    model itself, a target's paired drafter, GLM-OCR's Core ML conversion on macOS)."""
+    model itself, a target's paired drafter, GLM-OCR's and its layout model's Core ML conversion
+    on macOS)."""
     if entry.source == "pypi":
         st = _pypi_status(entry)
     elif entry.source == "local":
@@ -318,6 +319,9 @@ def status(entry: CatalogEntry, catalog: list[CatalogEntry] | None = None) -> Mo
     if st.installed and entry.role == "ocr" and entry.source == "hub" and sys.platform == "darwin":
         if not (coreml_dir(entry) / "manifest.json").is_file():
             st.missing.append("downloaded, not converted for Core ML")
+    if st.installed and entry.role == "layout" and entry.source == "hub" and sys.platform == "darwin":
+        if not (coreml_dir(entry) / "manifest.json").is_file():
+            st.missing.append("downloaded, not converted for Core ML (the layout stage runs on PyTorch until then)")
     pair = pair_of(entry, catalog)
     if pair is not None and entry.role == "chat":
         pair_st = status(pair, catalog) if pair.role != "chat" else None

@@ -322,7 +322,8 @@ class Offer:
 def missing_model(engine: str, model: str, method: str, draft_model: str, layout: bool = True) -> Offer | None:
     """What the chosen mode needs and does not have, and the one button that gets it: OCR with
     no model chosen needs the downloaded GLM-OCR (and on macOS its Core ML conversion), and with
-    Layout on its layout model (pages are read whole meanwhile); a chat target chosen by catalog
+    Layout on its layout model (pages are read whole meanwhile; on macOS its Core ML conversion
+    is offered too, the layout stage running on PyTorch meanwhile); a chat target chosen by catalog
     id must be downloaded; MTP needs the target's paired assistant."""
     entries = catalog.load_catalog()
     if engine == "ocr":
@@ -343,6 +344,10 @@ def missing_model(engine: str, model: str, method: str, draft_model: str, layout
             size = f", about {store.human_size(pair.size_bytes)}" if pair.size_bytes else ""
             return Offer(f"Layout: GLM-OCR reads a page region by region with {name}, which is not downloaded"
                          f"{size}; pages are read whole meanwhile.", f"Download {name}", pair.id)
+        if layout and pair is not None and pair.role == "layout" and conversion_needed(pair):
+            name = pair.title.split(" (")[0]
+            return Offer(f"Layout: {name} is downloaded but not converted for Core ML yet (a minute or two, once); "
+                         "it runs on PyTorch meanwhile.", f"Convert {name} for Core ML", pair.id)
         return None
     target = (catalog.find(model, entries) or store.entry_at(Path(model), entries)) if model else None
     if target is not None and target.source == "hub" and not store.status(target, entries).installed:

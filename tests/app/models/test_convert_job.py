@@ -1,10 +1,14 @@
-"""GLM-OCR's Core ML conversion as the app runs it after a download (app/models/convert_job.py):
-progress per package, cancel, the parity check before a conversion counts as ready. The model
-is a tiny GLM-OCR in the published layout, fetched from the loopback hub. Conversion runs on
-Linux too; Core ML prediction of the result only on macOS (tests/engines/glm_ocr_convert)."""
+"""The Core ML conversion as the app runs it after a download on macOS (app/models/convert_job.py),
+for GLM-OCR and for its layout model PP-DocLayoutV3: progress per package, cancel, the parity
+check before a conversion counts as ready, nothing left behind by a cancel or a failure. The
+models are a tiny GLM-OCR in the published layout and a tiny random PP-DocLayoutV3 in the real
+format (tests/engines/glm_ocr/layout_checkpoints.py), fetched from the loopback hub. Conversion
+runs on Linux too; Core ML prediction of the result only on macOS (tests/engines/glm_ocr_convert).
+The macOS rule (what needs converting) is checked as logic with sys.platform set to darwin."""
 
 from __future__ import annotations
 
+import json
 import sys
 
 import pytest
@@ -84,3 +88,121 @@ def test_conversion_reports_each_package_then_is_ready(downloaded):
     assert convert_job.ocr_model_dir(downloaded, store.resolve("glm-ocr", "ocr"), "coreml") == folder
     assert leftovers(downloaded) == [folder]
     assert not any("not converted" in m for m in store.status(downloaded).missing)
+
+
+# --- the layout model (role "layout": one package) -----------------------------------------------
+
+@pytest.fixture(scope="module")
+def layout_repo(tmp_path_factory):
+    from tests.engines.glm_ocr.layout_checkpoints import make_tiny_layout
+
+    return make_tiny_layout(tmp_path_factory.mktemp("convert_job_layout") / "PP-DocLayoutV3")
+
+
+@pytest.fixture
+def layout_downloaded(hub, hub_env, layout_repo):
+    entry = catalog.find("pp-doclayout-v3")
+    hub.serve_repo(entry.repo_id, layout_repo)
+    dl.download("pp-doclayout-v3")
+    return entry
+
+
+def test_on_macos_the_layout_model_is_converted_after_its_download(layout_downloaded, monkeypatch):
+    monkeypatch.setattr(sys, "platform", "linux")
+    assert not convert_job.conversion_needed(layout_downloaded)  # elsewhere PyTorch reads the download
+    monkeypatch.setattr(sys, "platform", "darwin")
+    assert convert_job.conversion_needed(layout_downloaded)
+    assert store.status(layout_downloaded).missing == [
+        "downloaded, not converted for Core ML (the layout stage runs on PyTorch until then)"]
+    assert store.resolve("pp-doclayout-v3", "layout") == store.status(layout_downloaded).path
+
+
+def test_the_layout_model_converts_into_place_with_its_manifest(layout_downloaded, monkeypatch):
+    from engines.glm_ocr.layout import LayoutModel
+    from engines.glm_ocr.layout_coreml import MANIFEST_FORMAT, OUTPUTS, PACKAGE
+
+    snapshot = store.status(layout_downloaded).path
+    events: list[convert_job.ConversionProgress] = []
+    folder = convert_job.convert(layout_downloaded, on_progress=events.append)
+    assert folder == store.coreml_dir(layout_downloaded) and convert_job.is_converted(layout_downloaded)
+    assert leftovers(layout_downloaded) == [folder]
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["format"] == MANIFEST_FORMAT and (folder / PACKAGE).is_dir()
+    assert sorted(manifest["parity"]) == sorted(OUTPUTS) and all(r["ok"] for r in manifest["parity"].values())
+    assert manifest["source"]["path"] == str(snapshot.resolve())
+    # one package, under way from the first report to the last; the fraction only grows
+    assert {e.packages_total for e in events} == {1}
+    assert [e.package for e in events[:-1]] == ["layout"] * (len(events) - 1)
+    assert (events[-1].package, events[-1].packages_done, events[-1].message) == (None, 1, "done")
+    assert [e.fraction for e in events] == sorted(e.fraction for e in events)
+    assert any(e.message.startswith("converting with coremltools") for e in events)
+    # on macOS runs resolve to it, and nothing is missing any more
+    monkeypatch.setattr(sys, "platform", "darwin")
+    assert not convert_job.conversion_needed(layout_downloaded) and store.status(layout_downloaded).missing == []
+    assert store.resolve("pp-doclayout-v3", "layout") == folder
+    monkeypatch.setattr(sys, "platform", "linux")
+    layout = LayoutModel.load(folder)  # here Core ML does not load it: PyTorch from the download, said
+    assert layout.runtime == "torch" and layout.path == str(snapshot.resolve())
+    assert layout.note.startswith("the layout model runs on PyTorch: the Core ML runtime needs macOS")
+
+
+def test_cancelling_the_layout_conversion_leaves_nothing(layout_downloaded):
+    events: list[convert_job.ConversionProgress] = []
+    final = store.coreml_dir(layout_downloaded)
+    staging_seen = []
+
+    def cancel_before_coremltools() -> bool:
+        if events and events[-1].message.startswith("converting with coremltools"):
+            staging_seen.append((final.parent / (final.name + ".converting")).is_dir())
+            return True
+        return False
+
+    with pytest.raises(convert_job.ConversionCancelled):
+        convert_job.convert(layout_downloaded, on_progress=events.append, should_cancel=cancel_before_coremltools)
+    assert staging_seen == [True]  # the job had written its staging folder; it is gone
+    assert (events[-1].package, events[-1].packages_done, events[-1].packages_total) == ("layout", 0, 1)
+    assert leftovers(layout_downloaded) == [] and not convert_job.is_converted(layout_downloaded)
+    assert store.status(layout_downloaded).installed  # the download itself is untouched
+
+
+def test_a_layout_conversion_that_fails_its_parity_check_leaves_nothing_and_says_so(layout_downloaded, monkeypatch):
+    from engines.glm_ocr import layout_convert
+
+    monkeypatch.setattr(layout_convert, "PARITY_RTOL", -1.0)  # a tolerance no conversion meets
+    with pytest.raises(EngineError) as excinfo:
+        convert_job.convert(layout_downloaded)
+    message = str(excinfo.value)
+    assert "parity check failed for the layout model" in message and "runs on PyTorch instead" in message
+    assert "\n" not in message
+    assert leftovers(layout_downloaded) == [] and not convert_job.is_converted(layout_downloaded)
+    assert store.status(layout_downloaded).installed
+
+
+def test_a_layout_manifest_whose_parity_failed_is_refused():
+    from engines.glm_ocr.layout_coreml import MANIFEST_FORMAT
+
+    good = {"ok": True, "max_abs_error": 0.0}
+    convert_job.check_parity({"format": MANIFEST_FORMAT, "parity": {"logits": good, "pred_boxes": good}})
+    with pytest.raises(EngineError, match="layout package failed its parity check on pred_boxes"):
+        convert_job.check_parity({"format": MANIFEST_FORMAT,
+                                  "parity": {"logits": good, "pred_boxes": {"ok": False, "max_abs_error": 0.4}}})
+    with pytest.raises(EngineError, match="no parity report"):
+        convert_job.check_parity({"format": MANIFEST_FORMAT, "parity": {}})
+
+
+def test_on_macos_the_ocr_pane_offers_the_layout_model_s_conversion(downloaded, layout_downloaded, monkeypatch):
+    """For a layout model downloaded before (or whose conversion did not finish): once GLM-OCR is
+    ready, the pane's one button converts the layout model, which runs on PyTorch meanwhile."""
+    from app.gui.views.models_dialog import missing_model
+
+    monkeypatch.setattr(sys, "platform", "darwin")
+    assert missing_model("ocr", "", "mtp", "").button == "Convert GLM-OCR for Core ML"  # GLM-OCR's own comes first
+    glm = store.coreml_dir(downloaded)
+    glm.mkdir(parents=True)
+    (glm / "manifest.json").write_text("{}")  # GLM-OCR counts as converted (as tests/app/models/test_catalog_store.py)
+    offer = missing_model("ocr", "", "mtp", "")
+    assert (offer.button, offer.model_id) == ("Convert PP-DocLayoutV3 for Core ML", "pp-doclayout-v3")
+    assert "runs on PyTorch meanwhile" in offer.text
+    assert missing_model("ocr", "", "mtp", "", layout=False) is None  # Layout off: nothing to offer
+    monkeypatch.setattr(sys, "platform", "linux")
+    assert missing_model("ocr", "", "mtp", "") is None
