@@ -12,7 +12,8 @@ its state's colour with its last characters read; the batch's aggregate tok/s an
 time under the page (views/batch_view.py); the followed region's rounds in the transcript and
 the speculation strip -- the first region read, until a box is clicked, then that one; the
 document's Markdown (views/markdown_view.py), as engines.glm_ocr.document.markdown_pages writes
-it, updated as each region is read."""
+it, updated as each region is read. A converted layout model that runs on PyTorch instead (Core
+ML did not load it) is said once, above the text, as `specscope ocr` says it on stderr."""
 
 from __future__ import annotations
 
@@ -95,6 +96,7 @@ class DocumentRun(QObject):
         self.worker: PageWorker | None = None
         self.index = -1  # the page being read
         self.following = True  # the transcript follows the first region read until a box is clicked
+        self.runtime_notes_said: set[str] = set()  # a layout model's runtime note is said once
 
     # --- whether, and how to start -----------------------------------------------------------
     def layout_for_next_page(self) -> str | None:
@@ -187,8 +189,12 @@ class DocumentRun(QObject):
         n = len(found.regions)
         self.window.status.setText(f"Layout: {n} region{'s' * (n != 1)} in {found.seconds:.2f} s \u00b7 reading them "
                                    "together")
-        if found.note:
-            self.window.transcript.show_message(found.note[0].upper() + found.note[1:] + ".", "info")
+        notes = [found.note] if found.note else []
+        if found.runtime_note and found.runtime_note not in self.runtime_notes_said:
+            self.runtime_notes_said.add(found.runtime_note)
+            notes.insert(0, found.runtime_note)
+        if notes:
+            self.window.transcript.show_message(" ".join(n[0].upper() + n[1:].rstrip(".") + "." for n in notes), "info")
         self._update_progress()
         self.regions_found.emit(found)
 

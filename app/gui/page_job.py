@@ -43,6 +43,7 @@ class RegionsFound:
     regions: list  # engines.glm_ocr.layout.Region, in reading order
     seconds: float  # how long the layout stage took
     note: str | None = None  # layout found nothing: the whole page is read as one region
+    runtime_note: str | None = None  # why a converted layout model runs on PyTorch (LayoutModel.note)
 
 
 @dataclass
@@ -99,7 +100,7 @@ def read_page(host, job: ReadPage) -> str:
     if not regions:
         note = "layout found no regions: the whole page is read as text"
         regions = [whole_page(image)]
-    host.send(RegionsFound(regions, time.perf_counter() - started, note))
+    host.send(RegionsFound(regions, time.perf_counter() - started, note, layout.note))
     events = PageEvents(host.send)
     read = read_regions_together(image, job.page, regions, job.request, Path(job.crop_dir),
                                  OcrBatch(engine, max_batch=job.max_batch), host.should_stop,

@@ -11,12 +11,15 @@ together reaches the page job; Copy as Markdown, Save Text As and the summaries 
 by region (beside one read whole) as the CLI gives them; Stop ends the page mid-read and the next
 Read reads it again from its start, while a page whose regions had all ended when Stop came stays
 read; without the layout model pages are read whole, the window says so in one line and offers the
-download, after which the same Read goes by region; Layout off reads whole pages."""
+download, after which the same Read goes by region; Layout off reads whole pages. On macOS the
+layout model is converted to Core ML after its download, by the same job as GLM-OCR, and a
+converted layout model that runs on PyTorch instead is said once (Linux's fallback stands in)."""
 
 from __future__ import annotations
 
 import json
 import shutil
+import sys
 
 import pytest
 from PySide6.QtCore import QPointF, Qt
@@ -365,6 +368,53 @@ def test_without_the_layout_model_pages_are_read_whole_said_and_it_is_offered(qt
     assert read(qtbot, window) == "finished"
     assert [rr.region.label for rr in window.ocr.layout_pages[0].regions] == ["doc_title", "display_formula"]
     assert not window.transcript.message_text
+    window.shutdown()
+
+
+def test_on_macos_the_layout_model_converts_after_its_download_and_pytorch_instead_is_said_once(
+        qtbot, hub, hub_env, checkpoints, monkeypatch):
+    """The Models dialog gets PP-DocLayoutV3 as on macOS: the download, then the Core ML conversion
+    (app/models/convert_job.py, with its progress), into the models folder, which Layout then uses
+    (store.resolve). Where Core ML does not load it the layout stage runs on PyTorch from the
+    checkpoint it was converted from, and the window says so once, above the text, as `specscope
+    ocr` does on stderr. Here the window's process is told it is macOS (sys.platform, as the models
+    tests do) and the engine process -- a fresh interpreter, on Linux -- is where Core ML cannot
+    load the package: that fallback is the one shown. GLM-OCR is chosen by its folder, so that its
+    own conversion (minutes, tests/app/models/test_convert_job.py) is not asked for."""
+    pytest.importorskip("coremltools")  # imported before sys.platform says darwin: it reads mac_ver() then
+    from app.models import catalog, convert_job, store
+
+    install(hub, checkpoints, "glm-ocr")
+    window = window_for(qtbot, max_tokens=8, ocr_model=str(store.resolve("glm-ocr", "ocr")))
+    monkeypatch.setattr(sys, "platform", "darwin")
+    entry = catalog.find("pp-doclayout-v3")
+    hub.serve_repo(entry.repo_id, checkpoints["layout"])
+    dialog = window.open_models_dialog()
+    dialog.select("pp-doclayout-v3")
+    progress = []
+    window.model_jobs.progressed.connect(lambda p: progress.append((p.phase, p.text)))
+    with qtbot.waitSignal(window.model_jobs.finished, timeout=300_000) as got:
+        assert dialog.download_selected()
+    assert got.args == ["pp-doclayout-v3", str(store.coreml_dir(entry))]
+    assert convert_job.is_converted(entry) and not convert_job.conversion_needed(entry)
+    phases = [phase for phase, _text in progress]
+    assert phases == sorted(phases, key=["download", "convert"].index) and "convert" in phases
+    assert ("convert", "Core ML: tracing the model (0 of 1 packages)") in progress
+    assert dialog.message.text() == f"pp-doclayout-v3 is ready: {store.coreml_dir(entry)}"
+    dialog.close()
+
+    run = window.document_run
+    assert run.layout_for_next_page() == str(store.coreml_dir(entry))
+    window.open_documents([checkpoints["page"], checkpoints["page"]])
+    said = []
+    run.regions_found.connect(lambda found: said.append((found.runtime_note, window.transcript.message_text)))
+    assert read(qtbot, window) == "finished"
+    [(note, first), (again, second)] = said
+    assert note.startswith("the layout model runs on PyTorch: the Core ML runtime needs macOS 15") and again == note
+    assert first == note[0].upper() + note[1:] + "."
+    assert second == ""  # once: the second page, on the same fallback, does not say it again
+    assert [[rr.region.label for rr in page.regions] for page in window.ocr.layout_pages] == [
+        ["doc_title", "display_formula"]] * 2  # the checkpoint's regions, on PyTorch
     window.shutdown()
 
 
