@@ -48,10 +48,7 @@ def attention(queries: mx.array, keys: mx.array, values: mx.array, scale: float,
     if isinstance(mask, str):  # "causal": the L queries are the last L of the S positions
         scores = scores + causal_mask(L, S)
     elif mask is not None:
-        if mask.dtype == mx.bool_:  # made additive once, on the mask, not on every score
-            mask = mx.where(mask, mx.array(0.0, scores.dtype), mx.array(-mx.inf, scores.dtype))
-        else:  # an additive mask is in natural-log units
-            mask = mask * LOG2E
+        mask = additive(mask, scores.dtype)
         # Broadcast as mx.fast does against [B, H, L, S]; H then splits into (kv head, group).
         mask = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
         mask = mask.reshape(mask.shape[0], 1, 1, L, S) if mask.shape[1] == 1 else \
@@ -64,6 +61,25 @@ def attention(queries: mx.array, keys: mx.array, values: mx.array, scale: float,
 
 
 _causal = threading.local()  # per thread: a server decodes in its own thread (see loading.materialize)
+_additive = threading.local()
+
+
+def additive(mask: mx.array, dtype: mx.Dtype) -> mx.array:
+    """A mask as `attention` adds it to its scores, in log2 units (a bool mask: 0 or -inf; an
+    additive one is in natural-log units). Made once per mask, not once per layer: the layers of a
+    forward that attend alike are handed the same mask (mlx-lm makes one per kind of layer), and
+    on the CPU each op costs more in dispatch than in arithmetic. The last two masks are kept,
+    one per kind of layer (full, sliding) as they alternate."""
+    held = getattr(_additive, "held", ())
+    for known, dt, made in held:
+        if known is mask and dt == dtype:
+            return made
+    if mask.dtype == mx.bool_:
+        made = mx.where(mask, mx.array(0.0, dtype), mx.array(-mx.inf, dtype))
+    else:
+        made = mask * LOG2E
+    _additive.held = (*held[-1:], (mask, dtype, made))
+    return made
 
 
 def causal_mask(L: int, S: int) -> mx.array:

@@ -55,6 +55,17 @@ def test_attention_is_checked_against_something_that_can_differ():
     assert mx.abs(cpu_kernels.attention(q, wrong_k, wrong_v, D ** -0.5, None) - want).max().item() > 1e-2
 
 
+def test_masks_made_additive_once_are_each_their_own():
+    """A mask is made additive once and reused while it is handed in again (the layers of one
+    forward); masks of the same shape that differ -- the two kinds of layer, the next forward --
+    each give their own attention, as mx.fast's, in any order."""
+    q, k, v = qkv()
+    first, second = ragged_mask(), ragged_mask()[::-1]
+    for mask in (first, second, first, first, second, mx.array(first)):
+        want = mx.fast.scaled_dot_product_attention(q, k, v, scale=D ** -0.5, mask=mask)
+        assert mx.abs(cpu_kernels.attention(q, k, v, D ** -0.5, mask) - want).max().item() < 1e-5
+
+
 def test_swiglu_equals_mlx_lm():
     gate, x = mx.random.normal((4, 6, 64)) * 8, mx.random.normal((4, 6, 64))
     want = activations.swiglu(gate, x)
