@@ -22,7 +22,9 @@ the same counts as host ints. At most one forward is deferred at a time.
 
 Dead slots cost attention work until `compact` gathers each row's live slots to the right of
 a narrower buffer (and drops what a sliding window can no longer see). It runs only when the
-dead share is large, so its copy is amortised over many steps.
+dead share is large, so its copy is amortised over many steps. Columns every row's window has
+left are not read meanwhile: a windowed table's layers read from the first column a query can
+see (`first_read`).
 
 Why not mlx-lm's BatchKVCache as it is: its mask is made from one write cursor and left
 padding, so it cannot hide a rejected tail in the middle of a row (the mlx-lm server plan's
@@ -43,6 +45,7 @@ from engines.types import EngineError
 
 DEAD = -1
 STEP = 256  # buffer growth, in slots (as mlx-lm's caches grow)
+LOOK_EVERY = 8  # columns written between two looks for dead columns (compact_if_sparse)
 
 
 class UnbatchableModel(EngineError):
@@ -58,8 +61,11 @@ class SlotTable:
         self.next_pos = np.zeros(rows, dtype=np.int64)  # per row: the next token's position
         self.width = 0  # slots written by the forward in flight (0 between forwards)
         self.deferred: tuple[int, mx.array] | None = None  # (width, kept [B] lazy) of a forward written before it
+        self.deferred_keys: mx.array | None = None  # key_positions() while deferred
         self.compactions = 0
+        self.size_checked = 0  # the size when compact_if_sparse last looked
         self.offsets: mx.array | None = None  # next_pos as an array, for the forward in flight
+        self.first = 0  # the first column the forward in flight reads (see first_read)
         self.layers: list[SlotKVCache] = []
 
     @property
@@ -72,11 +78,25 @@ class SlotTable:
         return self.pos.shape[1] + (self.deferred[0] if self.deferred else 0)
 
     # -- one forward ------------------------------------------------------------------------
-    def begin(self, width: int) -> None:
+    def begin(self, width: int, offsets: mx.array | None = None) -> None:
         """A forward of `width` tokens per row is about to run. Its RoPE offsets are made
-        once here, not by each layer that asks."""
+        once here, not by each layer that asks (`offsets`: made already, by another table:
+        every table of a cache holds the same rows at the same positions)."""
         self.width = width
-        self.offsets = mx.array(self.next_pos) + (self.deferred[1] if self.deferred else 0)
+        self.offsets = offsets if offsets is not None else \
+            mx.array(self.next_pos, dtype=mx.int32) + (self.deferred[1] if self.deferred else 0)
+        self.first = self.first_read()
+
+    def first_read(self) -> int:
+        """The first column any query of the next forward can see. In a windowed table the
+        columns before it hold only positions every row's window has left behind: the layers
+        read from here on, so a lone stream past its window attends to the window alone,
+        unmasked, as mlx-lm's rotating cache has it (not to dead columns hidden by a mask)."""
+        if not self.window or not self.pos.shape[1]:
+            return 0
+        # (a deferred forward's queries come after next_pos: what next_pos's window has left, theirs has)
+        seen = (self.pos > (self.next_pos[:, None] - self.window)).any(axis=0)
+        return int(seen.argmax()) if seen.any() else self.pos.shape[1]
 
     def new_positions(self) -> np.ndarray:
         return self.next_pos[:, None] + np.arange(self.width)[None]
@@ -86,30 +106,34 @@ class SlotTable:
         forward is deferred."""
         if self.deferred is None:
             return self.pos
-        width, kept = self.deferred
-        j = mx.arange(width)[None]
-        held = mx.where(j < kept[:, None], mx.array(self.next_pos)[:, None] + j, DEAD)
-        return mx.concatenate([mx.array(self.pos), held], axis=1)
+        if self.deferred_keys is None:  # made once a deferred forward: the masks and an MTP view read it
+            width, kept = self.deferred
+            j = mx.arange(width)[None]
+            held = mx.where(j < kept[:, None], mx.array(self.next_pos)[:, None] + j, DEAD)
+            self.deferred_keys = mx.concatenate([mx.array(self.pos), held], axis=1)
+        return self.deferred_keys
 
     def mask(self, n: int, window: int | None) -> mx.array | str | None:
-        """[B, 1, n, size + n] bool: which keys each query of the forward may read. When every
-        written slot is live and inside the window, every query reads all keys before it: no
+        """[B, 1, n, size - first + n] bool: which keys each query of the forward may read. When
+        every slot read is live and inside the window, every query reads all keys before it: no
         mask for one token, "causal" for more (as mlx-lm's own caches say), so the attention
         adds nothing -- a lone request's plain decoding, and any batch between rejections."""
         assert n == self.width, "a forward's width must be announced with begin()"
         window = window or self.window
-        if self.deferred is None and (self.pos.size == 0 or self.pos.min() >= 0) \
-                and (not window or self.size + n <= window):
+        pos = self.pos[:, self.first:]
+        if self.deferred is None and (pos.size == 0 or pos.min() >= 0) \
+                and (not window or pos.shape[1] + n <= window):
             return None if n == 1 else "causal"
         if self.deferred is None:
             q = self.new_positions()  # [B, n]
-            k = np.concatenate([self.pos, q], axis=1)  # [B, S + n]
+            k = np.concatenate([pos, q], axis=1)  # [B, S - first + n]
         else:
             q = self.offsets[:, None] + mx.arange(n)[None]
-            k = mx.concatenate([self.key_positions(), q], axis=1)
-        ok = (k[:, None, :] >= 0) & (k[:, None, :] <= q[:, :, None])
+            k = mx.concatenate([self.key_positions()[:, self.first:], q], axis=1)
+        k, q = k[:, None, :], q[:, :, None]
+        ok = (k >= 0) & (k <= q)
         if window:
-            ok = ok & (k[:, None, :] > q[:, :, None] - window)
+            ok = ok & (k > q - window)
         return mx.array(ok[:, None]) if isinstance(ok, np.ndarray) else ok[:, None]
 
     def rollback(self, counts: list[int]) -> None:
@@ -123,7 +147,7 @@ class SlotTable:
         slots it wrote (its pending token and accepted drafts); the rest -- rejected drafts,
         padding -- die."""
         if self.deferred is not None:
-            (width, _), self.deferred = self.deferred, None
+            (width, _), self.deferred, self.deferred_keys = self.deferred, None, None
         else:
             width, self.width = self.width, 0
         new = self.next_pos[:, None] + np.arange(width)[None]
@@ -135,7 +159,7 @@ class SlotTable:
         """The forward in flight keeps kept[b] slots per row, a count still in the graph: the
         next forward may begin now; `settle` takes the same counts once read."""
         assert self.deferred is None, "one forward at a time is deferred"
-        self.deferred, self.width = (self.width, kept), 0
+        self.deferred, self.width, self.deferred_keys = (self.width, kept), 0, None
 
     def abandon(self) -> None:
         """The forward in flight is dropped unread: its slots are written over by the next."""
@@ -172,6 +196,7 @@ class SlotTable:
             layer.gather(gather)
         self.pos = pos
         self.compactions += 1
+        self.size_checked = self.size
 
     def select(self, rows: list[int]) -> None:
         """Keep only these rows (sequences that left are dropped), then drop all-dead columns."""
@@ -215,7 +240,8 @@ class SlotKVCache:
             self._grow(keys, values, start + n)
         self.keys[..., start:start + n, :] = keys
         self.values[..., start:start + n, :] = values
-        return self.keys[..., :start + n, :], self.values[..., :start + n, :]
+        first = self.table.first
+        return self.keys[..., first:start + n, :], self.values[..., first:start + n, :]
 
     def _grow(self, keys: mx.array, values: mx.array, needed: int) -> None:
         capacity = (needed + STEP - 1) // STEP * STEP
@@ -283,8 +309,10 @@ class BatchCache:
         return self.tables[0].rows
 
     def begin(self, width: int) -> None:
+        offsets = None
         for t in self.tables:
-            t.begin(width)
+            t.begin(width, offsets)
+            offsets = t.offsets
 
     def settle(self, kept: list[int]) -> None:
         for t in self.tables:
@@ -309,10 +337,16 @@ class BatchCache:
     def compact_if_sparse(self, share: float = 0.25, min_slots: int = 64) -> None:
         """Compact a table once a quarter of its width (and at least 64 columns) is dead in
         every row: each step's attention then stops paying for slots no query reads. Never
-        under a forward in flight (a step launched ahead): its slots are not in the table yet."""
+        under a forward in flight (a step launched ahead): its slots are not in the table yet.
+        A table is looked at once it has grown by LOOK_EVERY columns (or min_slots, if fewer)
+        since the last look: only written columns make a table sparser, and the look itself
+        costs a lone stream's step a few percent if taken every step."""
         if self.tables[0].width or self.deferred:
             return
         for t in self.tables:
+            if t.size - t.size_checked < min(min_slots, LOOK_EVERY):
+                continue
+            t.size_checked = t.size
             free = t.reclaimable()
             if free >= min_slots and free >= share * t.size:
                 t.compact()

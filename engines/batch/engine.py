@@ -266,6 +266,8 @@ class BatchEngine(RowBatch):
         it never stalls the running streams for more than a chunk; several short prompts join
         in one step. Chunks start where a lone run's do, so a prompt is read in the same
         forwards as alone (the same floating-point result)."""
+        if not self.joining:
+            return []
         gone = [j for j in self.joining if j.seq.should_stop()]  # clients that left while waiting
         out = [(j.seq, j.seq.out.stopped("cancelled", prefill=True)) for j in gone]
         for j in gone:

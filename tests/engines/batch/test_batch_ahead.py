@@ -172,7 +172,8 @@ def test_a_batch_of_one_left_unread_leaves_nothing_behind(targets):
 
 def test_a_table_with_every_slot_live_asks_for_no_mask():
     """A lone request's plain decoding (every slot live, inside the window) reads every key: no
-    mask for one token, "causal" for more; once a slot dies, or past the window, the real mask."""
+    mask for one token, "causal" for more; once a slot dies, or a query's window is shorter
+    than the keys read, the real mask."""
     import numpy as np
 
     table = SlotTable(rows=1, window=8)
@@ -190,3 +191,6 @@ def test_a_table_with_every_slot_live_asks_for_no_mask():
     full = SlotTable(rows=1, window=4)
     full.begin(5)
     assert not isinstance(full.mask(5, None), str)  # past the window: a real mask
+    full.settle([5])
+    full.begin(1)  # one token past the window reads the window's keys alone (positions 2..4, its own)
+    assert full.first == 2 and full.mask(1, None) is None

@@ -22,10 +22,11 @@ def plain_logits(model, cache, prompt, tokens):
     return mx.stack(out)
 
 
-def speculative_logits(model, prompt, tokens, rng):
+def speculative_logits(model, prompt, tokens, rng, min_slots=4):
     """The same logits through the batch's one-row slot-table cache, every step feeding the true
     token plus 0..7 junk drafts (as a verify forward does; 0 = a plain round), keeping the first
-    position's logits and only that slot (the junk's slots die), compacting once sparse."""
+    position's logits and only that slot (the junk's slots die), compacting once `min_slots`
+    columns are dead."""
     from engines.batch.cache import BatchCache
 
     cache = BatchCache(model, 1)
@@ -39,7 +40,7 @@ def speculative_logits(model, prompt, tokens, rng):
         out.append(model(mx.array([[t, *junk]]), cache=cache.layers)[0, 0])
         mx.eval(out[-1])
         cache.settle([1])
-        cache.compact_if_sparse(min_slots=4)
+        cache.compact_if_sparse(min_slots=min_slots)
     return mx.stack(out), cache
 
 
@@ -57,6 +58,21 @@ def test_slot_table_rollback_is_exact_far_past_the_window(gemma3):
     got, cache = speculative_logits(gemma3, prompt, tokens, rng)
     np.testing.assert_allclose(np.array(got), np.array(want), atol=2e-4, rtol=1e-4)
     assert cache.tables[0].compactions + cache.tables[-1].compactions > 3  # the window's table dropped old slots
+
+
+def test_layers_past_the_window_read_only_the_window(gemma3):
+    """Never compacted, the window's table keeps every slot; its layers read from the first
+    column the window can still see (SlotTable.first_read), and the logits stay plain decoding's."""
+    rng = np.random.default_rng(1)
+    prompt = rng.integers(2, 70, size=5).tolist()
+    tokens = rng.integers(2, 70, size=6 * WINDOW).tolist()
+    want = plain_logits(gemma3, make_prompt_cache(gemma3), prompt, tokens)
+    got, cache = speculative_logits(gemma3, prompt, tokens, rng, min_slots=10**6)
+    np.testing.assert_allclose(np.array(got), np.array(want), atol=2e-4, rtol=1e-4)
+    windowed = next(t for t in cache.tables if t.window)
+    assert windowed.compactions == 0
+    cache.begin(1)
+    assert windowed.first > len(prompt) + 4 * WINDOW  # the columns the window has left are not read
 
 
 def test_mlx_lm_rotating_cache_trim_is_not_exact_past_the_window(gemma3):
