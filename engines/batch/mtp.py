@@ -26,7 +26,7 @@ from typing import Any, Callable
 import mlx.core as mx
 
 from engines.types import EngineError
-from engines.batch.cache import BatchCache
+from engines.batch.cache import DEAD, BatchCache
 from engines.mlx_chat.proposers import LazyVerdict
 from engines.speculative.proposer import Context, Draft
 from engines.mlx_chat.sampling import target_probs
@@ -137,22 +137,25 @@ class BatchMTP:
 
         Why buffers and masks rather than exact slices: the kept counts may still be lazy (a
         step launched ahead), and a buffer's shape changes only when the cache grows it, so the
-        compiled drafter step is traced once per growth rather than once per token."""
+        compiled drafter step is traced once per growth (every STEP slots) rather than once per
+        token: the columns not yet written are masked like dead ones. (Each new trace also
+        stays in mx.compile's cache, and every call searches it.)"""
         kv, masks = {}, {}
         every_row = rows == list(range(cache.rows))
         for kind, layer in self.target.kv_layers.items():
             slots = cache.layers[layer]
             table = slots.table
-            size = table.size
             pos = mx.array(table.key_positions())  # [B, size]; the last token (positions[r]) is not in the cache
+            unwritten = slots.keys.shape[2] - table.size
+            pos = mx.pad(pos, [(0, 0), (0, unwritten)], constant_values=DEAD) if unwritten else pos
             pos = pos if every_row else pos[index]
             visible = pos >= 0
             if kind == "sliding_attention":
                 visible = visible & (pos >= (positions - self.target.sliding_window)[:, None])
             if every_row:  # no gather
-                kv[kind] = (slots.keys[..., :size, :], slots.values[..., :size, :])
+                kv[kind] = (slots.keys, slots.values)
             else:
-                kv[kind] = (slots.keys[index, :, :size, :], slots.values[index, :, :size, :])
+                kv[kind] = (slots.keys[index], slots.values[index])
             masks[kind] = visible
         return kv, masks
 

@@ -141,3 +141,27 @@ def test_gemma4_assistant_drafts_in_a_batch_equal_its_lone_drafts(dense_pair, mo
     batch_drafts = drafts
     assert len(batch_drafts) > 15 and max(len(c) for c in batch_drafts) > 2 * SLIDING_WINDOW
     assert all(batch_drafts[c] == lone_drafts[c] for c in batch_drafts)
+
+
+def test_the_compiled_drafter_step_is_traced_once_per_buffer(dense_pair, monkeypatch):
+    """mx.compile traces the drafter's step again for every new input shape, and keeps every
+    trace (each call then searches them): BatchMTP.view hands it the target's whole K/V buffers,
+    their unwritten columns masked, so a request whose cache stays in one buffer (STEP slots)
+    traces it once. Sliced to the written columns, it would trace nearly every round."""
+    from engines.mlx_chat import gemma4_assistant
+
+    traced = []
+    compile_step = gemma4_assistant.compile_step
+
+    def counting(step):
+        def step_traced(*args):
+            traced.append(1)  # called only while mx.compile traces
+            return step(*args)
+        return compile_step(step_traced)
+
+    monkeypatch.setattr(gemma4_assistant, "compile_step", counting)
+    engine = load_chat(str(dense_pair.target))
+    spec = SpecConfig("mtp", 3, draft_model=str(dense_pair.assistant))
+    rounds = list(engine.generate(Request(prompt="the cat and the dog", max_tokens=40, spec=spec)))
+    assert sum(1 for r in rounds if r.proposed) > 10
+    assert len(traced) == 1
