@@ -1,37 +1,17 @@
 """Many chat sequences, one target forward per step: continuous batching with per-sequence
-speculation, over an mlx-lm target. The round loop is engines/speculative/loop.py's
-(`RowBatch.step`); this module is its chat side.
+speculation, over an mlx-lm target. The round loop and what one step does are
+engines/speculative/loop.py's (`RowBatch.step`); this module is its chat side, each hook's
+docstring saying how. A lone request is a batch of one (`generate`).
 
-One step, as it goes for chat:
-
-    admit     sequences waiting for a slot read their prompts, up to one prefill chunk's worth
-              of tokens per step (so a long prompt never stalls the running streams, and
-              several short ones join at once); a sequence whose prompt is read reports its
-              first token and joins.
-    draft     every running sequence asks its own schedule for k (0..7), within the batch-aware
-              controller's cap (controller.py), and drafts: its own n-gram index, its row of a
-              draft model shared by the batch (drafter.py), or its row of an MTP drafter shared
-              by the batch (mtp.py: the Gemma 4 assistant, a drafter trained here, reading the
-              row's own target K/V) -- rows may differ in k.
-    verify    one target forward over [pending token, drafts, padding] of every row; each
-              row's verdict from its own slice: greedy at T=0, rejection sampling at T>0 on
-              the sequence's own RNG key, so what a request receives never depends on who
-              shares its batch.
-    rollback  each row keeps its pending token and accepted drafts; its rejected drafts and
-              padding die in the cache's slot table (engines/batch/cache.py), nothing moves;
-              an MTP row keeps the target's hidden state at its last accepted position.
-    ahead     the next step's forward is launched on this step's verdicts while they are still
-              in the graph, before they are read, so the device never waits for the host's
-              verdicts, Rounds and text: when every row drafts with an MTP drafter, its chain
-              drafted from its lazy verdict and queued behind this verify (the slot table
-              defers this step's kept counts); on a GPU also when every row decodes plainly
-              (as mlx-lm's generate_step does). Nobody waiting to join either way.
-    report    each row's Sequence (engines/speculative/sequence.py) commits
-              its verdict -- clipped at EOS, max_tokens and a repetition loop, its schedule
-              taught, its proposer told -- and reports its Round (stop strings held back);
-              rows that finished, were cancelled or whose client left, leave; their slots free.
-
-A lone request is a batch of one (`generate`).
+What is chat's own:
+- prompts join within a prefill budget of one chunk's tokens per step (`_admit` says why);
+- drafters the batch's rows share (`_proposer`: drafter.py, mtp.py), the batch-aware
+  controller's cap on k (`_cap`, controller.py), the slot table each row rolls back in
+  (`_settle`, cache.py);
+- the next step is launched on this step's verdicts still in the graph, before they are read,
+  so the device never waits for the host's verdicts, Rounds and text: when every row drafts
+  with an MTP drafter (`_launch_ahead`), or on a GPU when every row decodes plainly
+  (`_plain_ahead`, as mlx-lm's generate_step does); never with a sequence waiting to join.
 """
 
 from __future__ import annotations

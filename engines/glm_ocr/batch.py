@@ -1,32 +1,13 @@
 """GLM-OCR sequences read together -- pages, or a page's regions, as the rows of one batch: one
 target forward per step over every row's [pending token, drafts], each row verified on its own.
-The round loop is engines/speculative/loop.py's (`RowBatch.step`, as the chat batch's); this
-module is its GLM-OCR side, on GLM-OCR's runtimes; a lone request is a batch of one
-(engine.OcrEngine.generate).
+The round loop and what one step does are engines/speculative/loop.py's (`RowBatch.step`, as
+the chat batch's); this module is its GLM-OCR side, each hook's docstring saying how; a lone
+request is a batch of one (engine.OcrEngine.generate).
 
-One step:
-
-    admit     waiting sequences (their images read into prompts when submitted) take free rows:
-              each prompt is prefilled alone -- the same forward whether the page is read alone
-              or beside others, so the same first token -- which is reported, and its cache is
-              copied into a new row of the batch's K/V (runtime_fast.BatchKV.join).
-    stop      rows cancelled, or whose context is full, leave before the forward.
-    draft     each row asks its own schedule for k and drafts with its own proposer: n-gram
-              lookup, composed drafting, or its MTP drafter -- the MTP rows together
-              (engine.MtpGroup): each chain step runs the MTP layer row after row, each row with
-              its own MTP cache, then the LM head once over all of them.
-    verify    one forward of the decoder stack over every row's [token, drafts], right-padded to
-              the widest row (runtime_fast.FastRuntime.decode_rows); the LM head over the real
-              rows only, in one product; each row's verdict from its own rows: greedy at T=0,
-              rejection sampling at T>0 on the row's own RNG, seeded from its request, so what a
-              request receives never depends on who shares its batch.
-    settle    each row keeps its token and accepted drafts (the rest of its slots is overwritten
-              by its next write); its Sequence commits the verdict (EOS, max_tokens, a repetition
-              loop, its schedule and proposer taught) and reports the Round; finished rows leave.
-
-Runtimes: the fast torch runtime batches. Core ML and its PyTorch twin hold one decoder state and
-one MTP state, so there the batch is a batch of one (`OneRow`): sequences are read one after
-another, each waiting for the row.
+Runtimes: the fast torch runtime batches (`Rows`, over runtime_fast.BatchKV; its MTP rows draft
+together, engine.MtpGroup). Core ML and its PyTorch twin hold one decoder state and one MTP
+state, so there the batch is a batch of one (`OneRow`): sequences are read one after another,
+each waiting for the row.
 """
 
 from __future__ import annotations

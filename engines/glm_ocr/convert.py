@@ -2,19 +2,11 @@
 
     convert_glm_ocr(hf_dir, out_dir, seq_len=8, cache_length=2048, progress=None) -> manifest
 
-writes to out_dir:
-  vision.mlpackage    VisionEncoder: patches (N, 6, 14, 14) -> image embeddings; N flexible
-                      (one image's patch count varies with its size), Conv3d folded to Conv2d
-  decoder.mlpackage   TextDecoder: one chunk of seq_len embeddings -> final-normed hidden;
-                      KV cache as Core ML state (key_cache, value_cache)
-  lm_head.mlpackage   LMHead: hidden (seq_len rows) -> logits, vocabulary in chunks
-  mtp.mlpackage       MtpLayer: one row per call -> (mtp_hidden, mtp_hidden_for_head); its own
-                      KV cache state; position-0 masking inside (absent if the checkpoint has
-                      no MTP layer: the manifest says why)
-  embeddings.npy      the token embedding table (float16), looked up on the host
-  config.json, generation_config.json, tokenizer and processor files (copied)
-  manifest.json       shapes, dtypes, states, per-module parity, source checkpoint hash,
-                      converter versions; written last, so its presence means "complete"
+writes to out_dir the packages vision, decoder, lm_head and mtp (modules.py's VisionEncoder,
+TextDecoder, LMHead, MtpLayer; no mtp when the checkpoint has no MTP layer: the manifest says
+why), embeddings.npy (the token embedding table, float16, looked up on the host), the files the
+engine reads besides (SUPPORT_SUFFIXES), and manifest.json -- written last, so its presence
+means "complete".
 
 The modules converted are the very channels-first modules the PyTorch runtime executes
 (modules.py), with one kind of conversion patch: every norm becomes a single layer_norm op

@@ -1,21 +1,8 @@
 """The OCR engine: GLM-OCR's model host -- its runtime (fast torch, Core ML, or the Core ML
-modules' torch twin), tokenizer and drafters -- and what makes a request's Sequence. The round
-loop is engines/speculative/loop.py's (`RowBatch.step`), on its GLM-OCR side (batch.py,
-`OcrBatch`); a lone request is a batch of one.
-
-Where a token is:
-  drafted        Sequence.propose -> MtpDrafter.propose (below): the verified pairs waiting,
-                 then k chained MTP steps; or, with --with-ngram, engines/speculative/composed.py's
-                 ComposedProposer, as chat's; or NGramProposer (--spec ngram)
-  verified       one target forward over [token, draft_1 .. draft_k] of every row (batch.py);
-                 batch.Sampler.verify: verify_greedy, or rejection sampling at T > 0 ->
-                 accepted drafts + exactly one target token
-  rolled back    nothing to undo: a row's next forward is written right after its accepted
-                 rows (runtime_fast's BatchKV; Core ML and its twin mask the stale rows, then
-                 overwrite them); the MTP layer is told the verified rows (Sequence.commit ->
-                 MtpDrafter.commit)
-  reported       the Sequence (engines/speculative/sequence.py) turns each verdict into the
-                 Round the app shows, as it does for chat.
+modules' torch twin), tokenizer and drafters (MtpDrafter below; n-gram or composed, `_drafter`)
+-- and what makes a request's Sequence. The round loop and what one step does are
+engines/speculative/loop.py's (`RowBatch.step`), on its GLM-OCR side (batch.py, `OcrBatch`); a
+lone request is a batch of one.
 """
 
 from __future__ import annotations

@@ -3,16 +3,8 @@ PyTorch reference runtime executes.
 
 Layout: activations are (batch=1, channels, 1, sequence), the layout the Neural Engine
 prefers; every Linear becomes a 1x1 Conv2d. Each module is built from the corresponding
-transformers module (`from_hf`) so weights come through transformers' own loader.
-
-  VisionEncoder  patches (N, 3*T, P, P) + RoPE tables -> image embeddings (1, C, 1, N/4)
-                 (Conv3d patch embedding folded to Conv2d: the processor duplicates the
-                 single frame over T=2, so the temporal axis becomes input channels)
-  TextDecoder    one fixed-size chunk of S embeddings -> final-normed hidden (1, C, 1, S),
-                 KV cache in state buffers, written at cache_position .. cache_position+S-1
-  LMHead         hidden -> logits, the vocabulary split into chunks (Neural Engine limit)
-  MtpLayer       GLM-OCR's next-token-prediction layer with its own KV cache; returns the
-                 raw hidden (for chaining) and the shared_head-normed hidden (for the head)
+transformers module (`from_hf`) so weights come through transformers' own loader. The modules
+converted, each with its shapes: VisionEncoder, TextDecoder, LMHead, MtpLayer.
 
 Positions: the caller gives cache_position (where this chunk's keys go; the causal mask is
 derived from it) and cos/sin tables (see positions.py). Padding rows of a chunk write keys
@@ -171,7 +163,8 @@ def _rope_tables(cos: torch.Tensor, sin: torch.Tensor):
 
 
 class TextDecoder(nn.Module):
-    """The main model's decoder layers + final norm over one chunk of seq_len embeddings.
+    """The main model's decoder layers + final norm over one chunk of seq_len embeddings; its
+    KV cache in buffers (Core ML state once converted).
 
     forward(inputs_embeds (1, C, 1, S), position_cos (S, R), position_sin (S, R),
             cache_position (1,) int32) -> hidden (1, C, 1, S), after the final norm: the
@@ -220,7 +213,7 @@ class LMHead(nn.Module):
 
 
 class MtpLayer(nn.Module):
-    """GLM-OCR's MTP layer (stored as decoder layer num_hidden_layers).
+    """GLM-OCR's MTP layer (stored as decoder layer num_hidden_layers), with a KV cache of its own.
 
     forward(previous_hidden (1, C, 1, S), input_embeds (1, C, 1, S), position_cos (S, R),
             position_sin (S, R), cache_position (1,) int32) -> (mtp_hidden, mtp_hidden_for_head)
@@ -322,7 +315,9 @@ class VisionEncoder(nn.Module):
                attention_bias (1, N, N) additive or None) -> image embeddings (1, C_text, 1, N/m^2)
 
     N counts patches in the processor's order (consecutive m*m patches form one merge window).
-    attention_bias lets a fixed-size graph pad N and hide the padding; None = all visible."""
+    attention_bias lets a fixed-size graph pad N and hide the padding; None = all visible. The
+    Conv3d patch embedding is folded to a Conv2d: the processor duplicates the single frame
+    over T=2, so the temporal axis becomes input channels."""
 
     def __init__(self, visual):
         super().__init__()

@@ -1,34 +1,11 @@
 """The fast PyTorch runtime: GLM-OCR on transformers' own modules, in their standard layouts,
-for machines without Core ML (Linux, and a Mac before conversion).
-
-What it runs, and why it is faster than the Core ML twin (runtime_torch.py) on a CPU:
-  vision    transformers' GlmOcrVisionModel (one SDPA attention over the page), with its two
-            convolutions -- the patch embedding and the 2x2 merge -- run as the matrix products
-            they are (`PatchProduct`): 8-12x faster on a CPU than torch's convolution path.
-  decoder   transformers' GlmOcrTextDecoderLayer stack over exactly the rows a call is given
-            (the prompt in one call, then 1 + drafts per round): no fixed 8-row window, no
-            channels-first convolutions, no chunked LM head.
-  KV cache  `KVCache` below: transformers' Cache.update protocol over buffers that grow;
-            every call first crops the cache to `cache_position`, which is the rollback --
-            rows written for rejected drafts are dropped before anything reads them.
-  batch     `BatchKV` below: many sequences in one forward of the decoder stack (batch.py,
-            OcrBatch): per layer one [B, H, capacity, D] buffer, each row writing at its own
-            length and attending to its own slots through an explicit [B, 1, W, L] mask, with
-            per-row mRoPE tables; a row joins with its prompt prefilled alone (`prefill`) and
-            copied in, and leaves by being dropped.
-  MTP       transformers' decoder layer plus enorm / hnorm / eh_proj / shared_head.norm,
-            with a KVCache per sequence (each MtpDrafter owns one: `new_mtp_cache`) under the
-            same convention (docs/glm-ocr-mtp-convention.md; the convention itself lives in
-            engine.MtpDrafter).
-  weights   held once, in the compute dtype: weights.load_model reads one stored tensor at a
-            time into the model's own parameters (from_pretrained keeps the shards mapped
-            while it fills a float32 model: a 6.9 GB peak instead of 5.0 at the published shapes);
-            the MTP layer's tensors are read without the embedding / head copies the
-            checkpoint repeats under layer N. The engine's embedding lookups read the model's own table
-            (`EmbeddingRows`), so there is no float32 copy of it on the host.
-
-The engine's interface (runtime.py) stays NumPy float32 rows; cos / sin come from the host
-(positions.text_rope, split-half) and are re-laid out here to transformers' interleaved form.
+for machines without Core ML (Linux, and a Mac before conversion). Faster on a CPU than the Core
+ML twin (runtime_torch.py): exactly the rows a call is given (no fixed 8-row window, no
+channels-first convolutions, no chunked LM head), the vision convolutions as products
+(`PatchProduct`), weights held once in the compute dtype (weights.load_model: a float32 load
+peaks at 5.0 GB). Its caches: `KVCache`, `BatchKV` (many sequences in one forward, batch.py),
+one MTP cache per sequence (`new_mtp_cache`, for `MtpModule`). The engine's interface
+(runtime.py) stays NumPy float32 rows; cos / sin are re-laid out here (`_rope`).
 """
 
 from __future__ import annotations

@@ -32,42 +32,27 @@ nearly free, a GPU's case) and drafting costs nothing; `measured` costs (seconds
 both at once, so the two are never mixed. The choice depends only on the context, past rounds
 and measured times, never on this round's draws: lossless like either source alone.
 
-The proposer: n-gram lookup beside a model drafter (the Gemma 4 assistant, a drafter trained
-here, a draft model, GLM-OCR's MTP layer) in one run. Each round asks the chooser of
-engines/speculative/composed.py, which prices the three forms by expected tokens per unit of
-verify latency -- the run's measured latency when `--steps auto` knows it, else a flat one --
-and against a plain round (no drafts) when none of them pays:
+Measuring (DraftingCosts): the rounds' own times (`observe`) give the verify's cost by width,
+from rounds without a chain, and a chain token's, from a chain round's time beyond the verify of
+its width (`chain_token_s`). Three rules keep both measured:
+- A run whose rounds all chain measures no verify alone, so the first round that would chain
+  runs plain, and so does one in every PROBE_AFTER chain rounds in a row: without it a drafter
+  that costs more than it brings -- the tiny Gemma 4 pair's assistant on a CPU -- would be chosen
+  forever by the flat prices it starts with.
+- A drafter priced out drafts one token after CHAIN_PROBE_AFTER rounds without a chain, so a
+  slow start (a first chain's compile, a busy machine) does not price it out for good; each
+  probe after which it is still priced out doubles that wait, up to CHAIN_PROBE_MAX rounds (a
+  chain chosen on its merits resets it): a probe costs about one chain token, so probing costs
+  at most 1/64 of a chain token per round, falling to 1/1024 of one as it keeps finding the
+  drafter a loss (the tiny Gemma 4 pair's assistant costs about a round per token: under 0.1%
+  of the time).
+- A width no longer chosen is not measured again, so the verify curve is monotone from below
+  (StepCosts.from_below says why; from above, a diagnostic pass of the tiny Gemma 4 pair cut
+  most 7-token n-gram continuations to one to three drafts), and after REMEASURE_AFTER rounds in
+  a row that drafted less than the n-gram continuation found, one drafts all of it: the widest
+  verify re-measured, nearly free where wide verifies cost what narrow ones do, and its tokens
+  still worth their acceptance.
 
-    ngram        the n-gram continuation of the longest recurring suffix (found before
-                 choosing: the lookup costs microseconds), up to 7 tokens whatever k
-    model        the model's chain of k
-    model+ngram  the chain, then the n-gram tokens that continue context + chain, as many as
-                 pay for the wider verify (the chain's tokens are read on the host for the
-                 lookup)
-
-Drafting is priced from the rounds' own times (`observe`; kept by the engine per drafter
-across requests, DraftingCosts: costs are the machine's, not the prompt's): rounds without a chain give the
-verify's cost by width (a width not measured lately scaled to the load now), and a chain round's
-time beyond the verify of its width, per chain token, is what drafting costs (as a share of a
-plain verify then, so at the load now too).
-A run whose rounds all chain measures no verify alone, so the first round that would chain
-runs plain, and so does one in every PROBE_AFTER chain rounds in a row: without it a drafter
-that costs more than it brings -- the tiny Gemma 4 pair's assistant on a CPU -- would be chosen
-forever by the flat prices it starts with. The other way, a drafter priced out drafts one token
-after CHAIN_PROBE_AFTER rounds without a chain, so a slow start (a first chain's compile, a
-busy machine) does not price it out for good; each probe after which it is still priced out
-doubles that wait, up to CHAIN_PROBE_MAX rounds (a chain chosen on its merits resets it): a
-probe costs about one chain token, so probing costs at most 1/64 of a chain token per round,
-falling to 1/1024 of one as it keeps finding the drafter a loss (the tiny Gemma 4 pair's
-assistant costs about a round per token: under 0.1% of the time).
-A verify width is priced from its own recent rounds, and a width no longer chosen is not
-measured again: under load a few slow rounds can price it (and, the curve being monotone,
-every wider one) out for good -- in a diagnostic pass of the tiny Gemma 4 pair it cut most
-7-token n-gram continuations to one to three drafts that way. So the curve is monotone from
-below (a slow round raises only its own width: StepCosts.from_below), and after
-REMEASURE_AFTER rounds in a row that drafted less than the n-gram continuation found, one
-drafts all of it: the widest verify re-measured, nearly free where wide verifies cost what
-narrow ones do, and its tokens still worth their acceptance.
 The target's hidden state (what an MTP chain starts from) is asked of a forward only when the
 round after it may chain -- this round chains, the chooser would chain with no n-gram match, or
 a probe is due (`needs_hidden`, read by the loop as it launches each forward): returning it
@@ -77,8 +62,6 @@ is never started from an older round's state: without this round's, the round ru
 (and asks for it).
 At T>0 a tail's tokens are point masses beside the chain's sampled drafts: their rows of q
 are one-hot, which rejection sampling reads as "accept with p(x), resample from p without x".
-The choice depends only on the context and on past rounds and their times, never on this round's draws:
-lossless like either source alone.
 """
 
 from __future__ import annotations
@@ -254,11 +237,10 @@ class DraftingCosts:
     first request pays to find out, and the probes' counts run on across requests too."""
 
     verify: StepCosts = field(default_factory=lambda: LoadScaledCosts(from_below=True))  # rounds without a chain:
-    # seconds by width (see the module docstring), as of the last verify_costs(); a width not measured
-    # lately at the load now, as --steps auto keeps its own (tuning.round_costs). Why: a width is measured
-    # only while chosen, so one priced during a passing load kept that price after it -- on the tiny
-    # Gemma 4 pair every n-gram width stayed at ~5 ms beside a plain round back at ~1.6, and n-gram was
-    # priced out for a pass (2 of its ~50 rounds drafted) until a continuation drafted whole re-measured one
+    # seconds by width, as of the last verify_costs(); a width not measured lately at the load now
+    # (LoadScaledCosts says why). Kept as measured, on the tiny Gemma 4 pair every n-gram width stayed at
+    # ~5 ms after a passing load, beside a plain round back at ~1.6, and n-gram was priced out for a pass
+    # (2 of its ~50 rounds drafted) until a continuation drafted whole re-measured one
     unpriced: list[tuple[int, float]] = field(default_factory=list)  # (width, seconds) of the rounds without a
     # chain observed since: the curve is read only when the chooser is re-priced, so each round only
     # appends (a median per round was ~5 us in place, a share of a tiny model's 2 ms round)
@@ -328,10 +310,10 @@ class DraftingCosts:
     def chain_token_s(self) -> float | None:
         """A chain token's drafting: a chain round's time beyond its width's verify, per token, as
         a share of a plain verify then (`observe`), times a plain verify now. Why not seconds beyond
-        the verify now: a chain round is rare where the drafter is priced out (a probe in 64 to
-        1024 rounds), and taken against a verify measured later, under another load, its drafting
-        came out at nothing once a load raised the verify past the chain round's whole time -- on
-        the tiny Gemma 4 pair chains of 2 were chosen then, each ~11 ms where a plain round took ~5."""
+        the verify now: a chain round is rare where the drafter is priced out (its probes only),
+        and taken against a verify measured later, under another load, its drafting came out at
+        nothing once a load raised the verify past the chain round's whole time -- on the tiny
+        Gemma 4 pair chains of 2 were chosen then, each ~11 ms where a plain round took ~5."""
         verify = self.verify_costs()
         if not verify.seconds or not self.chain_rounds:
             return None
@@ -419,7 +401,8 @@ class ComposedProposer:
         return draft
 
     def _with_tail(self, draft: Draft) -> Draft:
-        """The chain, and after it the n-gram tokens that continue it if they pay."""
+        """The chain, and after it the n-gram tokens that continue it if they pay (the chain's
+        tokens are read on the host for the lookup)."""
         room = self.chooser.max_drafts - draft.size
         found = self.ngram.index.propose(room, after=draft.ids()) if room > 0 else []
         m = self.chooser.tail(draft.size, len(found))

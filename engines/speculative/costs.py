@@ -89,10 +89,10 @@ class LoadScaledCosts(StepCosts):
     again, its kept steps are scaled so. Another process on the machine slows every size by
     about the same factor, so the sizes measured now tell what the others cost now.
 
-    Why (`--steps auto`, engines/speculative/tuning.py): a size is measured only while it is
-    chosen or probed, and the chat engine keeps the costs across requests, so kept as measured
-    they would be a patchwork of loads -- a size measured before a load rose stays cheap, one
-    measured under a passing load stays dear after it passed. Why ratios of medians as
+    Why: a size is measured only while it is chosen or probed, and the costs are kept across
+    requests (`--steps auto`'s, tuning.round_costs; composed drafting's, DraftingCosts), so kept
+    as measured they would be a patchwork of loads -- a size measured before a load rose stays
+    cheap, one measured under a passing load stays dear after it passed. Why ratios of medians as
     measured, not every step divided by a load level estimated from the steps: with one size
     measured most of the time, the level and that size's price are estimated from each other,
     and the steps' noise walks them away from the sizes not measured; a ratio of two medians of

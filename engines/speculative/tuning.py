@@ -8,26 +8,19 @@ with round(k) what a whole round of k drafts costs -- the target's forward of 1 
 the drafting of k, as the user waits for them -- and a_i the acceptance at draft position i
 given the positions before it were accepted. Where the numbers come from: a profile `specscope
 tune` measured on this machine for this model and drafter (its latency curve by width, drafting
-cost and acceptance by position), refined as the run goes (the run's own rounds are counted
-beside the profile's acceptance, and its rounds' costs fit the profile's curve as
-scale x latency(1 + k) + k x drafting); without a profile, the run's own rounds alone once they
-have shown two widths -- and until then the EMA depth controller (schedule.AdaptiveDepth) moves
-k, which is what shows them. A batch of one keeps the rounds' costs and the acceptance by
-position across requests with the same drafter (`costs`, `history`): a later request starts
-from those costs, and from that acceptance as its prior where it has no profile. The costs
-follow the machine's load at every width, measured or not (`round_costs`).
+cost and acceptance by position), refined by the run's own rounds (`latency`, `acceptance`);
+without a profile, the run's own rounds alone once they have shown two widths -- and until then
+the EMA depth controller (schedule.AdaptiveDepth) moves k, which is what shows them. A batch of
+one starts each request from what earlier ones with the same drafter showed (`attach`).
 
 Why whole rounds, timed settle to settle, and not a forward and a drafting cost apart: when
 MTP steps launch ahead the next chain is queued in the graph right behind the verify, so the
 host's timer around propose sees almost nothing, while on a CPU the chain runs on the same
 cores between the two settles and lengthens the round by what it costs -- on a GPU it hides
 behind the host's work and costs nothing, and the round's time says so either way. Two
-consequences, each keeping auto from over-drafting (tests/engines/speculative/test_tuning.py):
-- a round launched before the last verdict whose neighbours drafted another k is not a price
-  of its own k (`record(..., priced=False)`: part of its time is theirs);
-- a width narrower than every one measured is priced by the slope of the narrowest two, not as
-  dear as the narrowest: the fallback starts deep and probes go deeper, so a flat price would
-  keep k = 1 (and plain rounds) from ever being chosen, hence measured.
+consequences keep auto from over-drafting (tests/engines/speculative/test_tuning.py): a round
+sharing its time with neighbours of another k prices nothing (`record`, Sequence.priced), and a
+width narrower than every one measured is priced by a slope (`_measured`).
 
 N-gram lookup is priced another way (replay.py): what each fixed k would have done on the
 output so far, each k priced by those rounds at the costs now; the prior is the profile's
@@ -49,10 +42,11 @@ from engines.speculative.replay import Replay, Rounds
 if TYPE_CHECKING:  # (a profile is read from disk by engines/profiles.py, outside this package)
     from engines.profiles import Profile
 
-# The profile's acceptance counts as this many rounds beside the run's own, at each position.
-# Not more: a position deep in the chain is reached only by the rounds whose drafts held until
-# there, so a heavy prior keeps it at the profile's figure long after the run shows otherwise
-# (test_tuning.py: at 20, a copy-heavy profile meeting a prompt whose drafts fail keeps k = 7).
+# The prior's acceptance (the profile's, else earlier requests') counts as this many rounds beside
+# the run's own, at each position. Not more: a position deep in the chain is reached only by the
+# rounds whose drafts held until there, so a heavy prior keeps it at the prior's figure long after
+# the run shows otherwise (test_tuning.py: at 20, a copy-heavy profile meeting a prompt whose
+# drafts fail keeps k = 7).
 PRIOR_ROUNDS = 5
 # Every PROBE_AFTER + 1 rounds, one round drafts one token more than the chooser picked. Why:
 # a position of the chain is measured only by rounds that draft that deep, so a choice is
@@ -85,8 +79,7 @@ def round_costs() -> LoadScaledCosts:
     """What `--steps auto` keeps of its rounds' costs by width (a batch of one keeps one per
     drafter across requests). Why each half (tests/engines/speculative/test_tuning.py drives both on a
     model of this CPU whose load changes mid-run):
-    - scaled by the load (LoadScaledCosts): a width measured before a load rose, or under one
-      that has passed, is priced at the load now -- kept as measured, widths chosen now look
+    - scaled by the load (LoadScaledCosts says why): kept as measured, widths chosen now look
       dear beside widths measured earlier, and auto drafts more than pays;
     - monotone from below (StepCosts.from_below), each width at most the cheapest wider one:
       from above, a narrow width priced dear lifts every wider one to its price, so the
@@ -206,10 +199,9 @@ class AutoSteps:
     last_rates: list[float] = field(default_factory=list)  # expected tok/s per k, at the last choice
     last_tokens: list[float] = field(default_factory=list)  # expected tokens per round (E[accepted + 1]) per k, ditto
     seen: PositionAcceptance | None = None
-    # earlier requests with this drafter (a batch of one keeps it): every round is counted there
-    # too, and without a profile its acceptance by position is this run's prior, weighing as
-    # PRIOR_ROUNDS rounds -- not one half at every position, which prices a rarely accepted second
-    # draft at 50% until the run has reached it a dozen times, at every request
+    # earlier requests with this drafter (`attach`): every round is counted there too. Why it is the
+    # prior without a profile: one half at every position prices a rarely accepted second draft at
+    # 50% until the run has reached it a dozen times, at every request
     history: PositionAcceptance | None = None
     priced: tuple[tuple, StepCosts] | None = field(default=None, repr=False)  # latency() for the costs as
     # they were (composed drafting reads it width by width until it measures its own)
