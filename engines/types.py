@@ -20,6 +20,12 @@ class EngineError(Exception):
     """A user-facing problem (bad model path, bad input...). Its message is one clear line."""
 
 
+def one_line(e: BaseException) -> str:
+    """The first line of an error's message (at most 300 characters), for an EngineError's."""
+    text = str(e).strip().splitlines()
+    return text[0][:300] if text else type(e).__name__
+
+
 @dataclass
 class SpecConfig:
     """How to speculate. steps = drafts proposed per round (B - 1); 0 means plain decoding."""

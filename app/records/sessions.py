@@ -4,7 +4,7 @@
 An autosave file is an NDJSON trace (engines.speculative.trace): a "run" header with the
 request, settings, model and machine (and, for OCR, the document page the run read: `page`, since
 the request's image may be a region's crop or a PDF page's rendering), one "round" line per round (plus its burst split,
-`draft_chars`), and an "end" line when the run ends. read_trace() reads it too; a torn last
+`draft_chars`), and an "end" line when the run ends. `load_session` reads it; a torn last
 line (the process died mid-write) is skipped, so a crash loses at most the round in flight."""
 
 from __future__ import annotations

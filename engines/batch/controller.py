@@ -21,23 +21,16 @@ cap: it only changes how many drafts are offered.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from engines.speculative.costs import StepCosts
 from engines.speculative.expected import expected_tokens
 from engines.speculative.schedule import MAX_STEPS
 
-__all__ = ["DraftBudget", "RowOdds", "StepCosts", "row_acceptance", "row_odds"]
-
-
 @dataclass
 class DraftBudget:
-    costs: StepCosts
+    costs: StepCosts = field(default_factory=StepCosts)
     cap: int = MAX_STEPS  # the cap now (what /v1/spec_decode/metrics and the rounds report)
-
-    @classmethod
-    def new(cls) -> "DraftBudget":
-        return cls(StepCosts())
 
     @classmethod
     def tuned(cls, spec, model: str) -> "DraftBudget":
@@ -48,13 +41,13 @@ class DraftBudget:
         from engines.profiles import Profile, ProfileError, profile_file
 
         if not spec.profile:
-            return cls.new()
+            return cls()
         drafter = spec.draft_model or ""
         try:
             profile = Profile.load(profile_file(spec.profile, model, spec.method, drafter), model, spec.method, drafter)
         except ProfileError:
-            return cls.new()
-        return cls(profile.batch_costs()) if profile.batch_s else cls.new()
+            return cls()
+        return cls(profile.batch_costs()) if profile.batch_s else cls()
 
     def observe(self, batch: int, width: int, seconds: float) -> None:
         self.costs.observe(batch * width, seconds)

@@ -19,8 +19,7 @@ import mlx.core as mx
 
 from engines.batch.cache import BatchCache
 from engines.speculative.proposer import EMPTY, Context, Draft
-from engines.mlx_chat.sampling import target_probs
-from engines.speculative.schedule import MAX_STEPS
+from engines.mlx_chat.sampling import draft_rows
 
 
 @dataclass(eq=False)
@@ -140,22 +139,5 @@ class BatchDrafter:
         return out
 
     def _pick(self, logits: mx.array, asked: dict, position: int) -> tuple[mx.array, mx.array | None]:
-        """Each row's draft at `position`: argmax at T=0; at T>0 a sample of the row's own q,
-        on the row's key for this step (one subkey per position)."""
-        samplings = [r.ctx.sampling for r in self.rows]
-        if all(s.greedy for s in samplings):
-            return mx.argmax(logits, axis=-1), None
-        ys, qs = [], []
-        for b, r in enumerate(self.rows):
-            s = samplings[b]
-            if s.greedy:
-                ys.append(mx.argmax(logits[b], axis=-1))
-                qs.append(mx.zeros_like(logits[b]).at[ys[-1]].add(1.0))  # a point mass
-                continue
-            q = target_probs(logits[b], s)
-            key = asked.get(id(r), (0, None))[1]
-            if key is not None:
-                key = mx.random.split(key, MAX_STEPS)[position]
-            ys.append(mx.random.categorical(mx.log(q), key=key))
-            qs.append(q)
-        return mx.stack(ys), mx.stack(qs)
+        return draft_rows(logits, [r.ctx.sampling for r in self.rows],
+                          [asked.get(id(r), (0, None))[1] for r in self.rows], position)

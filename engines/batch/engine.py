@@ -94,7 +94,7 @@ class BatchEngine(RowBatch):
     prefill_chunk: int = PREFILL_CHUNK
     cache: BatchCache | None = None
     compact_min_slots: int = 64  # compact a table once this many columns are dead in every row
-    budget: DraftBudget | None = field(default_factory=DraftBudget.new)  # None: rows draft what they ask
+    budget: DraftBudget | None = field(default_factory=DraftBudget)  # None: rows draft what they ask
     drafters: dict[str, BatchDrafter] = field(default_factory=dict)  # draft model path -> its batch
     mtps: dict[str, tuple] = field(default_factory=dict)  # MTP drafter path -> (its maker, its batch)
     composed: dict[tuple, tuple] = field(default_factory=dict)  # (method, path) -> (ComposedGroup, DraftingCosts)

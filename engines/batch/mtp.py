@@ -29,8 +29,7 @@ from engines.types import EngineError
 from engines.batch.cache import DEAD, BatchCache
 from engines.mlx_chat.proposers import LazyVerdict
 from engines.speculative.proposer import Context, Draft
-from engines.mlx_chat.sampling import target_probs
-from engines.speculative.schedule import MAX_STEPS
+from engines.mlx_chat.sampling import draft_rows
 
 
 @dataclass(eq=False)
@@ -162,20 +161,6 @@ class BatchMTP:
     def _pick(self, logits: mx.array, asks: list, position: int, start: mx.array) -> tuple[mx.array, mx.array | None]:
         """Each row's draft at chain position `position` (its chain from position `start`):
         argmax at T=0; at T>0 a sample of the row's own q on the row's key for this step (one
-        subkey per position, as the draft model's)."""
-        samplings = [ctx.sampling for _, ctx, _, _ in asks]
-        if all(s.greedy for s in samplings):
-            return mx.argmax(logits, axis=-1).astype(mx.uint32), None
-        ys, qs = [], []
-        for r, (_, ctx, _, key) in enumerate(asks):
-            s = ctx.sampling
-            if s.greedy:
-                ys.append(mx.argmax(logits[r], axis=-1))
-                qs.append(mx.zeros_like(logits[r]).at[ys[-1]].add(1.0))  # a point mass
-                continue
-            q = target_probs(logits[r], s)
-            if key is not None:
-                key = mx.random.split(key, MAX_STEPS)[position]
-            ys.append(mx.random.categorical(mx.log(q), key=key))
-            qs.append(q)
-        return mx.stack(ys).astype(mx.uint32), mx.stack(qs)
+        subkey per position, as the draft model's). (The replaying drafter in tests overrides it.)"""
+        tokens, q = draft_rows(logits, [ctx.sampling for _, ctx, _, _ in asks], [key for *_, key in asks], position)
+        return tokens.astype(mx.uint32), q

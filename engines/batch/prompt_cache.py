@@ -27,8 +27,7 @@ class PromptCache:
     chunk: int  # the prefill chunk: reuse is in whole chunks (or the whole prompt)
     max_bytes: int = 512 * 2**20
     entries: OrderedDict = field(default_factory=OrderedDict)  # tuple(tokens) -> BatchCache, oldest first
-    lookups: int = 0  # prompts looked up, prompt tokens asked for, and tokens found
-    asked_tokens: int = 0
+    asked_tokens: int = 0  # prompt tokens asked for, and tokens found
     hit_tokens: int = 0
 
     @property
@@ -38,7 +37,6 @@ class PromptCache:
     def fetch(self, tokens: list[int], model: Any) -> tuple[BatchCache | None, int]:
         """A cache holding the longest reusable prefix of `tokens` (a copy: the caller writes
         it), and that prefix's length; (None, 0) when nothing is reusable."""
-        self.lookups += 1
         self.asked_tokens += len(tokens)
         best, best_len = None, 0
         for key in self.entries:

@@ -72,7 +72,6 @@ class MtpDrafter:
         self.pending_hidden: list[np.ndarray] = []
         self.pending_embeds: list[np.ndarray] = []  # the prompt's rows (image features among them)
         self.pending_tokens: list[int] = []  # then the output's, embedded when a chain needs them
-        self.mtp_rows = 0  # rows run through the MTP layer (cost accounting)
 
     needs_hidden = True
 
@@ -135,7 +134,6 @@ class MtpDrafter:
         if start + n > self.runtime.cache_length:
             raise EngineError("the MTP cache is full")
         cos, sin = text_rope(self.positions.rows(start, n), self.runtime.config.text)
-        self.mtp_rows += n
         return self.runtime.mtp(previous_hidden.astype(np.float32), embeds, start, cos, sin, self.cache)
 
     def _greedy(self, head_hidden: np.ndarray) -> int:

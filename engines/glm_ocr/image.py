@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from engines.types import EngineError
+from engines.types import EngineError, one_line
 
 # The largest image we decode at all. A decompression bomb declares a huge size in a tiny
 # file; we refuse it from the header, before any pixel is decoded. 80 MP (a 600 dpi A3
@@ -109,14 +109,14 @@ def load_image(path: str | os.PathLike) -> Image.Image:
     except (Image.DecompressionBombError, Image.DecompressionBombWarning):
         raise EngineError(f"{name} is too large to decode safely (decompression bomb guard)") from None
     except (OSError, SyntaxError, ValueError, EOFError) as exc:
-        raise EngineError(f"{name} is truncated or corrupt: {_one_line(exc)}") from None
+        raise EngineError(f"{name} is truncated or corrupt: {one_line(exc)}") from None
     except MemoryError:
         raise EngineError(f"{name} is too large to decode in memory") from None
 
     try:
         rgb = to_rgb(image)
     except (ValueError, OSError) as exc:  # a mode Pillow cannot convert (e.g. premultiplied "La")
-        raise EngineError(f"{name} has an unsupported pixel format ({image.mode}): {_one_line(exc)}") from None
+        raise EngineError(f"{name} has an unsupported pixel format ({image.mode}): {one_line(exc)}") from None
     if min(rgb.size) < 1:
         raise EngineError(f"{name} has no pixels ({rgb.size[0]}x{rgb.size[1]})")
     return rgb
@@ -192,11 +192,6 @@ def _high_depth_to_rgb(image: Image.Image) -> Image.Image:
         full_scale = peak
     gray = np.clip(np.rint(values / full_scale * 255.0), 0, 255).astype(np.uint8)
     return Image.fromarray(gray, mode="L").convert("RGB")
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
 
 
 # ---------------------------------------------------------------------------------------

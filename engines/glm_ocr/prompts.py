@@ -43,12 +43,6 @@ class GlmTokenizer:
     def stream(self) -> "DecodeText":
         return DecodeText(self.tokenizer)
 
-    def token_id(self, token: str) -> int:
-        tid = self.tokenizer.token_to_id(token)
-        if tid is None:
-            raise EngineError(f"the tokenizer lacks GLM-OCR's special token {token}")
-        return tid
-
 
 def task_prompt(task: str) -> str:
     if task not in TASK_PROMPTS:

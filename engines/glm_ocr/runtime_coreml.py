@@ -22,8 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
-from engines.types import EngineError
+from engines.types import EngineError, one_line
 from engines.glm_ocr.config import GlmOcrConfig
+from engines.glm_ocr.runtime import pad_rows
 
 MANIFEST_FORMAT = "specscope-glm-ocr-coreml"  # equals convert.MANIFEST_FORMAT
 CACHE_APP_NAME = "Specscope"
@@ -139,12 +140,6 @@ def _rows(cf: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(np.asarray(cf)[0, :, 0, :].T, dtype=np.float32)
 
 
-def _pad(rows: np.ndarray, count: int) -> np.ndarray:
-    if rows.shape[0] == count:
-        return rows
-    return np.concatenate([rows, np.zeros((count - rows.shape[0],) + rows.shape[1:], dtype=rows.dtype)])
-
-
 class CoreMLRuntime:
     name = "coreml"
 
@@ -178,7 +173,7 @@ class CoreMLRuntime:
         except EngineError:
             raise
         except Exception as exc:  # noqa: BLE001 -- Core ML's errors become one line
-            raise EngineError(f"cannot load the Core ML packages in {model_dir}: {str(exc).splitlines()[0]}") from exc
+            raise EngineError(f"cannot load the Core ML packages in {model_dir}: {one_line(exc)}") from exc
         return cls(model_dir, manifest, models, compute_units)
 
     def reset(self) -> None:
@@ -212,9 +207,9 @@ class CoreMLRuntime:
             raise EngineError(f"decoder call out of range: {n} rows at {cache_position} "
                               f"(seq_len {self.seq_len}, cache {self.cache_length})")
         out = self.models["decoder"].predict({
-            "inputs_embeds": _cf(_pad(embeds, self.seq_len)),
-            "position_cos": _pad(cos, self.seq_len).astype(np.float16),
-            "position_sin": _pad(sin, self.seq_len).astype(np.float16),
+            "inputs_embeds": _cf(pad_rows(embeds, self.seq_len)),
+            "position_cos": pad_rows(cos, self.seq_len).astype(np.float16),
+            "position_sin": pad_rows(sin, self.seq_len).astype(np.float16),
             "cache_position": np.array([cache_position], dtype=np.int32),
         }, state=self._decoder_state)
         return _rows(out["hidden"])[:n]
@@ -224,7 +219,7 @@ class CoreMLRuntime:
         parts = []
         for start in range(0, hidden.shape[0], self.seq_len):
             rows = hidden[start : start + self.seq_len]
-            out = self.models["lm_head"].predict({"hidden": _cf(_pad(rows, self.seq_len))})
+            out = self.models["lm_head"].predict({"hidden": _cf(pad_rows(rows, self.seq_len))})
             parts.append(_rows(out["logits"])[: rows.shape[0]])
         return np.concatenate(parts)
 

@@ -31,24 +31,6 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 # decoding -- it breaks the lossless promise (T=0 output equals plain greedy decoding). bfloat16
 # is there for who accepts that.
 DEFAULT_DTYPE = "float32"
-# torch's intra-op threads for decode and the vision tower when the caller sets none
-# (`specscope ocr --threads`): torch's own (one per core), 1.6x (decode) and 1.9x (vision)
-# faster than one thread on an idle 2-core machine; on a machine kept busy by other work each op
-# waits for its slower half, and one thread is the safer choice (docs/benchmarks.md).
-
-
-def stored_dtype(model_dir: Path) -> str | None:
-    """The dtype of the checkpoint's LM head as stored (bfloat16 | float16 | float32)."""
-    from safetensors import safe_open
-
-    from engines.glm_ocr.weights import safetensors_files
-
-    names = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
-    for path in safetensors_files(model_dir):
-        with safe_open(path, "pt") as f:
-            if "lm_head.weight" in f.keys():
-                return names.get(f.get_slice("lm_head.weight").get_dtype())
-    return None
 
 
 class KVCache:
@@ -224,7 +206,10 @@ class MtpModule(nn.Module):
 
 @contextlib.contextmanager
 def intra_op_threads(n: int | None):
-    """torch's intra-op threads for one stage (None: leave them as they are)."""
+    """torch's intra-op threads for one stage (None: leave them as they are -- torch's own, one
+    per core: 1.6x (decode) and 1.9x (vision) one thread's speed on an idle 2-core machine; on a
+    machine kept busy by other work each op waits for its slower half, and one thread is the
+    safer choice, docs/benchmarks.md; `specscope ocr --threads`)."""
     if not n or n == torch.get_num_threads():
         yield
         return

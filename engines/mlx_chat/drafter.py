@@ -42,7 +42,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from engines.types import EngineError
+from engines.types import EngineError, one_line
 from engines.mlx_chat.gemma4_assistant import DraftStep, compile_step  # one step record, one compiler for both drafters
 
 MODEL_TYPE = "specscope_drafter"
@@ -238,7 +238,7 @@ class Drafter(nn.Module):
     def __init__(self, args: DrafterArgs, dropout: float = 0.0):
         super().__init__()
         self.args = args
-        d, heads, kv_heads, hd = args.hidden_size, args.n_heads, args.n_kv_heads, args.head_dim
+        d, heads, hd = args.hidden_size, args.n_heads, args.head_dim
         if args.feature_layers:
             self.feature_norms = [nn.RMSNorm(d, eps=args.rms_norm_eps) for _ in args.feature_layers]
             self.fuse = nn.Linear(d * (len(args.feature_layers) + 1), d, bias=False)
@@ -368,8 +368,7 @@ def load_drafter(path: str | Path) -> Drafter:
         drafter = Drafter(read_args(p))
         drafter.load_weights(str(p / "model.safetensors"))
     except (OSError, ValueError, KeyError, TypeError) as e:
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
-        raise EngineError(f"cannot load the drafter in {path}: {first}") from e
+        raise EngineError(f"cannot load the drafter in {path}: {one_line(e)}") from e
     mx.eval(drafter.parameters())
     drafter.eval()
     return drafter

@@ -24,10 +24,8 @@ load the same way.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -268,14 +266,3 @@ def assistant_info(model: Model, path: str | Path = "") -> AssistantInfo:
         bytes=sum(v.nbytes for _, v in params),
     )
 
-
-def embed_scale(backbone_hidden_size: int) -> float:
-    """Gemma scales token embeddings by sqrt(hidden) on input; the drafter's token input is the
-    target's embedding, scaled as the target scales it."""
-    return math.sqrt(backbone_hidden_size)
-
-
-__all__: list[Any] = [
-    "CENTROID_MASK_VALUE", "AssistantInfo", "CentroidHead", "DraftStep", "Model", "ModelArgs",
-    "assistant_info", "compile_step", "embed_scale", "load_assistant", "text_args",
-]

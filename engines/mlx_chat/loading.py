@@ -20,7 +20,7 @@ import mlx.nn as nn
 
 from engines import cpu
 from engines.cpu import kernels as cpu_kernels
-from engines.types import EngineError
+from engines.types import EngineError, one_line
 
 
 @dataclass
@@ -98,10 +98,8 @@ def dequantize_layers(model: nn.Module) -> bool:
 
 
 def _load_gguf(p: Path) -> LoadedModel:
-    try:
-        from engines.mlx_chat.gguf import load_gguf
-    except ImportError as e:
-        raise EngineError(f"GGUF loading is not available yet ({e})") from e
+    from engines.mlx_chat.gguf import load_gguf
+
     model, tokenizer = load_gguf(str(p))
     model_type = getattr(getattr(model, "args", None), "model_type", None) or getattr(model, "model_type", "gguf")
     return LoadedModel(model, tokenizer, str(p), str(model_type), _vocab_size(model, tokenizer))
@@ -142,11 +140,11 @@ def _load_hf_dir(p: Path, lazy: bool = False) -> LoadedModel:
     try:
         model, config = mlx_load_model(p, lazy=lazy, model_config=_published_overrides(config))
     except (ValueError, RuntimeError, OSError, KeyError) as e:
-        raise EngineError(f"corrupt or mismatched weights in {p}: {_one_line(e)}") from e
+        raise EngineError(f"corrupt or mismatched weights in {p}: {one_line(e)}") from e
     try:
         tokenizer = load_tokenizer(p, eos_token_ids=config.get("eos_token_id"))
     except Exception as e:  # transformers raises many kinds for a broken tokenizer
-        raise EngineError(f"cannot load the tokenizer in {p}: {_one_line(e)}") from e
+        raise EngineError(f"cannot load the tokenizer in {p}: {one_line(e)}") from e
     return LoadedModel(model, tokenizer, str(p), config["model_type"], _vocab_size(model, tokenizer))
 
 
@@ -160,11 +158,6 @@ def _published_overrides(config: dict) -> dict:
             and "vocab_size" in text:
         return {"vocab_size": text["vocab_size"]}
     return {}
-
-
-def _one_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return text[0][:300] if text else type(e).__name__
 
 
 def _vocab_size(model, tokenizer) -> int:

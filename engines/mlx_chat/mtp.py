@@ -17,7 +17,7 @@ from typing import Any, Callable
 import mlx.core as mx
 from mlx_lm.models import gemma4_text
 
-from engines.types import EngineError
+from engines.types import EngineError, one_line
 from engines.mlx_chat.gemma4_assistant import Model as Assistant
 
 
@@ -40,7 +40,7 @@ class Gemma4Target:
     """A view of an mlx-lm Gemma 4 target with what MTP needs."""
 
     text: gemma4_text.Model
-    kv_layer: dict[str, int]  # attention type -> index of the target layer whose cache it reads
+    kv_layers: dict[str, int]  # attention kind -> index of the target layer whose cache the drafter's layers of that kind read
     sliding_window: int
 
     @classmethod
@@ -48,15 +48,10 @@ class Gemma4Target:
         text = gemma4_text_model(model)
         args = text.args
         with_cache = args.num_hidden_layers - args.num_kv_shared_layers  # layers that own a cache
-        kv_layer = {}
+        kv_layers = {}
         for i in range(with_cache):
-            kv_layer[args.layer_types[i]] = i  # the last one of each type wins
-        return cls(text=text, kv_layer=kv_layer, sliding_window=args.sliding_window)
-
-    @property
-    def kv_layers(self) -> dict[str, int]:
-        """Attention kind -> index of the target cache the drafter's layers of that kind read."""
-        return self.kv_layer
+            kv_layers[args.layer_types[i]] = i  # the last one of each type wins
+        return cls(text=text, kv_layers=kv_layers, sliding_window=args.sliding_window)
 
     @property
     def hidden_size(self) -> int:
@@ -85,31 +80,27 @@ class Gemma4Target:
         return logits, hidden
 
     def check_compatible(self, drafter: Assistant) -> None:
-        check_compatible(self, drafter)
-
-
-def check_compatible(target: Gemma4Target, drafter: Assistant) -> None:
-    """Raise EngineError with one clear line if the drafter cannot serve this target."""
-    if drafter.backbone_hidden_size != target.hidden_size:
-        raise EngineError(
-            f"MTP drafter does not fit this target: it was built for a backbone of width "
-            f"{drafter.backbone_hidden_size}, the target's hidden size is {target.hidden_size}"
-        )
-    if drafter.vocab_size != target.vocab_size:
-        raise EngineError(
-            f"MTP drafter does not fit this target: vocabulary {drafter.vocab_size} vs {target.vocab_size}"
-        )
-    missing = set(drafter.layer_types) - set(target.kv_layer)
-    if missing:
-        raise EngineError(f"MTP drafter reads {sorted(missing)} K/V that this target does not have")
-    targs, dargs = target.text.args, drafter.text
-    want = {"sliding_attention": targs.head_dim, "full_attention": targs.global_head_dim or targs.head_dim}
-    have = {"sliding_attention": dargs.head_dim, "full_attention": dargs.global_head_dim or dargs.head_dim}
-    for kind in set(drafter.layer_types):
-        if want[kind] != have[kind]:
+        """Raise EngineError with one clear line if the drafter cannot serve this target."""
+        if drafter.backbone_hidden_size != self.hidden_size:
             raise EngineError(
-                f"MTP drafter does not fit this target: {kind} head size {have[kind]} vs {want[kind]}"
+                f"MTP drafter does not fit this target: it was built for a backbone of width "
+                f"{drafter.backbone_hidden_size}, the target's hidden size is {self.hidden_size}"
             )
+        if drafter.vocab_size != self.vocab_size:
+            raise EngineError(
+                f"MTP drafter does not fit this target: vocabulary {drafter.vocab_size} vs {self.vocab_size}"
+            )
+        missing = set(drafter.layer_types) - set(self.kv_layers)
+        if missing:
+            raise EngineError(f"MTP drafter reads {sorted(missing)} K/V that this target does not have")
+        targs, dargs = self.text.args, drafter.text
+        want = {"sliding_attention": targs.head_dim, "full_attention": targs.global_head_dim or targs.head_dim}
+        have = {"sliding_attention": dargs.head_dim, "full_attention": dargs.global_head_dim or dargs.head_dim}
+        for kind in set(drafter.layer_types):
+            if want[kind] != have[kind]:
+                raise EngineError(
+                    f"MTP drafter does not fit this target: {kind} head size {have[kind]} vs {want[kind]}"
+                )
 
 
 @dataclass
@@ -140,8 +131,7 @@ def load_drafter(path: str):
     try:
         drafter = load_assistant(p)
     except (ValueError, KeyError, OSError, RuntimeError) as e:
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
-        raise EngineError(f"cannot load the MTP drafter in {path}: {first}") from e
+        raise EngineError(f"cannot load the MTP drafter in {path}: {one_line(e)}") from e
     from engines.mlx_chat.loading import materialize
 
     materialize(drafter)  # its full-attention layers' RoPE `_freqs`: a server drafts in another thread

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, categorical_sampling
 
+from engines.speculative.schedule import MAX_STEPS
 from engines.types import Sampling
 
 
@@ -54,6 +55,27 @@ def pick(logits: mx.array, sampling: Sampling, key: mx.array | None = None) -> m
     if key is None:
         return categorical_sampling(filtered_logprobs(logits, sampling), sampling.temperature)
     return mx.random.categorical(filtered_logprobs(logits, sampling) * (1.0 / sampling.temperature), key=key)
+
+
+def draft_rows(logits: mx.array, samplings: list[Sampling], keys: list, position: int) -> tuple[mx.array, mx.array | None]:
+    """A batched drafter's draft per row at chain position `position`, and the q each was drawn
+    from (None when every row is greedy): argmax at T=0; at T>0 a sample of the row's own q on
+    its RNG key for this step (one subkey per position); a greedy row among sampled ones gets a
+    point mass as its q."""
+    if all(s.greedy for s in samplings):
+        return mx.argmax(logits, axis=-1), None
+    ys, qs = [], []
+    for b, (s, key) in enumerate(zip(samplings, keys)):
+        if s.greedy:
+            ys.append(mx.argmax(logits[b], axis=-1))
+            qs.append(mx.zeros_like(logits[b]).at[ys[-1]].add(1.0))
+            continue
+        q = target_probs(logits[b], s)
+        if key is not None:
+            key = mx.random.split(key, MAX_STEPS)[position]
+        ys.append(mx.random.categorical(mx.log(q), key=key))
+        qs.append(q)
+    return mx.stack(ys), mx.stack(qs)
 
 
 @dataclass

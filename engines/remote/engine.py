@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from engines.types import EngineError, Request, ShouldStop
+from engines.types import EngineError, Request, ShouldStop, one_line
 from engines.remote.counters import SpecCounters, parse_spec_counters
 from engines.speculative.rounds import Round
 
@@ -78,7 +78,7 @@ class RemoteEngine:
         try:
             models = client.models.list().data
         except Exception as e:  # connection refused, 401, not an OpenAI-compatible server...
-            raise EngineError(f"cannot reach an OpenAI-compatible server at {base}: {_one_line(e)}") from None
+            raise EngineError(f"cannot reach an OpenAI-compatible server at {base}: {one_line(e)}") from None
         if not models:
             raise EngineError(f"the server at {base} serves no model")
         ids = [m.id for m in models]
@@ -114,7 +114,7 @@ class RemoteEngine:
         try:
             stream = client.chat.completions.create(stream=True, **self._body(request))
         except Exception as e:
-            raise EngineError(f"the server refused the request: {_one_line(e)}") from None
+            raise EngineError(f"the server refused the request: {one_line(e)}") from None
         last: Round | None = None
         try:
             for chunk in stream:
@@ -418,8 +418,3 @@ def image_data_url(path: str) -> str:
         raise EngineError(f"cannot read image {path}: {e.strerror}") from None
     mime = mimetypes.guess_type(path)[0] or "image/png"
     return f"data:{mime};base64,{base64.b64encode(data).decode()}"
-
-
-def _one_line(e: Exception) -> str:
-    text = str(e).strip().splitlines()
-    return text[0] if text else type(e).__name__

@@ -168,11 +168,6 @@ class DraftSchedule:
         if self.auto is not None:
             self.auto.record(proposed, accepted, verify_s, draft_s, priced, asked)
 
-    @property
-    def skipped(self) -> bool:
-        """The last next_steps() was a skip-streak skip: the round after it drafts again."""
-        return self.skip.skipped_last
-
     def disable(self) -> None:
         """Graceful degradation: the drafter failed, decode plainly from here on."""
         self.enabled = False

@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import hashlib
 import io
-import json
 import os
 import platform
 import time
@@ -30,7 +29,7 @@ def machine_info() -> dict:
     }
 
 
-def model_hash(path: str | Path, limit_bytes: int = 1 << 30) -> str:
+def model_hash(path: str | Path) -> str:
     """A stable fingerprint of a model file or directory: sha256 over file names, sizes and
     contents (weights files hashed by their first and last 8 MiB to stay fast on large models)."""
     path = Path(path)
@@ -97,9 +96,6 @@ class Session:
             machine=d.get("machine", {}),
             started_at=d.get("started_at", 0.0),
         )
-
-    def to_json(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=1, ensure_ascii=False), encoding="utf-8")
 
     def to_csv(self) -> str:
         out = io.StringIO()

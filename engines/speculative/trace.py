@@ -74,15 +74,3 @@ class TraceWriter:
     def __exit__(self, *exc) -> None:
         self.close()
 
-
-def read_trace(path: str | Path) -> list[Round]:
-    """The rounds of a trace; a torn last line (the process died while writing) is skipped."""
-    rounds = []
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if obj.get("event") == "round":
-            rounds.append(Round.from_dict(obj))
-    return rounds

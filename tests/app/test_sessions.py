@@ -25,6 +25,21 @@ def round_lines(path: Path) -> int:
         return 0
 
 
+def test_a_torn_last_line_is_skipped(tmp_path):
+    """The process died while writing a round: the rounds before it load."""
+    from engines.speculative.trace import TraceWriter
+    from tests.engines.speculative.test_rounds import rnd
+
+    path = tmp_path / "t.ndjson"
+    rounds = [rnd(0, 0, 0, 1, 0.5, prefill=True), rnd(1, 2, 1, 2, 0.1)]
+    with TraceWriter(path, header={"model": {"path": "m"}}) as tw:
+        for r in rounds:
+            tw.write(r)
+    with open(path, "a") as f:
+        f.write('{"event": "round", "index": 2, "propo')
+    assert load_session(path).session.rounds == rounds
+
+
 def test_killed_mid_run_the_finished_rounds_are_recoverable(qtbot, tiny_chat, specscope_home):
     target, _draft = tiny_chat
     env = dict(os.environ, SPECSCOPE_HOME=str(specscope_home), QT_QPA_PLATFORM="offscreen", HF_HUB_OFFLINE="1")

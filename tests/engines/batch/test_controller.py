@@ -8,13 +8,14 @@ import itertools
 
 import pytest
 
-from engines.batch.controller import DraftBudget, RowOdds, StepCosts, row_acceptance, row_odds
+from engines.batch.controller import DraftBudget, RowOdds, row_acceptance, row_odds
+from engines.speculative.costs import StepCosts
 from engines.speculative.expected import expected_tokens
 from engines.speculative.schedule import MAX_STEPS
 
 
 def budget_for(c0: float, c1: float) -> DraftBudget:
-    b = DraftBudget.new()
+    b = DraftBudget()
     for batch, width in itertools.product((1, 2, 4, 8), (1, 3, 6, 8)):
         b.observe(batch, width, c0 + c1 * batch * width)
     return b
@@ -62,7 +63,7 @@ def test_a_bigger_batch_drafts_less():
 
 
 def test_no_cap_before_two_forward_sizes_were_measured():
-    b = DraftBudget.new()
+    b = DraftBudget()
     b.observe(4, 2, 0.1)
     b.observe(4, 2, 0.2)
     assert not b.costs.ready and b.choose([0.1, 0.1]) == MAX_STEPS

@@ -64,7 +64,7 @@ def test_prompts_read_before_are_not_read_again(engines, model, monkeypatch):
     assert run_one(batch, shorter) == alone[id(shorter)]  # a kept prompt cut back to whole chunks
     assert sum(read) == body(shorter) - shared // CHUNK * CHUNK
     cache = batch.prompt_cache
-    assert cache.hit_tokens > 0 and cache.lookups == 4
+    assert cache.hit_tokens > 0
 
 
 def test_the_least_recently_used_prompt_goes_first(engines, monkeypatch):

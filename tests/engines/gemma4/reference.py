@@ -24,7 +24,7 @@ def drafter_kv(target: Gemma4Target, cache: list) -> dict[str, tuple[mx.array, m
     """K/V the drafter reads after the last cached token, per attention type: every cached
     position for full attention, the last `sliding_window` of them for sliding attention."""
     kv = {}
-    for kind, idx in target.kv_layer.items():
+    for kind, idx in target.kv_layers.items():
         keys, values = cache_keys_values(cache[idx])
         if kind == "sliding_attention":
             keys, values = keys[..., -target.sliding_window :, :], values[..., -target.sliding_window :, :]

@@ -243,7 +243,7 @@ def test_a_profiles_batch_curve_prices_the_batch_controller_from_its_first_step(
     spec = SpecConfig("ngram", 5, auto=True, profile=str(folder))
     # k = 0: 4 tokens / 0.11 s = 36; k = 1: 4 x 1.6 / 0.15 = 43; k = 2: 4 x 1.96 / 0.19 = 41
     assert DraftBudget.tuned(spec, "/m").choose(rows) == 1  # what the measured prices make pay
-    assert DraftBudget.new().choose(rows) == MAX_STEPS  # unseeded: no cap yet
+    assert DraftBudget().choose(rows) == MAX_STEPS  # unseeded: no cap yet
     assert DraftBudget.tuned(SpecConfig("ngram", 5), "/m").choose(rows) == MAX_STEPS  # not asked for auto
     assert DraftBudget.tuned(spec, "/other").choose(rows) == MAX_STEPS  # a profile for another model: not used
 
