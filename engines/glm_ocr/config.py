@@ -16,12 +16,9 @@ from engines.types import EngineError
 class TextConfig:
     vocab_size: int
     hidden_size: int
-    intermediate_size: int
     num_hidden_layers: int
-    num_attention_heads: int
     num_key_value_heads: int
     head_dim: int
-    rms_norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     partial_rotary_factor: float = 1.0
     mrope_section: list[int] = field(default_factory=lambda: [8, 12, 12])
@@ -40,18 +37,13 @@ class TextConfig:
 
 @dataclass
 class VisionConfig:
-    depth: int
     hidden_size: int
-    intermediate_size: int
     num_heads: int
-    out_hidden_size: int
     patch_size: int = 14
     spatial_merge_size: int = 2
     temporal_patch_size: int = 2
     in_channels: int = 3
-    rms_norm_eps: float = 1e-5
     rope_theta: float = 10000.0
-    attention_bias: bool = True
 
     @property
     def head_dim(self) -> int:
@@ -63,8 +55,6 @@ class GlmOcrConfig:
     text: TextConfig
     vision: VisionConfig
     image_token_id: int
-    image_start_token_id: int
-    image_end_token_id: int
     eos_token_ids: list[int]
 
     @classmethod
@@ -72,11 +62,9 @@ class GlmOcrConfig:
         t, v = d["text_config"], d["vision_config"]
         rope = t.get("rope_parameters") or {}
         text = TextConfig(
-            vocab_size=t["vocab_size"], hidden_size=t["hidden_size"],
-            intermediate_size=t["intermediate_size"], num_hidden_layers=t["num_hidden_layers"],
-            num_attention_heads=t["num_attention_heads"], num_key_value_heads=t["num_key_value_heads"],
+            vocab_size=t["vocab_size"], hidden_size=t["hidden_size"], num_hidden_layers=t["num_hidden_layers"],
+            num_key_value_heads=t["num_key_value_heads"],
             head_dim=t.get("head_dim") or t["hidden_size"] // t["num_attention_heads"],
-            rms_norm_eps=t.get("rms_norm_eps", 1e-5),
             rope_theta=rope.get("rope_theta", t.get("rope_theta", 10000.0)),
             partial_rotary_factor=rope.get("partial_rotary_factor", t.get("partial_rotary_factor", 1.0)),
             mrope_section=list(rope.get("mrope_section", [8, 12, 12])),
@@ -84,20 +72,14 @@ class GlmOcrConfig:
         )
         vrope = v.get("rope_parameters") or {}
         vision = VisionConfig(
-            depth=v["depth"], hidden_size=v["hidden_size"], intermediate_size=v["intermediate_size"],
-            num_heads=v["num_heads"], out_hidden_size=v["out_hidden_size"],
+            hidden_size=v["hidden_size"], num_heads=v["num_heads"],
             patch_size=v.get("patch_size", 14), spatial_merge_size=v.get("spatial_merge_size", 2),
             temporal_patch_size=v.get("temporal_patch_size", 2), in_channels=v.get("in_channels", 3),
-            rms_norm_eps=v.get("rms_norm_eps", 1e-5), rope_theta=vrope.get("rope_theta", 10000.0),
-            attention_bias=v.get("attention_bias", True),
+            rope_theta=vrope.get("rope_theta", 10000.0),
         )
         eos = (generation or {}).get("eos_token_id", t.get("eos_token_id"))
         eos = [eos] if isinstance(eos, int) else list(eos or [])
-        config = cls(
-            text=text, vision=vision, image_token_id=d["image_token_id"],
-            image_start_token_id=d["image_start_token_id"], image_end_token_id=d["image_end_token_id"],
-            eos_token_ids=eos,
-        )
+        config = cls(text=text, vision=vision, image_token_id=d["image_token_id"], eos_token_ids=eos)
         if 2 * sum(text.mrope_section) != text.rotary_dim:
             raise EngineError(
                 f"unsupported GLM-OCR config: mrope_section {text.mrope_section} does not cover the "

@@ -365,15 +365,23 @@ def fix_coremltools_cast_for_numpy2() -> None:
     ops._cast = cast
 
 
-def _convert(traced, inputs: list, outputs: list[str], states: list, path: Path) -> None:
+def _convert(traced, path: Path, inputs: dict, outputs: dict, states: dict | None = None) -> dict:
+    """Convert a traced module into the ML program at `path`; returns the package's manifest
+    entry (path, inputs, outputs, states). Each of inputs, outputs, states maps a name to a
+    float16 shape, or (an input only) to (shape, dtype); a ct.RangeDim in a shape is a flexible
+    dimension, -1 in the manifest."""
     import coremltools as ct
 
+    inputs = {k: v if isinstance(v[0], tuple) else (v, np.float16) for k, v in inputs.items()}
+    outputs = {k: (v, np.float16) for k, v in outputs.items()}
+    states = {k: (v, np.float16) for k, v in (states or {}).items()}
     fix_coremltools_cast_for_numpy2()
     mlmodel = ct.convert(
         traced,
-        inputs=inputs,
-        outputs=[ct.TensorType(name=name, dtype=np.float16) for name in outputs],
-        states=states or None,
+        inputs=[ct.TensorType(name=k, shape=shape, dtype=dtype) for k, (shape, dtype) in inputs.items()],
+        outputs=[ct.TensorType(name=k, dtype=dtype) for k, (_, dtype) in outputs.items()],
+        states=[ct.StateType(wrapped_type=ct.TensorType(shape=shape, dtype=dtype), name=k)
+                for k, (shape, dtype) in states.items()] or None,
         convert_to="mlprogram",
         compute_precision=ct.precision.FLOAT16,
         minimum_deployment_target=ct.target.macOS15,
@@ -381,27 +389,11 @@ def _convert(traced, inputs: list, outputs: list[str], states: list, path: Path)
     )
     mlmodel.save(str(path))
 
+    def describe(specs: dict) -> dict:
+        return {k: {"shape": [-1 if isinstance(d, ct.RangeDim) else int(d) for d in shape],
+                    "dtype": np.dtype(dtype).name} for k, (shape, dtype) in specs.items()}
 
-def _tensor(name: str, shape, dtype=np.float16):
-    import coremltools as ct
-
-    return ct.TensorType(name=name, shape=shape, dtype=dtype)
-
-
-def _state(name: str, shape):
-    import coremltools as ct
-
-    return ct.StateType(wrapped_type=ct.TensorType(shape=tuple(shape), dtype=np.float16), name=name)
-
-
-def _io(inputs: dict, outputs: dict, states: dict | None = None) -> dict:
-    """Shapes and dtypes for the manifest (-1 marks a flexible dimension)."""
-    entry = lambda shape, dtype: {"shape": [int(d) for d in shape], "dtype": dtype}  # noqa: E731
-    return {
-        "inputs": {k: entry(*v) for k, v in inputs.items()},
-        "outputs": {k: entry(*v) for k, v in outputs.items()},
-        "states": {k: entry(*v) for k, v in (states or {}).items()},
-    }
+    return {"path": path.name, "inputs": describe(inputs), "outputs": describe(outputs), "states": describe(states)}
 
 
 def _cf(x):  # (S, C) -> (1, C, 1, S)
@@ -464,21 +456,13 @@ def _convert_vision(modules, ref, hf_dir: Path, out_dir: Path, cache_length: int
     parity = _report("vision", "transformers GlmOcrVisionModel (pooler_output)", got, expected)
 
     n = ct.RangeDim(lower_bound=window, upper_bound=max(max_patches, 64), default=64, symbol="num_patches")
-    p = v.patch_size
-    head_dim = v.head_dim
-    _convert(traced, [
-        _tensor("pixel_patches", (n, channels, p, p)),
-        _tensor("position_cos", (n, head_dim)),
-        _tensor("position_sin", (n, head_dim)),
-        _tensor("attention_bias", (1, 1, n)),
-    ], ["image_embeds"], [], out_dir / "vision.mlpackage")
-    out_c = modules.config.text.hidden_size
+    p, head_dim = v.patch_size, v.head_dim
+    io = _convert(traced, out_dir / "vision.mlpackage",
+                  {"pixel_patches": (n, channels, p, p), "position_cos": (n, head_dim),
+                   "position_sin": (n, head_dim), "attention_bias": (1, 1, n)},
+                  {"image_embeds": (1, modules.config.text.hidden_size, 1, n)})
     return {
-        "path": "vision.mlpackage",
-        **_io({"pixel_patches": ((-1, channels, p, p), "float16"),
-               "position_cos": ((-1, head_dim), "float16"), "position_sin": ((-1, head_dim), "float16"),
-               "attention_bias": ((1, 1, -1), "float16")},
-              {"image_embeds": ((1, out_c, 1, -1), "float16")}),
+        **io,
         "num_patches": {"min": window, "max": max(max_patches, 64), "multiple_of": window},
         "notes": "num_patches is flexible; attention_bias (0 or -1e4 per key) hides padded patches",
         "parity": parity.to_dict(),
@@ -518,19 +502,13 @@ def _convert_decoder(modules, ref, seq_len: int, out_dir: Path) -> dict:
 
     h, r = cfg.hidden_size, cfg.rotary_dim
     cache_shape = tuple(decoder.key_cache.shape)
-    _convert(traced, [
-        _tensor("inputs_embeds", (1, h, 1, seq_len)),
-        _tensor("position_cos", (seq_len, r)),
-        _tensor("position_sin", (seq_len, r)),
-        _tensor("cache_position", (1,), np.int32),
-    ], ["hidden"], [_state("key_cache", cache_shape), _state("value_cache", cache_shape)],
-        out_dir / "decoder.mlpackage")
+    io = _convert(traced, out_dir / "decoder.mlpackage",
+                  {"inputs_embeds": (1, h, 1, seq_len), "position_cos": (seq_len, r),
+                   "position_sin": (seq_len, r), "cache_position": ((1,), np.int32)},
+                  {"hidden": (1, h, 1, seq_len)},
+                  {"key_cache": cache_shape, "value_cache": cache_shape})
     return {
-        "path": "decoder.mlpackage",
-        **_io({"inputs_embeds": ((1, h, 1, seq_len), "float16"), "position_cos": ((seq_len, r), "float16"),
-               "position_sin": ((seq_len, r), "float16"), "cache_position": ((1,), "int32")},
-              {"hidden": ((1, h, 1, seq_len), "float16")},
-              {"key_cache": (cache_shape, "float16"), "value_cache": (cache_shape, "float16")}),
+        **io,
         "parity": parity.to_dict(),
     }
 
@@ -545,10 +523,10 @@ def _convert_lm_head(modules, ref, seq_len: int, out_dir: Path) -> dict:
         expected = ref.model.lm_head(hidden)
     parity = _report("lm_head", "transformers GlmOcrForConditionalGeneration.lm_head", got, expected)
     h, vocab = cfg.hidden_size, cfg.vocab_size
-    _convert(traced, [_tensor("hidden", (1, h, 1, seq_len))], ["logits"], [], out_dir / "lm_head.mlpackage")
+    io = _convert(traced, out_dir / "lm_head.mlpackage",
+                  {"hidden": (1, h, 1, seq_len)}, {"logits": (1, vocab, 1, seq_len)})
     return {
-        "path": "lm_head.mlpackage",
-        **_io({"hidden": ((1, h, 1, seq_len), "float16")}, {"logits": ((1, vocab, 1, seq_len), "float16")}),
+        **io,
         "vocab_chunks": [conv.out_channels for conv in modules.lm_head.chunks],
         "parity": parity.to_dict(),
     }
@@ -592,21 +570,13 @@ def _convert_mtp(modules, ref, out_dir: Path) -> dict:
 
     h, r = cfg.hidden_size, cfg.rotary_dim
     cache_shape = tuple(mtp.key_cache.shape)
-    _convert(traced, [
-        _tensor("previous_hidden", (1, h, 1, 1)),
-        _tensor("input_embeds", (1, h, 1, 1)),
-        _tensor("position_cos", (1, r)),
-        _tensor("position_sin", (1, r)),
-        _tensor("cache_position", (1,), np.int32),
-    ], ["mtp_hidden", "mtp_hidden_for_head"], [_state("key_cache", cache_shape), _state("value_cache", cache_shape)],
-        out_dir / "mtp.mlpackage")
+    io = _convert(traced, out_dir / "mtp.mlpackage",
+                  {"previous_hidden": (1, h, 1, 1), "input_embeds": (1, h, 1, 1), "position_cos": (1, r),
+                   "position_sin": (1, r), "cache_position": ((1,), np.int32)},
+                  {"mtp_hidden": (1, h, 1, 1), "mtp_hidden_for_head": (1, h, 1, 1)},
+                  {"key_cache": cache_shape, "value_cache": cache_shape})
     return {
-        "path": "mtp.mlpackage",
-        **_io({"previous_hidden": ((1, h, 1, 1), "float16"), "input_embeds": ((1, h, 1, 1), "float16"),
-               "position_cos": ((1, r), "float16"), "position_sin": ((1, r), "float16"),
-               "cache_position": ((1,), "int32")},
-              {"mtp_hidden": ((1, h, 1, 1), "float16"), "mtp_hidden_for_head": ((1, h, 1, 1), "float16")},
-              {"key_cache": (cache_shape, "float16"), "value_cache": (cache_shape, "float16")}),
+        **io,
         "consumes": "the main model's hidden state after its final norm (what the LM head sees)",
         "parity": parity.to_dict(),
     }
