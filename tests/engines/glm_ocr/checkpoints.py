@@ -14,8 +14,10 @@ three mRoPE sections are exercised), vision hidden 32, 2 blocks, at most 64 imag
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -385,6 +387,16 @@ def cache_root() -> Path:
     return Path(os.environ.get("SPECSCOPE_TEST_CACHE", Path.home() / ".cache" / "specscope-tests"))
 
 
+@contextmanager
+def one_builder(root: Path):
+    """One builder at a time for the cached checkpoint `root`: the suite's workers run side by
+    side (pytest-xdist), and a second one waits here, then finds it built."""
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with open(root.parent / f"{root.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def trained_glm_ocr(images: int = 4, steps: int = 30, max_new_tokens: int = 64, **text_overrides) -> tuple[Path, list[Path]]:
     """A tiny checkpoint whose MTP layer was trained for chains on the target's own outputs for
     `images` test images, and those images as PNG files. Built once per machine and kept in
@@ -392,8 +404,6 @@ def trained_glm_ocr(images: int = 4, steps: int = 30, max_new_tokens: int = 64, 
     versions. Cold cost: about 15 s of one CPU core (data from the target, then 30 Adam steps
     over chains of 1..7); measured 1-2 minutes of wall time on the shared 2-core machine."""
     import hashlib
-    import shutil
-    import tempfile
 
     import transformers
 
@@ -402,18 +412,26 @@ def trained_glm_ocr(images: int = 4, steps: int = 30, max_new_tokens: int = 64, 
                      sort_keys=True)
     root = cache_root() / f"glm-ocr-mtp-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
     pictures = [root / f"image{i}.png" for i in range(images)]
-    if not (root / "done").is_file():
-        root.parent.mkdir(parents=True, exist_ok=True)
-        scratch = Path(tempfile.mkdtemp(dir=root.parent))
-        path = make_tiny_glm_ocr(scratch / "tiny", **text_overrides)
-        samples = test_images(images)
-        accuracy = train_mtp_on_target(path, samples, steps=steps, max_new_tokens=max_new_tokens)
-        for i, image in enumerate(samples):
-            image.save(scratch / f"image{i}.png")
-        (scratch / "done").write_text(json.dumps({"key": json.loads(key), "accuracy_by_depth": accuracy}))
-        shutil.rmtree(root, ignore_errors=True)
-        os.replace(scratch, root)
+    with one_builder(root):
+        if not (root / "done").is_file():
+            build_trained_glm_ocr(root, key, images, steps, max_new_tokens, text_overrides)
     return root / "tiny", pictures
+
+
+def build_trained_glm_ocr(root: Path, key: str, images: int, steps: int, max_new_tokens: int, text_overrides: dict) -> None:
+    """trained_glm_ocr's build: in a scratch folder, moved into place whole."""
+    import shutil
+    import tempfile
+
+    scratch = Path(tempfile.mkdtemp(dir=root.parent))
+    path = make_tiny_glm_ocr(scratch / "tiny", **text_overrides)
+    samples = test_images(images)
+    accuracy = train_mtp_on_target(path, samples, steps=steps, max_new_tokens=max_new_tokens)
+    for i, image in enumerate(samples):
+        image.save(scratch / f"image{i}.png")
+    (scratch / "done").write_text(json.dumps({"key": json.loads(key), "accuracy_by_depth": accuracy}))
+    shutil.rmtree(root, ignore_errors=True)
+    os.replace(scratch, root)
 
 
 # -- zai-org/GLM-OCR exactly as published -----------------------------------------------------

@@ -103,12 +103,18 @@ PUBLISHED_GENERATION = {"do_sample": False, "eos_token_id": [59246, 59253], "pad
 
 def make_published_shape_glm_ocr(out: str | Path, seed: int = 0) -> Path:
     """Build the checkpoint in `out` (skipped when `out` already holds a complete one)."""
+    from tests.engines.glm_ocr.checkpoints import one_builder
+
+    with one_builder(Path(out)):
+        return build_published_shape_glm_ocr(Path(out), seed)
+
+
+def build_published_shape_glm_ocr(out: Path, seed: int) -> Path:
     from safetensors.torch import save_file
     from transformers import AutoConfig, GlmOcrForConditionalGeneration
 
     from tests.engines.glm_ocr.checkpoints import CHAT_TEMPLATE, random_mtp_weights, write_tokenizer
 
-    out = Path(out)
     done = out / ".complete"
     if done.is_file():
         return out
