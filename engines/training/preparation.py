@@ -18,7 +18,9 @@ from engines.training.config import TrainConfig
 from engines.training.progress import Clock, Progress, span
 
 FORCE_BATCH = 4  # sequences per teacher-forced forward (data.features)
-MIN_FORCED = 1  # batches teacher-forced whatever the budget: rows to hold out and to train on
+# batches teacher-forced whatever the budget: rows to hold out and to train on, and forcing_order's
+# first two, so a run whose answering took the whole share still learns from the text as well
+MIN_FORCED = 2
 # of the preparation's share, what answering may take: teacher forcing a token costs under half
 # what answering it does (docs/drafter.md, Data), so what was answered then fits
 ANSWERING_SHARE = 2 / 3
@@ -140,9 +142,9 @@ def teacher_force(target: TargetView, sequences: list[list[int]], answers: int, 
                   on_progress, should_stop) -> tuple[D.Features, int]:
     """(Features, answer rows): the target over the sequences (the first `answers` of them the
     target's answers, the rest text segments), FORCE_BATCH at a time, until all are forced or the
-    clock's preparation share is spent (at least MIN_FORCED batches). Answers and text go in
-    proportion to their counts (forcing_order), so a cut run learns from both; the answers in
-    order, the greedy round first. Says how many and, once the speed is measured, how many fit."""
+    clock's preparation share is spent (at least MIN_FORCED batches: one of each kind there is).
+    Answers and text go in proportion to their counts (forcing_order), so a cut run learns from
+    both; the answers in order, the greedy round first. Says how many and, once the speed is measured, how many fit."""
     if not sequences:
         raise D.DataError("no training text: the data gave no sequence of 8 tokens or more")
     total = sum(len(s) for s in sequences)

@@ -18,9 +18,9 @@ from engines.training.preparation import forcing_order
 from tests.engines.mlx_chat import checkpoints
 from tests.engines.training.trained import write_prompts
 
-MINUTES = 0.08  # 4.8 s
+MINUTES = 0.4  # 24 s: enough that preparing and training both get their share beside another worker
 TOLERANCE_S = 6.0
-WORDS = 400_000  # ~6,000 segments of 64 tokens: on the tiny llama several times what 2.4 s can force
+WORDS = 1_600_000  # ~25,600 segments of 64 tokens: on the tiny llama several times what 12 s can force
 
 
 @pytest.fixture(scope="module")
@@ -56,17 +56,23 @@ def test_minutes_bound_preparation_and_training_together(llama, tmp_path, capsys
 
 
 def test_minutes_too_few_to_train_say_so_and_keep_the_data(llama, tmp_path, capsys):
-    """Minutes that run out before the first step: the least data (a batch of answers, a batch
-    teacher-forced) is still prepared and kept, the run says so and exits 1, and the same
-    command with more minutes trains on that data, counting the time already spent."""
+    """Minutes that run out before the first step: the least data (a batch of answers written,
+    a batch of them and one of the text teacher-forced) is still prepared and kept, the run says
+    so and exits 1, and the same command with more minutes trains on that data, counting the
+    time already spent."""
     target, prompts, _ = llama
-    out = tmp_path / "drafter"
-    command = ["drafter", "train", "--model", str(target), "--prompts", str(prompts), "--answer-tokens", "20",
-               "--seq-len", "64", "--no-register", "--out", str(out), "--minutes"]
+    out, text = tmp_path / "drafter", tmp_path / "notes.txt"
+    rng = random.Random(1)
+    text.write_text(" ".join(rng.choice(checkpoints.WORDS) for _ in range(20_000)))  # read in well under 3 s
+    command = ["drafter", "train", "--model", str(target), "--prompts", str(prompts), "--data", str(text),
+               "--answer-tokens", "20", "--seq-len", "64", "--no-register", "--out", str(out), "--minutes"]
     assert main(command + ["0.0001"]) == 1
     err = capsys.readouterr().err
     assert "ran out before the first training step" in err and str(out) in err, err[-2000:]
-    assert json.loads((out / "card.json").read_text())["training"]["steps"] == 0
+    card = json.loads((out / "card.json").read_text())
+    assert card["training"]["steps"] == 0
+    data = card["data"]
+    assert data["answer_sequences"] > 0 and data["sequences"] - data["answer_sequences"] > 0, data
     assert main(command + ["0.05"]) == 0
     err = capsys.readouterr().err
     assert "teacher-forced before, read from" in err and "spent by the runs before" in err, err[-2000:]
