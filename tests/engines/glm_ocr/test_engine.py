@@ -200,13 +200,14 @@ def test_steps_auto_picks_k_from_this_runs_costs(engine, trained_glm_ocr, monkey
     drafts were accepted at. The runtime is given a cost shaped like float32 on this CPU (MKL
     reads the weights once per 3 rows: 1-3 rows cost one unit, 4-6 two, 7-8 three): auto then
     drafts 2 (verify of 3), 3 only in its probes; with a flat cost the same drafts pay longer
-    chains. Tokens
-    stay plain decoding's either way."""
+    chains. Tokens stay plain decoding's either way. 96 tokens: in 48 a flat run's first
+    rejections can leave its second half six rounds, too few to show the choice its prices make."""
     import math
     import time
 
     _, images = trained_glm_ocr
-    plain = [t for r in engine.generate(Request(kind="ocr", image=str(images[0]), max_tokens=48, spec=SpecConfig()))
+    tokens = 96
+    plain = [t for r in engine.generate(Request(kind="ocr", image=str(images[0]), max_tokens=tokens, spec=SpecConfig()))
              for t in r.tokens]
     decode_rows = engine.runtime.decode_rows  # the round's verify forward (a batch of one)
 
@@ -216,20 +217,23 @@ def test_steps_auto_picks_k_from_this_runs_costs(engine, trained_glm_ocr, monkey
             return decode_rows(kv, embeds, cos, sin)
         return decode_at_a_cost
 
-    chosen = {}
+    chosen, best = {}, {}
     for shape, blocks in (("steps", lambda rows: math.ceil(rows / 3)), ("flat", lambda rows: 1)):
         monkeypatch.setattr(engine.runtime, "decode_rows", costed(blocks))
         engine.auto_seen.clear()  # each shape measured from scratch (pages read in a row share them)
-        rounds, ks = auto_run(engine, images[0])
+        rounds, ks = auto_run(engine, images[0], max_tokens=tokens)
         assert [t for r in rounds for t in r.tokens] == plain
         assert not [r.note for r in rounds if r.note]  # no "not tuned" line: it measured itself
         assert len(ks) >= 5 and all(len(r.expected_tok_s) == 8 for r in rounds if r.expected_tok_s)
         chosen[shape] = ks[len(ks) // 2:]  # once it has seen the costs
+        priced = [r.expected_tok_s for r in rounds if r.expected_tok_s][-1]  # tok/s by k, as auto last priced them
+        best[shape] = priced.index(max(priced))
     from engines.speculative.tuning import PROBE_AFTER
 
     probes = len(chosen["steps"]) // (PROBE_AFTER + 1) + 1  # one round in nine drafts one more (tuning.PROBE_AFTER)
     assert sum(k > 2 for k in chosen["steps"]) <= probes and max(chosen["steps"]) <= 3, chosen
     assert sum(k >= 3 for k in chosen["flat"]) > len(chosen["flat"]) / 2, chosen
+    assert best["steps"] == 2 and best["flat"] >= 3, best
 
 
 def test_steps_auto_starts_a_page_from_the_pages_before(engine, trained_glm_ocr):

@@ -191,31 +191,47 @@ def test_a_float32_load_of_bfloat16_shards_peaks_at_the_model_plus_one_tensor(tm
     assert theirs > largest_stored + slack
 
 
-def test_bfloat16_runs_mtp_and_stays_lossless_against_its_own_plain_decoding(trained_glm_ocr):
-    engine = OcrEngine.load(trained_glm_ocr[0], runtime="torch", cache_length=320, dtype="bfloat16")
+def test_bfloat16_mtp_leaves_plain_bfloat16_decoding_only_at_a_near_tie(trained_glm_ocr):
+    """In bfloat16 a verify of 1 + k rows may round differently from a one-row step (on an AMD
+    EPYC with avx512_bf16 and on one with AVX2 alone, both seen), so MTP decoding is not promised
+    to equal plain bfloat16 decoding token for token (runtime_fast.DEFAULT_DTYPE; the float32
+    tests hold the lossless promise). What is promised: drafts are accepted, and where the two
+    part, they part at a near-tie -- the two tokens are the float32 model's top two there, within
+    TIE of each other. A verify that accepted a wrong draft would part where the target is sure."""
+    path, images = trained_glm_ocr
+    engine = OcrEngine.load(path, runtime="torch", cache_length=320, dtype="bfloat16")
     engine.repetition = None
     assert engine.model_info()["dtype"] == "bfloat16"
-    image = trained_glm_ocr[1][0]
-    plain, _ = run(engine, image, 0)
-    for steps in (1, 3):
-        tokens, by_depth = run(engine, image, steps)
-        assert by_depth[1].sum() > 0 and len(tokens) == len(plain)
-        if native_bfloat16_cpu():
-            continue  # see below: equality is what such a CPU's kernels do not promise
-        assert tokens == plain
+    reference = load_reference(path).model.float()
+    accepted = 0
+    for image in images:
+        plain, _ = run(engine, image, 0)
+        for steps in (1, 3):
+            tokens, by_depth = run(engine, image, steps)
+            assert len(tokens) == len(plain)
+            accepted += by_depth[1].sum()
+            parted = next((i for i, (a, b) in enumerate(zip(tokens, plain)) if a != b), None)
+            if parted is not None:
+                logits = next_logits(reference, path, image, plain[:parted])
+                (top, runner_up), (first, second) = torch.topk(logits, 2)
+                assert {int(first), int(second)} == {plain[parted], tokens[parted]}, f"{image.name}, steps {steps}: parted at {parted}"
+                assert top - runner_up < TIE, f"{image.name}, steps {steps}: parted at {parted} by {top - runner_up:.3f}"
+    assert accepted > 0
 
 
-def native_bfloat16_cpu() -> bool:
-    """Whether this x86 CPU has bfloat16 dot-product instructions (AVX512-BF16, AMX), which
-    PyTorch's CPU kernels use: there a verify of 1 + k rows rounds differently from a one-row
-    step even on the tiny model (measured on an AMD EPYC with avx512_bf16, 2026-11-26: tokens
-    differ from plain bfloat16 decoding; runtime_fast.DEFAULT_DTYPE says why bfloat16 is not the
-    default, and the float32 tests hold the lossless promise)."""
-    try:
-        flags = next((line for line in open("/proc/cpuinfo") if line.startswith("flags")), "").split()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+TIE = 0.1  # float32 logits this close are a tie to bfloat16 (8 bits of mantissa: a logit near
+# 2.6, as on the tiny model, is held to about 0.01, and each of its layers rounds again); seen: 0.032
+
+
+def next_logits(model, path, image, generated: list[int]) -> torch.Tensor:
+    """transformers' float32 logits for the token after the prompt and `generated`."""
+    inputs = reference_prompt(path, Image.open(image))
+    n = len(generated)
+    ids = torch.cat([inputs["input_ids"], torch.tensor([generated], dtype=inputs["input_ids"].dtype)], 1)
+    types = torch.cat([inputs["mm_token_type_ids"], torch.zeros(1, n, dtype=inputs["mm_token_type_ids"].dtype)], 1)
+    with torch.no_grad():
+        out = model(**dict(inputs, input_ids=ids, attention_mask=torch.ones_like(ids), mm_token_type_ids=types))
+    return out.logits[0, -1]
 
 
 def test_the_default_dtype_is_float32_and_the_load_option_chooses_another(tmp_path):

@@ -19,20 +19,28 @@ from tests.engines.mlx_chat import checkpoints
 from tests.engines.training.trained import config, write_prompts
 from tests.engines.chat import load_chat
 
+HANG_S = 600  # a resumed run's hang guard, not a speed bound: beside another worker one took past 120 s
 STEPS = 400
 CLI = "import sys; from app.cli.main import main; sys.exit(main(sys.argv[1:]))"
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    """The target, the prompts, and the weights of an uninterrupted run."""
+def target_and_prompts(tmp_path_factory):
     d = tmp_path_factory.mktemp("resume")
     target = checkpoints.make_tiny_llama(d / "llama")
-    prompts = write_prompts(d / "prompts.json", checkpoints.WORDS)
+    return target, write_prompts(d / "prompts.json", checkpoints.WORDS)
+
+
+@pytest.fixture(scope="module")
+def setup(target_and_prompts, tmp_path_factory):
+    """The target, the prompts, and the weights of an uninterrupted run as the CLI trains it (a
+    fixture of its own: the tests that need it are slow, and a quick run should not train it)."""
+    target, prompts = target_and_prompts
+    out = tmp_path_factory.mktemp("resume-uninterrupted") / "run"
     engine = load_chat(str(target))
-    as_the_cli = replace(config(d / "uninterrupted", prompts, STEPS), feature_layers=None, decay=True, soft_labels=True)
+    as_the_cli = replace(config(out, prompts, STEPS), feature_layers=None, decay=True, soft_labels=True)
     train(engine.model, engine.tokenizer, str(target), as_the_cli)
-    return target, prompts, mx.load(str(d / "uninterrupted" / "model.safetensors"))
+    return target, prompts, mx.load(str(out / "model.safetensors"))
 
 
 def command(target, prompts, out):
@@ -75,7 +83,8 @@ def test_kill_9_mid_training_resumes_to_the_uninterrupted_weights(setup, tmp_pat
     killed_at = checkpoint_step(out)
     assert 20 <= killed_at < STEPS, killed_at
     killed = mx.load(str(out / "checkpoint" / "model.safetensors"))
-    resumed = subprocess.run(command(target, prompts, out), capture_output=True, text=True, env=dict(os.environ), timeout=120)
+    resumed = subprocess.run(command(target, prompts, out), capture_output=True, text=True, env=dict(os.environ),
+                             timeout=HANG_S)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     final = mx.load(str(out / "model.safetensors"))
     assert json.loads((out / "card.json").read_text())["training"]["steps"] == STEPS
@@ -93,17 +102,18 @@ def test_ctrl_c_leaves_a_resumable_checkpoint(setup, tmp_path):
     assert "run the same command to resume" in err
     stopped_at = checkpoint_step(out)
     assert 20 <= stopped_at < STEPS
-    resumed = subprocess.run(command(target, prompts, out), capture_output=True, text=True, env=dict(os.environ), timeout=120)
+    resumed = subprocess.run(command(target, prompts, out), capture_output=True, text=True, env=dict(os.environ),
+                             timeout=HANG_S)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert same(mx.load(str(out / "model.safetensors")), uninterrupted)
 
 
-def test_a_decaying_run_stopped_and_resumed_ends_as_one_that_never_stopped(setup, tmp_path):
+def test_a_decaying_run_stopped_and_resumed_ends_as_one_that_never_stopped(target_and_prompts, tmp_path):
     """--decay lowers the rate by the share of the run done, a function of the step under
     --steps: a run cancelled at step 25 and resumed ends with the weights of one never stopped,
     and those differ from a constant rate's."""
 
-    target, prompts, _ = setup
+    target, prompts = target_and_prompts
     engine = load_chat(str(target))
     weights = {}
     for name, decay in (("constant", False), ("decay", True)):
