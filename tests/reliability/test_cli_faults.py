@@ -86,9 +86,15 @@ def test_ctrl_c_in_json_mode_prints_the_partial_result_and_closes_the_trace(tiny
     assert rounds[-1]["finish"] == "cancelled" and [r["tokens"] for r in rounds] == [r["tokens"] for r in doc["rounds"]]
 
 
-def test_prompt_from_a_file_and_from_stdin_equal_the_argument(short_context_llama, tmp_path):
+def test_prompt_from_a_file_and_from_stdin_equal_the_argument(short_context_llama, tmp_path, capsys):
+    from app.cli.main import main
+
     common = chat(short_context_llama, "-m", "12", "--json")
-    by_arg = json.loads(specscope(*common, "--prompt", PROMPT).stdout)["tokens"]
+    # the argument's answer in this process (the same command, the same BLAS), the file's and
+    # stdin's each in a fresh one, where reading them is as a user's shell gives them
+    assert main([*common, "--prompt", PROMPT]) == 0
+    by_arg = json.loads(capsys.readouterr().out)["tokens"]
+    assert len(by_arg) == 12
     path = tmp_path / "prompt.txt"
     path.write_text(PROMPT)
     assert json.loads(specscope(*common, "--prompt-file", str(path)).stdout)["tokens"] == by_arg

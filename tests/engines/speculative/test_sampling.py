@@ -46,12 +46,20 @@ TARGET_LOGITS = np.random.default_rng(1).normal(size=(V, V)) * 1.5
 DRAFT_LOGITS = TARGET_LOGITS + np.random.default_rng(2).normal(size=(V, V))  # similar, not equal
 
 
-def target_p(prev, temperature=1.0):
-    return target_probs(TARGET_LOGITS[prev], temperature)
+# Each row's distribution, computed once: the samplers below look them up tens of thousands of
+# times, and the same values reach the sampler and the verifier as computing them afresh gives
+# (read-only, so that nothing can change them under a later draw)
+TARGET_P = np.stack([target_probs(row, 1.0) for row in TARGET_LOGITS])
+DRAFT_Q = np.stack([target_probs(row, 1.0) for row in DRAFT_LOGITS])
+TARGET_P.flags.writeable = DRAFT_Q.flags.writeable = False
+
+
+def target_p(prev):
+    return TARGET_P[prev]
 
 
 def draft_q(prev):
-    return target_probs(DRAFT_LOGITS[prev], 1.0)
+    return DRAFT_Q[prev]
 
 
 def plain_sample(rng, first):
