@@ -8,6 +8,8 @@ import os
 import shutil
 import tempfile
 
+import pytest
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
@@ -36,6 +38,10 @@ def pytest_addoption(parser):
     parser.addoption("--slow", action="store_true",
                      help="also run the `slow` tests: real small models, many-run sampling proofs, "
                           "trained drafters, a whole Core ML conversion (tens of minutes)")
+    parser.addoption("--alone", choices=("include", "exclude", "only"), default="include",
+                     help="the tests marked `alone` (they measure time): run them too (the default), "
+                          "leave them out, or run only them. scripts/test runs the rest on every "
+                          "core, then these in one process with nothing beside them")
 
 
 # Opt-in markers: what each needs on the command line, and the reason a quick run shows when skipping.
@@ -55,13 +61,17 @@ LONGEST_FIRST = (
 
 
 def pytest_collection_modifyitems(config, items):
-    import pytest
-
     from collections import Counter
 
     rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
     tests = Counter(item.nodeid.split("::")[0] for item in items)
     items.sort(key=lambda item: (rank.get(path := item.nodeid.split("::")[0], len(rank)), -tests[path]))  # stable
+
+    alone = config.getoption("alone")
+    if alone != "include":
+        chosen = [("alone" in item.keywords) == (alone == "only") for item in items]
+        config.hook.pytest_deselected(items=[item for item, keep in zip(items, chosen) if not keep])
+        items[:] = [item for item, keep in zip(items, chosen) if keep]
 
     for marker, (option, reason) in OPT_IN.items():
         if config.getoption(option):
@@ -77,8 +87,6 @@ def pytest_runtest_setup(item):
     that would start after it skips, saying so, so that a machine slower than planned for still
     ends CI within its 90 minutes with every quick test run. Unset, nothing is skipped."""
     import time
-
-    import pytest
 
     deadline = os.environ.get("SPECSCOPE_SLOW_DEADLINE")
     if deadline and "slow" in item.keywords and time.time() > float(deadline):

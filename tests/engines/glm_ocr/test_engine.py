@@ -195,6 +195,7 @@ def auto_run(engine, image, max_tokens=48):
     return rounds, [r.steps for r in rounds if not r.prefill and r.expected_tok_s]
 
 
+@pytest.mark.alone  # auto learns from the rounds' wall time
 def test_steps_auto_picks_k_from_this_runs_costs(engine, trained_glm_ocr, monkeypatch):
     """--steps auto on OCR prices each k by what this run's verify forwards cost and what its
     drafts were accepted at. The runtime is given a cost shaped like float32 on this CPU (MKL

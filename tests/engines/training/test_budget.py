@@ -18,7 +18,8 @@ from engines.training.preparation import forcing_order
 from tests.engines.mlx_chat import checkpoints
 from tests.engines.training.trained import write_prompts
 
-MINUTES = 0.4  # 24 s: enough that preparing and training both get their share beside another worker
+pytestmark = pytest.mark.alone  # it holds runs to minutes of wall time: nothing beside it (scripts/test)
+MINUTES = 0.4  # 24 s: enough that preparing and training both get their share on a slow 2-core machine
 TOLERANCE_S = 6.0
 WORDS = 1_600_000  # ~25,600 segments of 64 tokens: on the tiny llama several times what 12 s can force
 
