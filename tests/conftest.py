@@ -7,6 +7,7 @@ import atexit
 import os
 import shutil
 import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -42,6 +43,15 @@ def pytest_addoption(parser):
                      help="the tests marked `alone` (they measure time): run them too (the default), "
                           "leave them out, or run only them. scripts/test runs the rest on every "
                           "core, then these in one process with nothing beside them")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config):
+    """The `alone` part of scripts/test writes its JUnit report beside the rest's, not over it."""
+    xml = getattr(config.option, "xmlpath", None)
+    if xml and config.getoption("alone") == "only":
+        path = Path(xml)
+        config.option.xmlpath = str(path.with_name(f"{path.stem}-alone{path.suffix}"))
 
 
 # Opt-in markers: what each needs on the command line, and the reason a quick run shows when skipping.
