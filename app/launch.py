@@ -93,6 +93,27 @@ def check_xcb_libraries(libraries: dict[str, str] = XCB_LIBRARIES) -> int:
     return 1
 
 
+def only_chats(argv: list[str]) -> bool:
+    """Whether this command line runs chat models and nothing else (no document reading): chat,
+    bench chat, tune, drafter, and serve without --ocr-model."""
+    if not argv:
+        return False  # the window: its engine process reads documents too
+    if argv[0] == "serve":
+        return not any(arg == "--ocr-model" or arg.startswith("--ocr-model=") for arg in argv)
+    return argv[0] in ("chat", "tune", "drafter") or argv[:2] == ["bench", "chat"]
+
+
+def leave_torch_out() -> None:
+    """A process that only chats goes without torch. transformers imports torch whenever it is
+    installed (configuration_utils -> modeling_rope_utils), and mlx-lm's tokenizer module imports
+    transformers: a chat process paid ~2.5 s and ~250 MB for a library nothing of its calls (MLX
+    runs the models; transformers only tokenizes). A None in sys.modules is Python's "not
+    installed": importlib.util.find_spec, transformers' availability check, answers None and
+    `import torch` raises ImportError, so transformers runs as on a machine with tokenizers alone."""
+    if "torch" not in sys.modules and "transformers" not in sys.modules:
+        sys.modules["torch"] = None
+
+
 def entry() -> int:
     if getattr(sys, "frozen", False):
         # The app bundle is its own Python: the engine process and multiprocessing's resource
@@ -103,6 +124,8 @@ def entry() -> int:
     preload_cpu_libraries()
     keep_torch_on_its_own_blas()
     argv = sys.argv[1:]
+    if only_chats(argv):
+        leave_torch_out()
     if opens_xcb_window(argv, dict(os.environ)):
         status = check_xcb_libraries()
         if status:
