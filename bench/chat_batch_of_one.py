@@ -3,7 +3,7 @@ step launched on the last step's verdicts still in the graph ("ahead") against e
 launched after they are read ("after"): decode tok/s side by side, and whether both emitted the
 same tokens. For mtp modes "ahead" is the batch's MTP steps launched ahead (`verifies_ahead`, on
 by default); for plain and n-gram modes it is plain steps launched ahead (`launches_ahead`, on
-by default on a GPU only).
+by default too).
 
     python bench/chat_batch_of_one.py [MODEL] [--tokens 128] [--runs 5] [--modes plain,ngram:5]
     python bench/chat_batch_of_one.py --gemma4 small --modes mtp:3     (Gemma 4 MTP, see below)

@@ -22,8 +22,8 @@ Figures, all measured in this process:
                       an op costs in a pipelined loop, as the batch runs MTP steps launched
                       ahead. ("Synced" costs, each op waited for on its own, are printed too;
                       they add a host round trip to every op, and so overstate the plain step
-                      most.) The plain run's steps are launched ahead, as the product does on
-                      a GPU (BatchEngine.launches_ahead), which the one BLAS thread stands for.
+                      most.) The plain run's steps are launched ahead, as the product does
+                      (BatchEngine.launches_ahead).
   ideal, alternating = tau * t_plain / t_round: the chain and the verify of its drafts streamed
                       in a round's order with nothing of the loop's own. On a CPU that can cost
                       more than the two apart: switching models every round may have a price
@@ -247,7 +247,6 @@ def main() -> None:
 
     target_dir, assistant_dir = checkpoints(args.size, Path(args.root))
     engine = load_engine("chat", str(target_dir))  # the drafter comes later: memory without it first
-    engine.loop.launches_ahead = True  # plain steps as on a GPU (see the docstring)
     ids = engine.prompt_ids(Request(prompt=PROMPT))
     spec = SpecConfig(method="mtp", steps=args.steps, draft_model=str(assistant_dir))
 

@@ -102,10 +102,12 @@ class BatchEngine(RowBatch):
     # --steps auto, a batch of one: (method, drafter, ...) -> (StepCosts of whole rounds,
     # PositionAcceptance, Probes, Rounds) over the requests so far
     auto_seen: dict[tuple, tuple] = field(default_factory=dict)
-    # plain steps launch the next forward before reading their tokens -- where a device runs beside
-    # the host (MLX's GPU). On MLX's CPU backend the "device" is the host's own cores: measured
-    # there (4 plain rows of SmolLM2, 5 pairs) it cost about 2%, so it is off. On Metal: unchecked.
-    launches_ahead: bool = field(default_factory=lambda: mx.default_device() == mx.gpu)
+    # plain steps launch the next forward before reading their tokens, as mlx-lm's stream_generate
+    # does: the host builds the next graph while the device runs this one. On MLX's CPU backend,
+    # where the "device" is the host's own cores, it still pays on a small op-bound model (a small
+    # Gemma 4: +3-11% on three CPU families) and costs a BLAS-bound one little (SmolLM2: -5% to
+    # +2%); bench/chat_plain_vs_mlx_lm.py --after measures both. On Metal: unchecked.
+    launches_ahead: bool = True
     # MTP rows launch the next step on this one's verdicts still in the graph (the chat engine's
     # mtp_options.ahead turns it off for A/B runs): bench/chat_batch_of_one.py measures it
     verifies_ahead: bool = True

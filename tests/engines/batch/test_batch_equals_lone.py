@@ -308,7 +308,6 @@ def test_plain_rows_launch_the_next_step_ahead_and_keep_their_lone_tokens(engine
     for reqs, alone in ((greedy, [lone(engine, r) for r in greedy]),
                         (sampled, [lone(BatchEngine(engine, max_batch=1), r) for r in sampled])):
         batch = BatchEngine(engine, max_batch=4, compact_min_slots=4, budget=None)
-        batch.launches_ahead = True  # (on by default on a GPU only)
         ahead = []
         real = batch._verify_forward
 
