@@ -99,7 +99,7 @@ def only_chats(argv: list[str]) -> bool:
     if not argv:
         return False  # the window: its engine process reads documents too
     if argv[0] == "serve":
-        return not any(arg == "--ocr-model" or arg.startswith("--ocr-model=") for arg in argv)
+        return not any(arg.startswith("--ocr") for arg in argv)  # (argparse takes "--ocr-m" for it too)
     return argv[0] in ("chat", "tune", "drafter") or argv[:2] == ["bench", "chat"]
 
 

@@ -43,6 +43,7 @@ def test_a_chat_process_never_imports_torch_and_answers(tmp_path):
     (["serve", "--port", "8000"], True),
     (["serve", "--ocr-model", "glm-ocr"], False),
     (["serve", "--ocr-model=glm-ocr"], False),
+    (["serve", "--ocr-mod", "glm-ocr"], False),
     (["ocr", "page.png"], False),
     (["bench", "ocr", "page.png"], False),
     ([], False),  # the window: its engine process reads documents too
