@@ -55,12 +55,11 @@ def main():
                 tokens += count
         return tokens / (time.perf_counter() - first_at)
 
-    def ours(ahead: bool = True):
+    default = engine.loop.launches_ahead
+
+    def ours(ahead: bool = default):
         engine.loop.launches_ahead = ahead
-        try:
-            return decode_tok_s(len(r.tokens) for r in engine.generate(req))
-        finally:
-            engine.loop.launches_ahead = True
+        return decode_tok_s(len(r.tokens) for r in engine.generate(req))
 
     def theirs():
         return decode_tok_s(1 for _ in stream_generate(engine.model, engine.tokenizer, ids, max_tokens=args.tokens))

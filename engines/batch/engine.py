@@ -105,8 +105,9 @@ class BatchEngine(RowBatch):
     # plain steps launch the next forward before reading their tokens, as mlx-lm's stream_generate
     # does: the host builds the next graph while the device runs this one. On MLX's CPU backend,
     # where the "device" is the host's own cores, it still pays on a small op-bound model (a small
-    # Gemma 4: +3-11% on three CPU families) and costs a BLAS-bound one little (SmolLM2: -5% to
-    # +2%); bench/chat_plain_vs_mlx_lm.py --after measures both. On Metal: unchecked.
+    # Gemma 4: +2-11% pass by pass on three CPU families) and leaves a BLAS-bound one alike (SmolLM2:
+    # -7% to +5% pass by pass, medians -3% to +2%); bench/chat_plain_vs_mlx_lm.py --after measures
+    # both. On Metal: unchecked.
     launches_ahead: bool = True
     # MTP rows launch the next step on this one's verdicts still in the graph (the chat engine's
     # mtp_options.ahead turns it off for A/B runs): bench/chat_batch_of_one.py measures it
