@@ -133,11 +133,15 @@ class EngineProcessDied(EngineError):
 
 
 # --- the child ------------------------------------------------------------------------------
-def serve(conn, stop, loader_pickle: bytes) -> None:
-    """The child's main: jobs from the pipe until Quit, or until the window is gone (EOF)."""
+def serve(conn, stop, loader_pickle: bytes, reads_documents: bool = True) -> None:
+    """The child's main: jobs from the pipe until Quit, or until the window is gone (EOF). A
+    child for chat jobs only goes without torch, as a chat command does (app/launch.py)."""
+    from app.launch import leave_torch_out
     from engines.cpu.torch_blas import keep_torch_on_its_own_blas
 
     keep_torch_on_its_own_blas()  # before anything imports torch, as the entry point does
+    if not reads_documents:
+        leave_torch_out()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in the terminal is the window's to handle
     faulthandler.enable()  # a native crash prints the Python stacks to the terminal, then dies of its signal
     host = EngineHost(pickle.loads(loader_pickle), conn.send, stop.is_set)
@@ -348,6 +352,7 @@ class _Child:
     process: object  # multiprocessing's SpawnProcess
     conn: object  # the parent's end of the pipe
     stop: object  # the multiprocessing Event the child's should_stop reads
+    reads_documents: bool  # False: started for chat jobs, without torch
 
 
 @dataclass
@@ -365,8 +370,11 @@ class _Job:
 
 class EngineProcess:
     """The window's handle on its engine child process: started at the first job, started
-    again after it died, ended by close(). `loads` counts the engines the child really loaded
-    (a second run of the same model loads none)."""
+    again after it died, ended by close(). A child started for a chat job has no torch (a
+    second and ~190 MB less to get a chat model ready); the first document after it ends it and
+    starts one that has, which is then kept for chat jobs too (it frees the chat model to load
+    GLM-OCR all the same). `loads` counts the engines the child really loaded (a second run of
+    the same model loads none)."""
 
     def __init__(self, loader: EngineLoader | None = None):
         self.loader_pickle = pickle.dumps(loader)  # a closure fails here, in the window, not in the child
@@ -450,13 +458,7 @@ class EngineProcess:
             child = self.child
         if child is None:
             return
-        child.stop.set()
-        with contextlib.suppress(OSError), self.send_lock:
-            child.conn.send(Quit())
-        child.process.join(timeout_s)
-        if child.process.exitcode is None:
-            child.process.kill()
-            child.process.join(timeout_s)
+        self._end(child, timeout_s)
         if self.job_lock.acquire(timeout=timeout_s):  # a job reading from it sees the EOF and ends
             try:
                 self._forget(child)
@@ -470,7 +472,7 @@ class EngineProcess:
             if self.closed:
                 raise EngineError("the window is closing")
             path = resolve_model(kind, model, options.get("runtime"))
-            job = _Job(kind, path, dict(options), self._child_for_a_job())
+            job = _Job(kind, path, dict(options), self._child_for_a_job(reads_documents=kind != "chat"))
             with self.state_lock:
                 job.child.stop.clear()
                 self.running_stop = stop
@@ -555,22 +557,23 @@ class EngineProcess:
             self._forget(job.child)
 
     # -- the child's life ------------------------------------------------------------------------
-    def _child_for_a_job(self) -> _Child:
+    def _child_for_a_job(self, reads_documents: bool) -> _Child:
         child = self.child
-        if child is not None and child.process.is_alive():
+        if child is not None and child.process.is_alive() and (child.reads_documents or not reads_documents):
             return child
-        if child is not None:  # it died between jobs: a new one, as after a crash
+        if child is not None:  # it died between jobs (a new one, as after a crash), or it has no torch
+            self._end(child, QUIT_TIMEOUT_S)
             self._forget(child)
         import multiprocessing
 
         ctx = multiprocessing.get_context("spawn")  # never fork: this process has Qt and threads
         conn, child_conn = ctx.Pipe()
         stop = ctx.Event()
-        process = ctx.Process(target=serve, args=(child_conn, stop, self.loader_pickle),
+        process = ctx.Process(target=serve, args=(child_conn, stop, self.loader_pickle, reads_documents),
                               name="specscope-engine", daemon=True)
         process.start()
         child_conn.close()  # only the child holds its end now: its death is an EOF here
-        child = _Child(process, conn, stop)
+        child = _Child(process, conn, stop, reads_documents)
         with self.state_lock:
             closing = self.closed
             if not closing:
@@ -581,6 +584,17 @@ class EngineProcess:
             conn.close()
             raise EngineError("the window is closing")
         return child
+
+    def _end(self, child: _Child, timeout_s: float) -> None:
+        """Asks the child to quit (its running job stops at the next round) and waits for it;
+        kills it if it has not ended within `timeout_s` (a load cannot be interrupted)."""
+        child.stop.set()
+        with contextlib.suppress(OSError), self.send_lock:
+            child.conn.send(Quit())
+        child.process.join(timeout_s)
+        if child.process.exitcode is None:
+            child.process.kill()
+            child.process.join(timeout_s)
 
     def _died(self, job: _Job) -> str:
         process = job.child.process

@@ -134,3 +134,42 @@ def read(qtbot, window) -> str:
     with qtbot.waitSignal(window.run_ended, timeout=240_000) as ended:
         assert window.run()
     return ended.args[0]
+
+
+def maps_torch(pid: int) -> bool:
+    """Whether the process has torch's library mapped (/proc/PID/maps: what it really loaded)."""
+    with open(f"/proc/{pid}/maps") as maps:
+        return any("libtorch" in line for line in maps)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="reads the child's mapped libraries from /proc (Linux)")
+def test_a_chat_child_goes_without_torch_and_the_first_document_starts_one_with_it(tiny_chat, tiny_ocr):
+    from app.gui.engine_process import EngineProcess, StopFlag
+    from engines.types import Request
+
+    target, _draft = tiny_chat
+    model, images = tiny_ocr
+    engines = EngineProcess()
+
+    def run(request: Request, path) -> list:
+        bursts = []
+        assert engines.run(request, str(path), {}, StopFlag(), on_loaded=lambda _m: None,
+                           on_prefill=lambda _p: None, on_burst=bursts.append) == "finished"
+        return [t for b in bursts for t in b.round.tokens]
+
+    try:
+        chat = Request(prompt="the cat", max_tokens=6)
+        said = run(chat, target)
+        chat_child = engines.pid
+        assert len(said) == 6 and not maps_torch(chat_child)
+
+        page = run(Request(kind="ocr", image=str(images[0]), max_tokens=8), model)
+        assert page and engines.pid != chat_child and gone(chat_child)  # replaced, and reaped
+        assert maps_torch(engines.pid)
+
+        ocr_child = engines.pid
+        assert run(chat, target) == said and engines.pid == ocr_child  # kept for chat too
+        assert engines.loads == 3
+    finally:
+        engines.close()
+    assert multiprocessing.active_children() == []
