@@ -14,6 +14,7 @@ import os
 import shutil
 import sys
 
+from app.torchless import leave_torch_out, only_chats
 from engines.cpu.preload import preload_cpu_libraries
 from engines.cpu.torch_blas import keep_torch_on_its_own_blas
 
@@ -91,27 +92,6 @@ def check_xcb_libraries(libraries: dict[str, str] = XCB_LIBRARIES) -> int:
         how = f"install the packages that provide {', '.join(names)}"
     print(f"specscope: the window needs Qt's X11 libraries {', '.join(missing)}; {how}", file=sys.stderr)
     return 1
-
-
-def only_chats(argv: list[str]) -> bool:
-    """Whether this command line runs chat models and nothing else (no document reading): chat,
-    bench chat, tune, drafter, and serve without --ocr-model."""
-    if not argv:
-        return False  # the window: its engine process reads documents too
-    if argv[0] == "serve":
-        return not any(arg.startswith("--ocr") for arg in argv)  # (argparse takes "--ocr-m" for it too)
-    return argv[0] in ("chat", "tune", "drafter") or argv[:2] == ["bench", "chat"]
-
-
-def leave_torch_out() -> None:
-    """A process that only chats goes without torch. transformers imports torch whenever it is
-    installed (configuration_utils -> modeling_rope_utils), and mlx-lm's tokenizer module imports
-    transformers: a chat process paid ~2.5 s and ~250 MB for a library nothing of its calls (MLX
-    runs the models; transformers only tokenizes). A None in sys.modules is Python's "not
-    installed": importlib.util.find_spec, transformers' availability check, answers None and
-    `import torch` raises ImportError, so transformers runs as on a machine with tokenizers alone."""
-    if "torch" not in sys.modules and "transformers" not in sys.modules:
-        sys.modules["torch"] = None
 
 
 def entry() -> int:

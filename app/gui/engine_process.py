@@ -135,8 +135,8 @@ class EngineProcessDied(EngineError):
 # --- the child ------------------------------------------------------------------------------
 def serve(conn, stop, loader_pickle: bytes, reads_documents: bool = True) -> None:
     """The child's main: jobs from the pipe until Quit, or until the window is gone (EOF). A
-    child for chat jobs only goes without torch, as a chat command does (app/launch.py)."""
-    from app.launch import leave_torch_out
+    child for chat jobs only goes without torch, as a chat command does (app/torchless.py)."""
+    from app.torchless import leave_torch_out
     from engines.cpu.torch_blas import keep_torch_on_its_own_blas
 
     keep_torch_on_its_own_blas()  # before anything imports torch, as the entry point does

@@ -1,4 +1,4 @@
-"""A command that only chats runs without torch (app/launch.py): transformers, which mlx-lm's
+"""A command that only chats runs without torch (app/torchless.py): transformers, which mlx-lm's
 tokenizer loads, would import it just because it is installed. Read from the real process's
 import log (PYTHONPROFILEIMPORTTIME), as a user starts it."""
 
@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from app.launch import only_chats
+from app.torchless import only_chats
 from tests.engines.mlx_chat import checkpoints
 
 pytest.importorskip("mlx.core")
