@@ -1,0 +1,64 @@
+"""The slot table through what moves its columns and positions -- rows that join, roll back and
+leave, compactions, drafts rejected and left dead: the first column read (SlotTable.first_read),
+found by stepping on from the last one, equals the search over every column; what a forward
+settles is written as the slots it kept, in place in the table's buffer."""
+
+import random
+
+import numpy as np
+import pytest
+
+from engines.batch.cache import DEAD, SlotTable
+
+
+def searched(table: SlotTable) -> int:
+    """The first column some row's window still sees, searched over every column."""
+    if not table.window or not table.pos.shape[1]:
+        return 0
+    seen = (table.pos > (table.next_pos[:, None] - table.window)).any(axis=0)
+    return int(seen.argmax()) if seen.any() else table.pos.shape[1]
+
+
+def prefilled(window: int, tokens: int) -> SlotTable:
+    table = SlotTable(rows=1, window=window)
+    table.begin(tokens)
+    table.settle([tokens])
+    return table
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_first_read_and_settle_through_joins_rollbacks_leaves_and_compactions(seed):
+    rng = random.Random(seed)
+    window = rng.choice([3, 8, 16])
+    table = prefilled(window, rng.randint(1, 20))
+    firsts = []
+    moves = {"step": 0, "join": 0, "rollback": 0, "leave": 0, "compact": 0}
+    for _ in range(400):
+        move = rng.choices(list(moves), weights=[20, 1, 2, 1, 1])[0]
+        if move == "join" and table.rows < 4:
+            table.append_rows(prefilled(window, rng.randint(1, 30)))
+        elif move == "rollback" and table.rows:
+            table.rollback([rng.randint(0, min(2, int(n))) for n in table.next_pos])
+        elif move == "leave" and table.rows > 1:
+            table.select(sorted(rng.sample(range(table.rows), table.rows - 1)))
+        elif move == "compact" and table.rows:
+            table.compact()
+        else:  # a verify forward: each row keeps its pending token and some of its drafts
+            width = rng.randint(1, 5)
+            table.begin(width)
+            assert table.first == searched(table)
+            firsts.append(table.first)
+            kept = [rng.randint(0, width) for _ in range(table.rows)]  # (a draft model's rows may keep none)
+            written = table.next_pos[:, None] + np.arange(width)
+            expected = np.concatenate([table.pos, np.where(np.arange(width) < np.array(kept)[:, None], written, DEAD)], axis=1)
+            table.settle(kept)
+            assert (table.pos == expected).all() and (table.next_pos == written[:, 0] + kept).all()
+            moves["step"] += 1
+            continue
+        moves[move] += 1
+        table.begin(1)
+        assert table.first == searched(table)
+        table.abandon()
+    assert all(moves.values()), moves  # (every move was made)
+    assert max(firsts) > 0  # (the windows moved on: columns were left behind)
+
