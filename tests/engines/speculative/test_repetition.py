@@ -54,3 +54,36 @@ def test_max_repeat_zero_is_off_and_one_is_refused():
     assert detector_for(5).copies == 5
     with pytest.raises(ValueError):
         RepetitionDetector(copies=1)
+
+
+def looked_at_every_period(tokens, copies, min_span, max_period):
+    """The definition, token by token: at each token, every period's trailing run of tokens equal
+    to the token that period back; the smallest period whose run makes a loop."""
+    out, run = [], [0] * (max_period + 1)
+    for n, token in enumerate(tokens):
+        found = None
+        for p in range(1, min(max_period, n) + 1):
+            run[p] = run[p] + 1 if token == tokens[n - p] else 0
+            if found is None and run[p] + p >= max(copies * p, min_span):
+                found = p
+        out.append(found)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_detector_answers_as_the_definition_at_every_token(seed):
+    """Loops of many periods (longer than max_period too), broken and resumed, in varied text
+    from a small vocabulary (so tokens recur often, as spaces and punctuation do)."""
+    rng = random.Random(seed)
+    copies, min_span, max_period = rng.choice([(2, 4, 8), (3, 12, 16), (4, 64, 128)])
+    tokens = []
+    while len(tokens) < 3000:
+        if rng.random() < 0.5:
+            tokens += [rng.randrange(12) for _ in range(rng.randint(1, 40))]
+        else:
+            block = [rng.randrange(12) for _ in range(rng.randint(1, max_period + 4))]
+            tokens += (block * (copies + 2))[: rng.randint(1, len(block) * (copies + 2))]
+    d = RepetitionDetector(copies=copies, min_span=min_span, max_period=max_period)
+    got = [d.push(t) for t in tokens]
+    assert got == looked_at_every_period(tokens, copies, min_span, max_period)
+    assert sum(p is not None for p in got) > 10  # (loops were found)
