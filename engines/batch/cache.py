@@ -167,14 +167,20 @@ class SlotTable:
     def settle(self, kept: list[int]) -> None:
         """After the forward (the deferred one, if any): row b keeps the first kept[b] of the
         slots it wrote (its pending token and accepted drafts); the rest -- rejected drafts,
-        padding -- die."""
+        padding -- die. A step's slots are made without numpy's broadcasting: on MLX's CPU
+        backend the step's compute evicts it from the caches, and the first broadcast after a
+        forward cost ~0.1-0.2 ms of the host's time in a lone MTP round (bench/mtp_overlap.py's
+        small Gemma 4), a tenth of the loop's own work."""
         if self.deferred is not None:
             (width, _), self.deferred, self.deferred_keys = self.deferred, None, None
         else:
             width, self.width = self.width, 0
         if width == 1 and all(kept):  # a plain step: every row keeps its one slot
             new = self.next_pos[:, None]
-        else:
+        elif self.rows * width <= 64:  # a verify forward's few slots, made in Python (see below)
+            new = np.array([[start + i if i < keep else DEAD for i in range(width)]
+                            for start, keep in zip(self.next_pos.tolist(), kept)], dtype=np.int64).reshape(-1, width)
+        else:  # a prompt's chunk
             columns = np.arange(width)
             new = self.next_pos[:, None] + columns
             new[columns >= np.asarray(kept)[:, None]] = DEAD
