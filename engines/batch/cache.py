@@ -98,8 +98,8 @@ class SlotTable:
         Found by stepping on from the last one found (`first_floor`): a row's live positions
         rise from column to column and next_pos only grows between forwards, so that column
         stays a lower bound -- until rows join, a row rolls back or columns move (compact),
-        which forget it. A step then looks at one or two columns, where the search over every
-        column made a lone stream's host a tenth of its work."""
+        which forget it. A step then looks at one or two columns; searching every column took a
+        tenth of a lone stream's host work per step."""
         if not self.window or not self.pos.shape[1]:
             return 0
         # (a deferred forward's queries come after next_pos: what next_pos's window has left, theirs has)
@@ -168,16 +168,16 @@ class SlotTable:
         """After the forward (the deferred one, if any): row b keeps the first kept[b] of the
         slots it wrote (its pending token and accepted drafts); the rest -- rejected drafts,
         padding -- die. A step's slots are made without numpy's broadcasting: on MLX's CPU
-        backend the step's compute evicts it from the caches, and the first broadcast after a
-        forward cost ~0.1-0.2 ms of the host's time in a lone MTP round (bench/mtp_overlap.py's
-        small Gemma 4), a tenth of the loop's own work."""
+        backend the step's compute evicts that code from the caches, and the first broadcast
+        after a forward cost 0.1-0.2 ms of host CPU in each lone MTP round (bench/mtp_overlap.py's
+        small Gemma 4), against ~0.05 ms for the whole settle made so."""
         if self.deferred is not None:
             (width, _), self.deferred, self.deferred_keys = self.deferred, None, None
         else:
             width, self.width = self.width, 0
         if width == 1 and all(kept):  # a plain step: every row keeps its one slot
             new = self.next_pos[:, None]
-        elif self.rows * width <= 64:  # a verify forward's few slots, made in Python (see below)
+        elif self.rows * width <= 64:  # a verify forward's few slots, in Python (see above)
             new = np.array([[start + i if i < keep else DEAD for i in range(width)]
                             for start, keep in zip(self.next_pos.tolist(), kept)], dtype=np.int64).reshape(-1, width)
         else:  # a prompt's chunk
@@ -191,7 +191,7 @@ class SlotTable:
         """`columns` written after pos's, in place in a buffer grown STEP columns at a time (as
         the layers' K/V are): a step's few slots are one copy, not a copy of the whole table."""
         size, width = self.pos.shape[1], columns.shape[1]
-        if self.pos.base is not self.held or size + width > self.held.shape[1]:  # (or pos was replaced)
+        if self.pos.base is not self.held or size + width > self.held.shape[1]:  # (pos replaced: compact, a join...)
             capacity = (size + width + STEP - 1) // STEP * STEP
             self.held = np.full((self.pos.shape[0], capacity), DEAD, dtype=np.int64)
             self.held[:, :size] = self.pos
