@@ -62,4 +62,3 @@ def test_first_read_and_settle_through_joins_rollbacks_leaves_and_compactions(se
         table.abandon()
     assert all(moves.values()), moves  # (every move was made)
     assert max(firsts) > 0  # (the windows moved on: columns were left behind)
-
