@@ -15,7 +15,7 @@ the first gap after the first round is shown (in the tests that gap held the plo
 a one-time cost). Medians over the runs against the 50 ms target. SmolLM2 decodes at ~9 tok/s on
 a 2-core CPU; the test's tiny random Llama delivers rounds far faster (--model takes any chat
 model). The tests
-(tests/app/test_chat_window.py, tests/app/test_telemetry.py) print the same figures but assert
+(tests/app/gui/test_chat_window.py, tests/app/gui/test_telemetry.py) print the same figures but assert
 no time: on a shared machine wall time is the scheduler's, and a timed assertion is flaky.
 
     python bench/app_heartbeat.py [--runs 3] [--rounds 500] [--replay 10000] [--model PATH]
@@ -123,7 +123,7 @@ def settle(ms: int = 200) -> None:
 
 
 def chat_run(args) -> Result:
-    """As tests/app/test_chat_window.py does, on the embedded model: window shown, plots built,
+    """As tests/app/gui/test_chat_window.py does, on the embedded model: window shown, plots built,
     one run of `args.rounds` rounds; the heartbeat starts when the first round is shown."""
     from app.gui.main_window import MainWindow
     from app.settings import AppSettings
@@ -184,7 +184,7 @@ def synthetic_rounds(count: int, steps: int = 3, accept: float = 0.7, seed: int 
 
 
 def replay_run(args, rounds: list) -> Result:
-    """As tests/app/test_telemetry.py does: the plots alone, 1300x300, 100 rounds every 10 ms;
+    """As tests/app/gui/test_telemetry.py does: the plots alone, 1300x300, 100 rounds every 10 ms;
     the heartbeat starts when the first batch is in."""
     from PySide6.QtCore import QTimer
 

@@ -2,12 +2,12 @@
 against MTP alone and n-gram alone, on a mixed set of inputs that copy and inputs that do not.
 The tuning issue's goal: composed >= the better of either alone on the mixed set, for
 
-  gemma4   the tiny Gemma 4 pair of the tests (dense target, tests/engines/gemma4/checkpoints.py)
-           with its assistant trained on the target (tests/engines/gemma4/trained.py; cached,
+  gemma4   the tiny Gemma 4 pair of the tests (dense target, tests/engines/mlx_chat/gemma4/checkpoints.py)
+           with its assistant trained on the target (tests/engines/mlx_chat/gemma4/trained.py; cached,
            the first run trains for minutes), MLX on the CPU. Its random target copies nothing
            (no input is copy-heavy: its "mixed" set is its open set), so also
   gemma4_copying  the same pair with its target trained to copy where its context repeats and
-           to walk a fixed cycle of words where it does not (tests/engines/gemma4/copying.py;
+           to walk a fixed cycle of words where it does not (tests/engines/mlx_chat/gemma4/copying.py;
            cached, the first run trains it for ~6 minutes), the assistant trained on it as above;
   glm_ocr  the tiny GLM-OCR of the tests with its MTP layer trained for chains
            (tests/engines/glm_ocr/checkpoints.trained_glm_ocr; cached), the PyTorch runtime.
@@ -157,7 +157,7 @@ GEMMA_PROMPTS = {"loops0": "w40 w78 w81 w26", "loops1": "w73 w81 w68",
                  "open0": "w33 w61 w2", "open1": "w90 w11 w57 w3", "open2": "w5 w66 w21"}
 
 
-# The target of tests/engines/gemma4/copying.py, trained on a law: copy where the context
+# The target of tests/engines/mlx_chat/gemma4/copying.py, trained on a law: copy where the context
 # repeats, else walk one fixed cycle of the words. Its prompts that repeat a phrase make answers
 # that copy it; its prompts of distinct words walk the cycle (which n-gram lookup cannot predict)
 # until the walk meets a prompt word or the law, learned in part, slips into a loop. The
@@ -171,9 +171,9 @@ COPYING_PROMPTS = {"phrase0": "w10 w20 w30 w40 w10 w20 w30 w40 w10 w20",
 
 def gemma4(tokens: int, repeats: int, copying: bool = False) -> None:
     from engines.factory import load_engine
-    from tests.engines.gemma4.checkpoints import DENSE_TARGET, AssistantSpec, build_assistant, build_target
-    from tests.engines.gemma4.copying import copying_target
-    from tests.engines.gemma4.trained import TRAIN_PROMPTS, trained_assistant
+    from tests.engines.mlx_chat.gemma4.checkpoints import DENSE_TARGET, AssistantSpec, build_assistant, build_target
+    from tests.engines.mlx_chat.gemma4.copying import copying_target
+    from tests.engines.mlx_chat.gemma4.trained import TRAIN_PROMPTS, trained_assistant
 
     root = Path(tempfile.mkdtemp(prefix="bench-composed-gemma4-"))
     # the tests' dense pair, byte for byte, or its target trained on the copying law
@@ -190,7 +190,7 @@ def gemma4(tokens: int, repeats: int, copying: bool = False) -> None:
 
     prompts = {f"trained{i}": p for i, p in enumerate(TRAIN_PROMPTS[:3])} | (COPYING_PROMPTS if copying else GEMMA_PROMPTS)
     measured = run_cases(engine, [case(n, p) for n, p in prompts.items()], repeats)
-    what = "its target trained to copy (tests/engines/gemma4/copying.py)" if copying else "dense, random target"
+    what = "its target trained to copy (tests/engines/mlx_chat/gemma4/copying.py)" if copying else "dense, random target"
     report(f"tiny Gemma 4 pair ({what}), trained assistant, MLX CPU, {tokens} tokens per prompt", measured)
 
 

@@ -8,7 +8,7 @@ No Gemma 4 weights can be downloaded here, so the target is a random Gemma 4 of 
 shape (E2B-like: sliding + full layers, per-layer embeddings, KV sharing) built with
 transformers' classes, and the assistant a random centroid-head drafter; both in HF format,
 loaded by the product's loaders (engines.factory.load_engine). Random drafts are never
-accepted, so acceptance is set by the replay drafter (tests/engines/gemma4/replay.py, the
+accepted, so acceptance is set by the replay drafter (tests/engines/mlx_chat/gemma4/replay.py, the
 engine's `mtp_group`): the batch's MTP group and the real assistant forward run every step,
 then each draft is replaced by the target's own greedy output, wrong at --error-rate.
 
@@ -79,8 +79,8 @@ from engines.mlx_chat.proposers import LazyVerdict  # noqa: E402
 from engines.speculative.proposer import Context  # noqa: E402
 from engines.speculative.rounds import session_stats  # noqa: E402
 from engines.types import Request, Sampling, SpecConfig  # noqa: E402
-from tests.engines.gemma4.checkpoints import AssistantSpec, TargetSpec, build_assistant, build_target  # noqa: E402
-from tests.engines.gemma4.replay import replay_factory  # noqa: E402
+from tests.engines.mlx_chat.gemma4.checkpoints import AssistantSpec, TargetSpec, build_assistant, build_target  # noqa: E402
+from tests.engines.mlx_chat.gemma4.replay import replay_factory  # noqa: E402
 
 SIZES = {
     # E2B-like proportions at a size this CPU decodes at a few tokens per second to tens

@@ -9,7 +9,7 @@ of `specscope serve --ranks 2 --split pipeline` against one process and against 
    layers): one process, --ranks 2 tensor parallel, --ranks 2 pipeline (rank 1 layers 0-14,
    rank 0 15-29); plain and n-gram (5 drafts), 1 and 4 clients.
 3. Serving the tiny Gemma 4 pair with its trained assistant (MTP, 3 drafts; the assistant of
-   tests/engines/gemma4/trained.py, from its cache): one process against --ranks 2 (pipeline).
+   tests/engines/mlx_chat/gemma4/trained.py, from its cache): one process against --ranks 2 (pipeline).
 
 Two ranks on this machine share its 2 cores, and a pipeline's stages run one after the other
 (no micro-batching): what it buys is memory (each rank holds its layers), not speed.
@@ -67,8 +67,8 @@ def build_gemma() -> tuple[Path, Path]:
     if (assistant / "model.safetensors").exists():
         return target, assistant
     from engines.mlx_chat.engine import ChatEngine
-    from tests.engines.gemma4.checkpoints import DENSE_TARGET, AssistantSpec, build_assistant, build_target
-    from tests.engines.gemma4.trained import trained_assistant
+    from tests.engines.mlx_chat.gemma4.checkpoints import DENSE_TARGET, AssistantSpec, build_assistant, build_target
+    from tests.engines.mlx_chat.gemma4.trained import trained_assistant
 
     build_target(target, DENSE_TARGET)
     build_assistant(GEMMA / "random-assistant", target, AssistantSpec())

@@ -64,7 +64,7 @@ GIL_SWITCH_INTERVAL_S = 0.0005
 DEFAULT_SIZE = (1480, 920)  # shrunk to the screen, so it also fits 1280x800
 # The speculation strip's height in its tallest arrangement (cards in 2 rows above the plots),
 # reserved before pyqtgraph is imported so that the window's minimum does not change when the
-# plots arrive (tests/app/test_layout.py checks it against TelemetryView.minimumSizeHint).
+# plots arrive (tests/app/gui/test_layout.py checks it against TelemetryView.minimumSizeHint).
 TELEMETRY_MIN_HEIGHT = 230
 ENGINE_QUIT_S = 2.0  # on close, how long the engine process has to end its round and quit before it is killed
 

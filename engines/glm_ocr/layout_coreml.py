@@ -4,7 +4,7 @@ LayoutModel.load (layout.py) picks CoreMLLayout for a converted directory where 
 (macOS 15+) and falls back to PyTorch on the checkpoint it was converted from elsewhere.
 UNCHECKED: CoreMLLayout is written to the saved package's interface and has never predicted
 here: coremltools predicts on macOS only (its glue is exercised on Linux with the module the
-package was traced from standing in for Core ML: tests/engines/glm_ocr_convert/test_layout_coreml.py).
+package was traced from standing in for Core ML: tests/engines/glm_ocr/convert/test_layout_coreml.py).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def read_manifest(model_dir: str | os.PathLike) -> dict:
 class CoreMLLayout:
     """layout.mlpackage behind LayoutModel: one page's (logits, pred_boxes, order_logits).
     UNCHECKED: written to the package's saved interface, never run (Core ML predicts on macOS
-    15+ only; tests/engines/glm_ocr_convert/test_layout_coreml.py's macOS test compares it with
+    15+ only; tests/engines/glm_ocr/convert/test_layout_coreml.py's macOS test compares it with
     the torch model there)."""
 
     name = "coreml"

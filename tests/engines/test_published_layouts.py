@@ -21,7 +21,7 @@ GEMMA4_IT_FILES = {"README.md", "chat_template.jinja", "config.json", "generatio
 
 @pytest.fixture(scope="module")
 def published(tmp_path_factory):
-    from tests.engines.gemma4.checkpoints import build_published_assistant, build_published_target
+    from tests.engines.mlx_chat.gemma4.checkpoints import build_published_assistant, build_published_target
     from tests.engines.glm_ocr.checkpoints import make_published_glm_ocr
     from tests.engines.glm_ocr.checkpoints import test_images as sample_images
 

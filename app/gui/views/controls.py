@@ -71,7 +71,7 @@ class ControlsPanel(QWidget):
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
         self.setObjectName("controls")
-        self.setMinimumWidth(310)  # the model names fit whole (tests/app/test_window_defects.py)
+        self.setMinimumWidth(310)  # the model names fit whole (tests/app/gui/test_window_defects.py)
         self.setMaximumWidth(360)
         self._engine = "chat"
         self._models = {"chat": "", "ocr": ""}

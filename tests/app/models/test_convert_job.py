@@ -3,7 +3,7 @@ for GLM-OCR and for its layout model PP-DocLayoutV3: progress per package, cance
 check before a conversion counts as ready, nothing left behind by a cancel or a failure. The
 models are a tiny GLM-OCR in the published layout and a tiny random PP-DocLayoutV3 in the real
 format (tests/engines/glm_ocr/layout_checkpoints.py), fetched from the loopback hub. Conversion
-runs on Linux too; Core ML prediction of the result only on macOS (tests/engines/glm_ocr_convert).
+runs on Linux too; Core ML prediction of the result only on macOS (tests/engines/glm_ocr/convert).
 The macOS rule (what needs converting) is checked as logic with sys.platform set to darwin."""
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ def tiny_llama(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def gemma4_pair(tmp_path_factory):
-    from tests.engines.gemma4.checkpoints import DENSE_TARGET, AssistantSpec, build_assistant, build_target
+    from tests.engines.mlx_chat.gemma4.checkpoints import DENSE_TARGET, AssistantSpec, build_assistant, build_target
 
     root = tmp_path_factory.mktemp("gemma4_pair")
     target = build_target(root / "target", DENSE_TARGET)

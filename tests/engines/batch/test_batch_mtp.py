@@ -115,7 +115,7 @@ def test_gemma4_assistant_drafts_in_a_batch_equal_its_lone_drafts(dense_pair, mo
     it drafts alone (a batch of one that never compacts), past the sliding window (which a
     window one position short, a neighbour's K/V or a compaction's lost slot would change)."""
     from engines.batch.mtp import BatchMTP
-    from tests.engines.gemma4.checkpoints import SLIDING_WINDOW
+    from tests.engines.mlx_chat.gemma4.checkpoints import SLIDING_WINDOW
 
     engine = load_chat(str(dense_pair.target))
     mtp = lambda k: SpecConfig("mtp", k, draft_model=str(dense_pair.assistant))  # noqa: E731

@@ -11,7 +11,7 @@ import shutil
 import pytest
 
 from app.cli.main import main
-from tests.engines.gemma4.conftest import dense_pair  # noqa: F401  (the tiny Gemma 4 pair)
+from tests.engines.mlx_chat.gemma4.conftest import dense_pair  # noqa: F401  (the tiny Gemma 4 pair)
 from tests.engines.mlx_chat import checkpoints
 
 pytest.importorskip("mlx.core")

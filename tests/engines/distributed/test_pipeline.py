@@ -2,7 +2,7 @@
 4 target into a pipeline (rank 1 layers 0-1, rank 0 layers 2-3, the head and the assistant:
 engines/distributed/pipeline.py) and answers exactly as one process does, MTP drafting included.
 
-The assistant is the one trained on the target (tests/engines/gemma4/trained.py): accepted
+The assistant is the one trained on the target (tests/engines/mlx_chat/gemma4/trained.py): accepted
 often, not always, so its acceptance is a check of its own -- a hidden state or K/V that rank 0
 got wrong would change what it drafts and how much is accepted, even where the target's tokens
 stay lossless. Against one in-process server on the same checkpoints over the same HTTP: T=0
@@ -31,9 +31,9 @@ from app.serve.protocol import ServedModel
 from app.serve.server import ServeConfig, Served, build_app, start_in_thread
 from engines.types import SpecConfig
 from tests.engines.distributed.conftest import RankServer, start_rank_server, wait_gone
-from tests.engines.gemma4.checkpoints import EDGE_TARGET, AssistantSpec, TargetSpec, build_assistant, build_target
-from tests.engines.gemma4.conftest import dense_pair  # noqa: F401  (the tiny Gemma 4 pair)
-from tests.engines.gemma4.trained import TRAIN_PROMPTS
+from tests.engines.mlx_chat.gemma4.checkpoints import EDGE_TARGET, AssistantSpec, TargetSpec, build_assistant, build_target
+from tests.engines.mlx_chat.gemma4.conftest import dense_pair  # noqa: F401  (the tiny Gemma 4 pair)
+from tests.engines.mlx_chat.gemma4.trained import TRAIN_PROMPTS
 from tests.engines.training.conftest import targets  # noqa: F401  (the tiny llama and its trained MTP drafter)
 from tests.engines.chat import load_chat
 
@@ -52,7 +52,7 @@ class Pair:
 @pytest.fixture(scope="module")
 def trained_pair(dense_pair, tmp_path_factory) -> Pair:
     """The dense pair, its assistant's weights replaced by the trained ones (cached across runs)."""
-    from tests.engines.gemma4.trained import trained_assistant
+    from tests.engines.mlx_chat.gemma4.trained import trained_assistant
 
     drafter = trained_assistant(load_chat(str(dense_pair.target)), dense_pair.target, dense_pair.assistant)
     out = tmp_path_factory.mktemp("trained") / "assistant"

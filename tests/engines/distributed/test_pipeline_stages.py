@@ -16,8 +16,8 @@ from mlx.utils import tree_flatten  # noqa: E402
 from engines.batch.cache import BatchCache  # noqa: E402
 from engines.distributed.pipeline import Absent, Unpipelinable, check_pipelinable, embed, make_stage, plan  # noqa: E402
 from engines.mlx_chat.loading import load_model  # noqa: E402
-from tests.engines.gemma4.checkpoints import EDGE_TARGET, build_target  # noqa: E402
-from tests.engines.gemma4.conftest import dense_pair  # noqa: E402,F401  (the tiny Gemma 4 pair)
+from tests.engines.mlx_chat.gemma4.checkpoints import EDGE_TARGET, build_target  # noqa: E402
+from tests.engines.mlx_chat.gemma4.conftest import dense_pair  # noqa: E402,F401  (the tiny Gemma 4 pair)
 from tests.engines.mlx_chat.conftest import gemma3_dir  # noqa: E402,F401
 
 STEPS = [[5, 9, 13, 7, 22, 30, 31, 40, 41, 42, 43, 44, 45, 46], [3, 4], [17], [8, 2, 11]]

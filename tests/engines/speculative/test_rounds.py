@@ -45,7 +45,7 @@ def test_stats_of_an_empty_or_plain_session():
 
 
 def test_trace_is_one_json_line_per_round(tmp_path):
-    """(A torn last line, the process dying mid-write, is tests/app/test_sessions.py's.)"""
+    """(A torn last line, the process dying mid-write, is tests/app/gui/test_sessions.py's.)"""
     path = tmp_path / "t.ndjson"
     rounds = [rnd(0, 0, 0, 1, 0.5, prefill=True), rnd(1, 2, 1, 2, 0.1)]
     with TraceWriter(path, header={"model": "m"}) as tw:

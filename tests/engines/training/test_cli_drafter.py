@@ -31,7 +31,7 @@ def one_line(capsys) -> str:
 
 
 def test_an_unsupported_architecture_names_the_supported_ones(tmp_path, capsys):
-    from tests.engines.gemma4.checkpoints import build_target
+    from tests.engines.mlx_chat.gemma4.checkpoints import build_target
 
     target = build_target(tmp_path / "gemma4")
     assert main(["drafter", "train", "--model", str(target), "--prompts", "none", "--steps", "1",

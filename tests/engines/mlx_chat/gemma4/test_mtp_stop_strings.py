@@ -7,7 +7,7 @@ from tests.engines.chat import load_chat
 pytest.importorskip("mlx.core")
 
 from engines.types import Request, SpecConfig  # noqa: E402
-from tests.engines.gemma4.replay import replay_factory  # noqa: E402
+from tests.engines.mlx_chat.gemma4.replay import replay_factory  # noqa: E402
 from tests.engines.stop_cases import check_stop_strings, tokens_of  # noqa: E402
 
 PROMPT = "w10 w20 w30 w40 w50 w60 w70 w80"

@@ -11,8 +11,8 @@ mx = pytest.importorskip("mlx.core")
 
 from engines.mlx_chat.gemma4_assistant import CENTROID_MASK_VALUE, load_assistant  # noqa: E402
 from engines.mlx_chat.mtp import Gemma4Target  # noqa: E402
-from tests.engines.gemma4.checkpoints import SLIDING_WINDOW, load_assistant_hf  # noqa: E402
-from tests.engines.gemma4.reference import drafter_kv  # noqa: E402
+from tests.engines.mlx_chat.gemma4.checkpoints import SLIDING_WINDOW, load_assistant_hf  # noqa: E402
+from tests.engines.mlx_chat.gemma4.reference import drafter_kv  # noqa: E402
 
 ATOL = 5e-4  # fp32 across two BLAS libraries (MLX on OpenBLAS, torch on its MKL): observed up to 1.5e-4
 # after the chained steps (~5e-6 while the preloaded OpenBLAS also served torch)

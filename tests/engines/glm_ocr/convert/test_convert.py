@@ -23,7 +23,7 @@ from engines.glm_ocr.convert import (
     convert_glm_ocr,
     converter_versions,
 )
-from tests.engines.glm_ocr_convert.conftest import CACHE_LENGTH, SEQ_LEN, SMALL_CACHE_LENGTH
+from tests.engines.glm_ocr.convert.conftest import CACHE_LENGTH, SEQ_LEN, SMALL_CACHE_LENGTH
 
 FLOAT16, FLOAT32, INT32 = 65552, 65568, 131104  # Core ML ArrayDataType codes
 

@@ -20,8 +20,8 @@ from engines.profiles import Profile
 from engines.speculative.tuning import best_k, break_even
 from tests.app.conftest import Recorder, chat_settings
 from tests.app.engine_loaders import cheap
-from tests.app.test_chat_window import run_and_wait
-from tests.app.test_layout import layout_problems, styled  # noqa: F401 (styled: a fixture, the app's style sheet)
+from tests.app.gui.test_chat_window import run_and_wait
+from tests.app.gui.test_layout import layout_problems, styled  # noqa: F401 (styled: a fixture, the app's style sheet)
 from tests.engines.chat import load_chat
 
 COPY = "the cat is big and the dog is small . the cat is big and the dog is small ."
@@ -279,7 +279,7 @@ def test_the_new_controls_and_lines_fit_at_1100_and_1440_px(qtbot, tiny_chat, tr
 
     from app.gui.main_window import MainWindow
     from engines.profiles import machine_id, profile_file
-    from tests.app.test_layout import settled_at
+    from tests.app.gui.test_layout import settled_at
 
     target, drafter, prompt = trained_pair
     window = MainWindow(chat_settings(tiny_chat, chat_method="mtp", draft_model=str(drafter), steps_auto=True,

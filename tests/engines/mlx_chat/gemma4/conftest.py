@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.engines.gemma4.checkpoints import (
+from tests.engines.mlx_chat.gemma4.checkpoints import (
     DENSE_TARGET, EDGE_TARGET, AssistantSpec, build_assistant, build_target,
 )
 

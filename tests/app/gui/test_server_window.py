@@ -11,7 +11,7 @@ from app.serve.server import ServeConfig, Served, build_app, start_in_thread
 from app.gui.views.server_dialog import ServerDialog
 from engines.types import Request, SpecConfig
 from tests.app.conftest import Recorder
-from tests.app.test_chat_window import RUN_TIMEOUT_MS, run_and_wait
+from tests.app.gui.test_chat_window import RUN_TIMEOUT_MS, run_and_wait
 from tests.engines.chat import load_chat
 
 

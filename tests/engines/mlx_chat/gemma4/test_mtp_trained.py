@@ -1,4 +1,4 @@
-"""Gemma 4 MTP with a drafter trained on the target (tests/engines/gemma4/trained.py), not a
+"""Gemma 4 MTP with a drafter trained on the target (tests/engines/mlx_chat/gemma4/trained.py), not a
 replaying one: its drafts are accepted for what it learned, often but not always, and the
 output is still plain greedy decoding, token for token.
 
@@ -13,7 +13,7 @@ from tests.engines.chat import load_chat
 pytest.importorskip("mlx.core")
 
 from engines.types import Request, SpecConfig  # noqa: E402
-from tests.engines.gemma4.trained import TRAIN_PROMPTS, trained_assistant  # noqa: E402
+from tests.engines.mlx_chat.gemma4.trained import TRAIN_PROMPTS, trained_assistant  # noqa: E402
 
 PROMPTS = TRAIN_PROMPTS[:3]  # the outputs it was trained on, decoded again through the loop
 

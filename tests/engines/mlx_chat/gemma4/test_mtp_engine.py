@@ -19,9 +19,9 @@ mx = pytest.importorskip("mlx.core")
 from engines.types import Request, SpecConfig  # noqa: E402
 from engines.mlx_chat.mtp import Gemma4Target  # noqa: E402
 from engines.mlx_chat.options import MtpOptions  # noqa: E402
-from tests.engines.gemma4.checkpoints import SLIDING_WINDOW  # noqa: E402
-from tests.engines.gemma4.reference import drafter_kv  # noqa: E402
-from tests.engines.gemma4.replay import replay_factory  # noqa: E402
+from tests.engines.mlx_chat.gemma4.checkpoints import SLIDING_WINDOW  # noqa: E402
+from tests.engines.mlx_chat.gemma4.reference import drafter_kv  # noqa: E402
+from tests.engines.mlx_chat.gemma4.replay import replay_factory  # noqa: E402
 
 PROMPT = "w10 w20 w30 w40 w50 w60 w70 w80"
 MAX_TOKENS = 36  # prompt (~14 ids) + 36 > 6 sliding windows of 8
@@ -69,7 +69,7 @@ def test_generation_passes_the_sliding_window_and_varies(engine_and_pair):
 def transformers_models(pair):
     from transformers import Gemma4ForCausalLM
 
-    from tests.engines.gemma4.checkpoints import load_assistant_hf
+    from tests.engines.mlx_chat.gemma4.checkpoints import load_assistant_hf
 
     return Gemma4ForCausalLM.from_pretrained(str(pair.target)).eval(), load_assistant_hf(pair.assistant)
 
@@ -208,7 +208,7 @@ def test_published_gemma4_layout_with_draft_model_at_load(tmp_path_factory):
     """model_type gemma4 (Gemma4ForConditionalGeneration, weights under
     model.language_model.*) as published, the assistant given at load time as the CLI does
     (load_chat(target, draft_model=ASSISTANT_DIR)), spec without a path."""
-    from tests.engines.gemma4.checkpoints import EDGE_TARGET, AssistantSpec, build_assistant, build_target
+    from tests.engines.mlx_chat.gemma4.checkpoints import EDGE_TARGET, AssistantSpec, build_assistant, build_target
 
     root = tmp_path_factory.mktemp("gemma4_published")
     target = build_target(root / "target", EDGE_TARGET, multimodal=True)

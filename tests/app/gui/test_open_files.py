@@ -19,7 +19,7 @@ from app.gui.startup import FileOpenEvents
 from app.gui.main_window import MainWindow
 from app.settings import AppSettings
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture

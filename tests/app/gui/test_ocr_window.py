@@ -20,7 +20,7 @@ from app.gui.main_window import MainWindow
 from app.settings import AppSettings
 from tests.app.conftest import Recorder
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def drop_files(widget, paths):

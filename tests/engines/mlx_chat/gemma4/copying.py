@@ -26,7 +26,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from tests.engines.gemma4.checkpoints import DENSE_TARGET, SPECIALS, VOCAB, TargetSpec, build_target
+from tests.engines.mlx_chat.gemma4.checkpoints import DENSE_TARGET, SPECIALS, VOCAB, TargetSpec, build_target
 
 BUILDER_VERSION = 1  # bump when the law or the training below changes
 FIRST_WORD = len(SPECIALS)

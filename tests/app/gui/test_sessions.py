@@ -15,7 +15,7 @@ from app.settings import AppSettings
 from engines.factory import load_engine
 from engines.types import Request, SpecConfig
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def round_lines(path: Path) -> int:

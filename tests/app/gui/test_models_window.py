@@ -18,12 +18,12 @@ pytest.importorskip("torch")
 
 from app.gui.main_window import MainWindow  # noqa: E402
 from app.settings import AppSettings  # noqa: E402
-from tests.app.test_ocr_window import drop_files  # noqa: E402
+from tests.app.gui.test_ocr_window import drop_files  # noqa: E402
 from tests.hub.fixtures import hub, hub_env  # noqa: E402,F401  (pytest fixtures)
 
 JOB_TIMEOUT_MS = 60_000
 LEFT = Qt.MouseButton.LeftButton
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")

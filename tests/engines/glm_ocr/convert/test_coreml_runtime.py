@@ -18,7 +18,7 @@ import pytest
 from engines.types import EngineError
 from engines.glm_ocr import runtime_coreml
 from engines.glm_ocr.runtime_coreml import CoreMLRuntime, read_manifest
-from tests.engines.glm_ocr_convert.conftest import CACHE_LENGTH, SEQ_LEN
+from tests.engines.glm_ocr.convert.conftest import CACHE_LENGTH, SEQ_LEN
 
 
 def _is_macos_15() -> bool:
@@ -213,7 +213,7 @@ def glue_runtime(converted, tiny_checkpoint):
     checked against the package's spec. Built through the runtime's own constructor."""
     from engines.glm_ocr.convert import patch_rms_norms
     from engines.glm_ocr.weights import load_modules
-    from tests.engines.glm_ocr_convert.package_runner import PackageRunner
+    from tests.engines.glm_ocr.convert.package_runner import PackageRunner
 
     out, manifest, _ = converted
     modules = load_modules(tiny_checkpoint, CACHE_LENGTH)
@@ -298,7 +298,7 @@ def test_a_conversion_without_mtp_decodes_plainly_and_says_why(converted_without
     from engines.glm_ocr.image import ImageProcessorConfig
     from engines.glm_ocr.prompts import GlmTokenizer
     from engines.glm_ocr.weights import load_modules
-    from tests.engines.glm_ocr_convert.package_runner import PackageRunner
+    from tests.engines.glm_ocr.convert.package_runner import PackageRunner
 
     out, manifest = converted_without_mtp
     modules = load_modules(manifest["source"]["path"], manifest["cache_length"])

@@ -13,7 +13,7 @@ mx = pytest.importorskip("mlx.core")
 
 from engines.types import Request, Sampling, SpecConfig  # noqa: E402
 from engines.speculative.sampling import target_probs  # noqa: E402
-from tests.engines.gemma4.replay import replay_factory  # noqa: E402
+from tests.engines.mlx_chat.gemma4.replay import replay_factory  # noqa: E402
 from tests.engines.broken_verifiers import BROKEN, detectable  # noqa: E402
 from tests.stats import chi_square_pvalue  # noqa: E402
 

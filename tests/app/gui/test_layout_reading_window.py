@@ -272,7 +272,7 @@ def a_page_one_region_at_a_time_then_one_read_whole_are_exported_and_summed_up(q
     assert [len(e.get("regions", [])) for e in entries] == [2, 2, 0] and entries[2]["rounds"]["tokens"] > 0
 
 
-@pytest.mark.slow  # (the quick suite's time; a document's stop stays quick: tests/app/test_documents_window.py)
+@pytest.mark.slow  # (the quick suite's time; a document's stop stays quick: tests/app/gui/test_documents_window.py)
 def test_stop_ends_a_page_mid_read_and_keeps_what_was_read(qtbot, hub, hub_env, checkpoints, specscope_home):
     install(hub, checkpoints, "glm-ocr", "pp-doclayout-v3")
     window = window_for(qtbot, max_tokens=400, max_repeat=0)
@@ -418,7 +418,7 @@ def test_on_macos_the_layout_model_converts_after_its_download_and_pytorch_inste
     window.shutdown()
 
 
-@pytest.mark.slow  # (the quick suite's time; a child killed mid-document stays quick: tests/app/test_engine_process.py)
+@pytest.mark.slow  # (the quick suite's time; a child killed mid-document stays quick: tests/app/gui/test_engine_process.py)
 def test_an_engine_process_dying_mid_page_is_one_line_and_keeps_what_was_received(qtbot, hub, hub_env, checkpoints,
                                                                                     specscope_home):
     from tests.app.engine_loaders import load_dying_mid_page

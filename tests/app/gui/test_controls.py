@@ -70,7 +70,7 @@ def test_settings_persist_across_launches(qtbot):
 
 def test_the_regions_read_together_are_an_ocr_setting_that_persists(qtbot):
     """Read together (the CLI's --max-batch, 8 by default) is a row of OCR's settings, remembered
-    across launches; the page job takes it (tests/app/test_layout_reading_window.py)."""
+    across launches; the page job takes it (tests/app/gui/test_layout_reading_window.py)."""
     first = MainWindow(load_settings(), persist=True)
     qtbot.addWidget(first)
     c = first.controls
