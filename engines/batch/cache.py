@@ -177,13 +177,9 @@ class SlotTable:
             width, self.width = self.width, 0
         if width == 1 and all(kept):  # a plain step: every row keeps its one slot
             new = self.next_pos[:, None]
-        elif self.rows * width <= 64:  # a verify forward's few slots, in Python (see above)
+        else:  # in Python (see above); a prompt's chunk too, whose forward costs far more
             new = np.array([[start + i if i < keep else DEAD for i in range(width)]
                             for start, keep in zip(self.next_pos.tolist(), kept)], dtype=np.int64).reshape(-1, width)
-        else:  # a prompt's chunk
-            columns = np.arange(width)
-            new = self.next_pos[:, None] + columns
-            new[columns >= np.asarray(kept)[:, None]] = DEAD
         self._append(new)
         self.next_pos = self.next_pos + np.asarray(kept)
 

@@ -37,7 +37,7 @@ def test_first_read_and_settle_through_joins_rollbacks_leaves_and_compactions(se
     for _ in range(400):
         move = rng.choices(list(moves), weights=[20, 1, 2, 1, 1])[0]
         if move == "join" and table.rows < 4:
-            table.append_rows(prefilled(window, rng.randint(1, 100)))  # (a chunk over 64 slots: numpy makes them)
+            table.append_rows(prefilled(window, rng.randint(1, 100)))
         elif move == "rollback" and table.rows:
             table.rollback([rng.randint(0, min(2, int(n))) for n in table.next_pos])
         elif move == "leave" and table.rows > 1:
