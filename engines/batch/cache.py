@@ -215,8 +215,14 @@ class SlotTable:
         return live
 
     def reclaimable(self) -> int:
-        """Columns a compaction would free: the width beyond the row with most live slots."""
-        return self.size - int(self.keep_mask().sum(axis=1).max(initial=0))
+        """Columns a compaction would free: the width beyond the row that keeps most slots.
+        Counted from next_pos, not the table: a row's live slots hold each of its positions
+        once (settle appends the kept ones, rollback kills the last ones, compaction drops only
+        dead slots and positions no query sees again), so a row keeps next_pos slots, at most
+        `window` in a windowed table. Fewer where a rollback reached past a compaction (the
+        prompt cache's): compacting later then, never wrongly."""
+        most = max(self.next_pos.tolist(), default=0)
+        return self.size - (min(most, self.window) if self.window else most)
 
     def compact(self) -> None:
         """Gather every row's live slots, in order, to the right of a buffer just wide enough
