@@ -43,7 +43,7 @@ import bench.mtp_overlap as mo  # noqa: E402
 from engines.factory import load_engine  # noqa: E402
 from engines.mlx_chat.mtp import preload_drafter  # noqa: E402
 from engines.speculative.rounds import session_stats  # noqa: E402
-from engines.types import Request, SpecConfig  # noqa: E402
+import engines.types as types  # noqa: E402
 from tests.engines.mlx_chat.gemma4.replay import replay_factory  # noqa: E402
 
 ERROR_RATE, SEED, STEPS = 0.2, 0, 3
@@ -73,8 +73,8 @@ def main() -> None:
 
     target_dir, assistant_dir = mo.checkpoints("small", Path("/tmp/specscope_bench_mtp"))
     ours = load_engine("chat", str(target_dir))
-    ids = ours.prompt_ids(Request(prompt=mo.PROMPT))
-    plain_rounds = list(ours.generate(Request(prompt=mo.PROMPT, max_tokens=args.tokens)))
+    ids = ours.prompt_ids(types.Request(prompt=mo.PROMPT))
+    plain_rounds = list(ours.generate(types.Request(prompt=mo.PROMPT, max_tokens=args.tokens)))
     reference = ids + [t for r in plain_rounds for t in r.tokens]
 
     preload_drafter(ours, str(assistant_dir))
@@ -110,18 +110,17 @@ def main() -> None:
 
     lone.mtp_proposer = old_replaying
 
-    def decode(engine, types, stats_of, method: str | None):
-        spec = types.SpecConfig(method=method, steps=STEPS, draft_model=str(assistant_dir)) if method else types.SpecConfig()
-        rounds = list(engine.generate(types.Request(prompt=mo.PROMPT, max_tokens=args.tokens, spec=spec)))
+    def decode(engine, tree_types, stats_of, method: str | None):
+        spec = (tree_types.SpecConfig(method=method, steps=STEPS, draft_model=str(assistant_dir)) if method
+                else tree_types.SpecConfig())
+        rounds = list(engine.generate(tree_types.Request(prompt=mo.PROMPT, max_tokens=args.tokens, spec=spec)))
         assert [t for r in rounds for t in r.tokens] == reference[len(ids):], "output differs from plain decoding"
         return stats_of(rounds)
 
-    import engines.types as new_types
-
     runs = {
-        "ours mtp": lambda: decode(ours, new_types, session_stats, "mtp"),
+        "ours mtp": lambda: decode(ours, types, session_stats, "mtp"),
         "lone mtp": lambda: decode(lone, old_types, old_session_stats, "mtp"),
-        "ours plain": lambda: decode(ours, new_types, session_stats, None),
+        "ours plain": lambda: decode(ours, types, session_stats, None),
         "lone plain": lambda: decode(lone, old_types, old_session_stats, None),
     }
     for run in [*runs.values(), *runs.values()]:  # warm-up: the compiled drafter step traced in both
