@@ -45,7 +45,6 @@ from engines.types import EngineError
 
 DEAD = -1
 STEP = 256  # buffer growth, in slots (as mlx-lm's caches grow)
-LOOK_EVERY = 8  # columns written between two looks for dead columns (compact_if_sparse)
 
 
 class UnbatchableModel(EngineError):
@@ -64,7 +63,6 @@ class SlotTable:
         self.deferred: tuple[int, mx.array] | None = None  # (width, kept [B] lazy) of a forward written before it
         self.deferred_keys: mx.array | None = None  # key_positions() while deferred
         self.compactions = 0
-        self.size_checked = 0  # the size when compact_if_sparse last looked
         self.offsets: mx.array | None = None  # next_pos as an array, for the forward in flight
         self.first = 0  # the first column the forward in flight reads (see first_read)
         self.first_floor: int | None = None  # a column at or before the next first_read (None: unknown)
@@ -242,7 +240,6 @@ class SlotTable:
         self.pos = pos
         self.first_floor = None
         self.compactions += 1
-        self.size_checked = self.size
 
     def select(self, rows: list[int]) -> None:
         """Keep only these rows (sequences that left are dropped), then drop all-dead columns."""
@@ -385,15 +382,10 @@ class BatchCache:
         """Compact a table once a quarter of its width (and at least 64 columns) is dead in
         every row: each step's attention then stops paying for slots no query reads. Never
         under a forward in flight (a step launched ahead): its slots are not in the table yet.
-        A table is looked at once it has grown by LOOK_EVERY columns (or min_slots, if fewer)
-        since the last look: only written columns make a table sparser, and the look itself
-        costs a lone stream's step a few percent if taken every step."""
+        Looked at every step: reclaimable() reads no table."""
         if self.tables[0].width or self.deferred:
             return
         for t in self.tables:
-            if t.size - t.size_checked < min(min_slots, LOOK_EVERY):
-                continue
-            t.size_checked = t.size
             free = t.reclaimable()
             if free >= min_slots and free >= share * t.size:
                 t.compact()
